@@ -1,0 +1,222 @@
+// Completion queues and completion channels.
+
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "transport/soft/qp_ops.h"
+
+namespace swirl::soft {
+namespace {
+
+uint32_t RoundUpPow2(uint32_t v) {
+  uint32_t p = 1;
+  while (p < v) p <<= 1;
+  return p;
+}
+
+// Progress for every QP completing into `cq`, so that polling a CQ is what moves its traffic.
+// A QP another thread is working on right now is skipped; that thread makes the progress.
+void ProgressAttached(SoftCq* cq) {
+  absl::ReaderMutexLock lock(&cq->attach_mu);
+  for (SoftQp* qp : cq->qps) {
+    if (!qp->lock.try_lock()) continue;
+    ProgressLocked(qp);
+    qp->lock.unlock();
+  }
+}
+
+}  // namespace
+
+bool SoftCq::Push(const ibv_wc& wc, SoftQp* qp, uint32_t sq_release, bool solicited) {
+  {
+    std::lock_guard<SpinLock> guard(lock);
+    if (overflowed) return false;
+    if (tail - head == static_cast<uint32_t>(cqe)) {
+      // Overflow: the CQ is in error from now on (IB spec 11.4.2.1), and the owner hears of it
+      // asynchronously, as from a real device.
+      overflowed = true;
+      ibv_async_event event;
+      std::memset(&event, 0, sizeof(event));
+      event.event_type = IBV_EVENT_CQ_ERR;
+      event.element.cq = this;
+      sctx->RaiseAsyncEvent(event);
+      return false;
+    }
+    Cqe& e = ring[tail & (ring.size() - 1)];
+    e.wc = wc;
+    e.qp = qp;
+    e.sq_release = sq_release;
+    ++tail;
+    depth.store(tail - head, std::memory_order_relaxed);
+  }
+  const int mode = armed.load(std::memory_order_acquire);
+  if (mode != 0 && (mode == 2 || solicited || wc.status != IBV_WC_SUCCESS)) {
+    if (armed.exchange(0, std::memory_order_acq_rel) != 0 && sc != nullptr) sc->Notify(this);
+  }
+  return true;
+}
+
+int CreateCq(SoftContext* sctx, int cqe, void* cq_context, ibv_comp_channel* channel,
+             ibv_cq** out) {
+  if (cqe <= 0 || static_cast<uint32_t>(cqe) > kMaxCqe) return EINVAL;
+  if (channel != nullptr && channel->context != &sctx->vctx.context) return EINVAL;
+  auto* cq = new SoftCq();
+  cq->sctx = sctx;
+  cq->sc = static_cast<SoftChannel*>(channel);
+  // Like mlx5: the ring is a power of two and the CQ holds one less than that.
+  const uint32_t slots = RoundUpPow2(static_cast<uint32_t>(cqe) + 1);
+  cq->ring.resize(slots);
+  cq->context = &sctx->vctx.context;
+  cq->channel = channel;
+  cq->cq_context = cq_context;
+  cq->cqe = static_cast<int>(slots - 1);
+  cq->comp_events_completed = 0;
+  cq->async_events_completed = 0;
+  pthread_mutex_init(&cq->mutex, nullptr);
+  pthread_cond_init(&cq->cond, nullptr);
+  {
+    absl::MutexLock lock(&sctx->hca->mu);
+    sctx->hca->cqs.push_back(cq);
+  }
+  if (channel != nullptr) channel->refcnt++;
+  *out = cq;
+  return 0;
+}
+
+int DestroyCq(ibv_cq* ibcq) {
+  auto* cq = static_cast<SoftCq*>(ibcq);
+  if (cq->attached.load() != 0) return EBUSY;
+  {
+    absl::MutexLock lock(&cq->sctx->hca->mu);
+    auto& cqs = cq->sctx->hca->cqs;
+    cqs.erase(std::remove(cqs.begin(), cqs.end(), cq), cqs.end());
+  }
+  if (cq->sc != nullptr) {
+    absl::MutexLock lock(&cq->sc->mu);
+    auto& events = cq->sc->events;
+    events.erase(std::remove(events.begin(), events.end(), cq), events.end());
+  }
+  {
+    // Like libibverbs: wait until every event handed out has been acknowledged.
+    absl::MutexLock lock(&cq->events_mu);
+    while (cq->events_acked < cq->events_delivered) cq->events_cv.Wait(&cq->events_mu);
+  }
+  if (cq->sc != nullptr) cq->sc->refcnt--;
+  pthread_mutex_destroy(&cq->mutex);
+  pthread_cond_destroy(&cq->cond);
+  delete cq;
+  return 0;
+}
+
+int PollCq(ibv_cq* ibcq, int n, ibv_wc* wc) {
+  auto* cq = static_cast<SoftCq*>(ibcq);
+  cq->polls.store(cq->polls.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  if (n <= 0) return 0;
+  if (cq->depth.load(std::memory_order_relaxed) < static_cast<uint32_t>(n)) ProgressAttached(cq);
+  std::lock_guard<SpinLock> guard(cq->lock);
+  if (cq->overflowed) {
+    errno = EOVERFLOW;
+    return -1;
+  }
+  const uint32_t count = std::min<uint32_t>(static_cast<uint32_t>(n), cq->tail - cq->head);
+  const uint32_t mask = static_cast<uint32_t>(cq->ring.size() - 1);
+  for (uint32_t i = 0; i < count; ++i) {
+    const Cqe& e = cq->ring[(cq->head + i) & mask];
+    wc[i] = e.wc;
+    // A signaled send completion frees its slot and those of the unsignaled ones before it.
+    if (e.qp != nullptr) e.qp->sq_released.store(e.sq_release, std::memory_order_release);
+  }
+  cq->head += count;
+  cq->depth.store(cq->tail - cq->head, std::memory_order_relaxed);
+  return static_cast<int>(count);
+}
+
+int ReqNotifyCq(ibv_cq* ibcq, int solicited_only) {
+  auto* cq = static_cast<SoftCq*>(ibcq);
+  cq->armed.store(solicited_only ? 1 : 2, std::memory_order_release);
+  // The HCA thread now makes progress for this CQ until it fires.
+  cq->sctx->hca->Kick();
+  return 0;
+}
+
+int CreateChannel(SoftContext* sctx, ibv_comp_channel** out) {
+  int fd = eventfd(0, EFD_SEMAPHORE | EFD_CLOEXEC);
+  if (fd < 0) return errno;
+  auto* channel = new SoftChannel();
+  channel->context = &sctx->vctx.context;
+  channel->fd = fd;
+  channel->refcnt = 0;
+  *out = channel;
+  return 0;
+}
+
+int DestroyChannel(ibv_comp_channel* ibchannel) {
+  auto* channel = static_cast<SoftChannel*>(ibchannel);
+  if (channel->refcnt != 0) return EBUSY;
+  close(channel->fd);
+  delete channel;
+  return 0;
+}
+
+int GetCqEvent(ibv_comp_channel* ibchannel, ibv_cq** out, void** cq_context) {
+  auto* channel = static_cast<SoftChannel*>(ibchannel);
+  for (;;) {
+    uint64_t count;
+    if (read(channel->fd, &count, sizeof(count)) != sizeof(count)) {
+      return errno == 0 ? EIO : errno;
+    }
+    SoftCq* cq = nullptr;
+    {
+      absl::MutexLock lock(&channel->mu);
+      if (channel->events.empty()) continue;  // an event of a CQ destroyed since
+      cq = channel->events.front();
+      channel->events.pop_front();
+    }
+    {
+      absl::MutexLock lock(&cq->events_mu);
+      ++cq->events_delivered;
+    }
+    *out = cq;
+    *cq_context = cq->cq_context;
+    return 0;
+  }
+}
+
+void AckCqEvents(ibv_cq* ibcq, unsigned int count) {
+  auto* cq = static_cast<SoftCq*>(ibcq);
+  absl::MutexLock lock(&cq->events_mu);
+  cq->events_acked += count;
+  cq->comp_events_completed += count;
+  cq->events_cv.SignalAll();
+}
+
+void AttachQp(SoftCq* cq, SoftQp* qp) {
+  absl::MutexLock lock(&cq->attach_mu);
+  cq->qps.push_back(qp);
+  cq->attached.fetch_add(1);
+}
+
+void DetachQp(SoftCq* cq, SoftQp* qp) {
+  absl::MutexLock lock(&cq->attach_mu);
+  cq->qps.erase(std::remove(cq->qps.begin(), cq->qps.end(), qp), cq->qps.end());
+  cq->attached.fetch_sub(1);
+}
+
+void PurgeQp(SoftCq* cq, SoftQp* qp) {
+  std::lock_guard<SpinLock> guard(cq->lock);
+  const uint32_t mask = static_cast<uint32_t>(cq->ring.size() - 1);
+  uint32_t kept = cq->head;
+  for (uint32_t i = cq->head; i != cq->tail; ++i) {
+    const Cqe& e = cq->ring[i & mask];
+    if (e.qp == qp || e.wc.qp_num == qp->qp_num) continue;
+    cq->ring[kept++ & mask] = e;
+  }
+  cq->tail = kept;
+  cq->depth.store(cq->tail - cq->head, std::memory_order_relaxed);
+}
+
+}  // namespace swirl::soft

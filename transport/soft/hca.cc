@@ -1,0 +1,538 @@
+// The soft HCA: one per device name per process. It owns the GID, the memory-key table, and one
+// thread that (1) accepts links from peers over an abstract Unix socket named after the GID and
+// validates the shared-memory segments they hand over, (2) notices peers that go away, and
+// (3) makes progress for CQs nobody is polling: armed CQs whose owner sleeps on a completion
+// channel, and passive targets of one-sided operations.
+
+#include <fcntl.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+
+#include "absl/random/distributions.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "base/log.h"
+#include "transport/soft/qp_ops.h"
+
+namespace swirl::soft {
+
+int64_t NowNs() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+
+std::string GidHex(const ibv_gid& gid) {
+  std::string out;
+  for (unsigned char b : gid.raw) absl::StrAppendFormat(&out, "%02x", b);
+  return out;
+}
+
+namespace {
+
+constexpr uint64_t kListenId = ~uint64_t{0};
+constexpr uint64_t kWakeId = ~uint64_t{0} - 1;
+constexpr uint64_t kStopId = ~uint64_t{0} - 2;
+constexpr uint64_t kHelloMagic = 0x4f4c4c4548575331ull;  // "1SWHELLO"
+constexpr int64_t kStaleNs = 1000000;                     // a CQ unpolled for 1 ms needs help
+
+// What a QP sends when it reaches RTR, with SCM_RIGHTS [segment memfd, HCA wake eventfd].
+struct Hello {
+  uint64_t magic;
+  uint32_t version;
+  uint32_t src_qpn;
+  uint32_t dst_qpn;
+  uint32_t reserved;
+  ibv_gid src_gid;
+  uint64_t segment_size;
+};
+
+sockaddr_un AddressFor(const ibv_gid& gid, socklen_t* len) {
+  sockaddr_un addr;
+  std::memset(&addr, 0, sizeof(addr));
+  addr.sun_family = AF_UNIX;
+  std::string name = "swirl-soft1-" + GidHex(gid);
+  // Abstract namespace: sun_path[0] == 0; no file to clean up, gone when the process is.
+  std::memcpy(addr.sun_path + 1, name.data(), name.size());
+  *len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+  return addr;
+}
+
+absl::Mutex g_registry_mu;
+std::map<std::string, Hca*>& Registry() {
+  static auto* registry = new std::map<std::string, Hca*>();
+  return *registry;
+}
+
+bool IsEventFd(int fd) {
+  char link[64];
+  std::string path = absl::StrCat("/proc/self/fd/", fd);
+  ssize_t n = readlink(path.c_str(), link, sizeof(link) - 1);
+  if (n <= 0) return false;
+  link[n] = 0;
+  return std::strcmp(link, "anon_inode:[eventfd]") == 0;
+}
+
+bool IsPowerOfTwo(uint64_t v) { return v != 0 && (v & (v - 1)) == 0; }
+
+// Validates and maps a peer's segment. Everything here comes from another process.
+bool MapPeerSegment(const Hello& hello, int memfd, PeerSegment* out, std::string* why) {
+  int seals = fcntl(memfd, F_GET_SEALS);
+  if (seals < 0 || (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW)) {
+    *why = "segment is not a size-sealed memfd";
+    return false;
+  }
+  struct stat st;
+  if (fstat(memfd, &st) != 0 || static_cast<uint64_t>(st.st_size) != hello.segment_size ||
+      hello.segment_size < wire::kRingsOffset + 2 * wire::kMinRingSize ||
+      hello.segment_size > wire::kMaxSegmentSize) {
+    *why = "segment size out of bounds";
+    return false;
+  }
+  void* base = mmap(nullptr, hello.segment_size, PROT_READ, MAP_SHARED, memfd, 0);
+  if (base == MAP_FAILED) {
+    *why = absl::StrCat("mmap: ", std::strerror(errno));
+    return false;
+  }
+  wire::SegmentHeader header;
+  std::memcpy(&header, base, sizeof(header));
+  auto ring_ok = [&](uint64_t offset, uint64_t size) {
+    return IsPowerOfTwo(size) && size >= wire::kMinRingSize && size <= wire::kMaxRingSize &&
+           offset >= wire::kRingsOffset && offset % 4096 == 0 && offset <= hello.segment_size &&
+           size <= hello.segment_size - offset;
+  };
+  bool ok = header.magic == wire::kSegmentMagic && header.version == wire::kWireVersion &&
+            header.qp_num == hello.src_qpn && header.segment_size == hello.segment_size &&
+            ring_ok(header.request_ring_offset, header.request_ring_size) &&
+            ring_ok(header.response_ring_offset, header.response_ring_size) &&
+            (header.request_ring_offset + header.request_ring_size <= header.response_ring_offset ||
+             header.response_ring_offset + header.response_ring_size <= header.request_ring_offset);
+  if (!ok) {
+    munmap(base, hello.segment_size);
+    *why = "segment header invalid";
+    return false;
+  }
+  out->base = static_cast<const char*>(base);
+  out->size = hello.segment_size;
+  out->request_ring_offset = header.request_ring_offset;
+  out->request_ring_size = header.request_ring_size;
+  out->response_ring_offset = header.response_ring_offset;
+  out->response_ring_size = header.response_ring_size;
+  out->gid = hello.src_gid;
+  out->qp_num = hello.src_qpn;
+  return true;
+}
+
+void CloseFds(int* fds, int n) {
+  for (int i = 0; i < n; ++i) {
+    if (fds[i] >= 0) close(fds[i]);
+  }
+}
+
+// Reads the hello on a freshly accepted connection and hands the segment to its QP. Returns
+// false if the connection should be dropped.
+bool ReceiveHello(Hca* hca, uint64_t watch_id, int fd) {
+  Hello hello;
+  char control[CMSG_SPACE(2 * sizeof(int))];
+  iovec iov{&hello, sizeof(hello)};
+  msghdr msg;
+  std::memset(&msg, 0, sizeof(msg));
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  ssize_t n = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+  if (n < 0 && (errno == EAGAIN || errno == EINTR)) return true;  // not yet
+  int fds[2] = {-1, -1};
+  int nfds = 0;
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+      int count = static_cast<int>((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+      for (int i = 0; i < count; ++i) {
+        int received;
+        std::memcpy(&received, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+        if (nfds < 2) {
+          fds[nfds++] = received;
+        } else {
+          close(received);
+        }
+      }
+    }
+  }
+  std::string why;
+  if (n != static_cast<ssize_t>(sizeof(hello)) || (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) ||
+      nfds != 2 || hello.magic != kHelloMagic || hello.version != wire::kWireVersion) {
+    why = "malformed hello";
+  }
+  PeerSegment segment;
+  if (why.empty() && !IsEventFd(fds[1])) why = "wake descriptor is not an eventfd";
+  if (why.empty() && MapPeerSegment(hello, fds[0], &segment, &why)) {
+    close(fds[0]);
+    fds[0] = -1;
+    // Writing the peer's eventfd must never block us.
+    fcntl(fds[1], F_SETFL, fcntl(fds[1], F_GETFL) | O_NONBLOCK);
+    segment.wake_fd = fds[1];
+    fds[1] = -1;
+    segment.watch = watch_id;
+    absl::ReaderMutexLock lock(&hca->mu);
+    absl::MutexLock watch_lock(&hca->watch_mu);
+    auto qp = hca->qps.find(hello.dst_qpn);
+    auto watch = hca->watches.find(watch_id);
+    if (qp == hca->qps.end() || watch == hca->watches.end()) {
+      why = "no such QP";
+      munmap(const_cast<char*>(segment.base), segment.size);
+      close(segment.wake_fd);
+    } else {
+      watch->second.qp = qp->second;
+      {
+        absl::MutexLock incoming(&qp->second->incoming_mu);
+        if (qp->second->incoming.size() >= 4) {
+          why = "too many pending links";
+        } else {
+          qp->second->incoming.push_back(segment);
+        }
+      }
+      if (!why.empty()) {
+        watch->second.qp = nullptr;
+        munmap(const_cast<char*>(segment.base), segment.size);
+        close(segment.wake_fd);
+      } else {
+        qp->second->link_event.store(true, std::memory_order_release);
+        // The QP picks it up at its next progress; make sure something runs it.
+        return true;
+      }
+    }
+  }
+  CloseFds(fds, 2);
+  SWIRL_LOG(WARNING, "soft %s: refused a link to QP 0x%x: %s", hca->name, hello.dst_qpn, why);
+  return false;
+}
+
+void AcceptAll(Hca* hca) {
+  for (;;) {
+    int fd = accept4(hca->listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) return;
+    // Only processes of the same user may link to our QPs, as with a device node's mode.
+    ucred cred;
+    socklen_t len = sizeof(cred);
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 ||
+        (cred.uid != getuid() && cred.uid != 0)) {
+      close(fd);
+      continue;
+    }
+    hca->Watch(fd, nullptr);
+  }
+}
+
+void HandleWatchEvent(Hca* hca, uint64_t id, uint32_t events) {
+  int fd = -1;
+  SoftQp* qp = nullptr;
+  {
+    absl::MutexLock lock(&hca->watch_mu);
+    auto it = hca->watches.find(id);
+    if (it == hca->watches.end()) return;
+    fd = it->second.fd;
+    qp = it->second.qp;
+  }
+  if (qp == nullptr && (events & EPOLLIN)) {
+    if (!ReceiveHello(hca, id, fd)) hca->Unwatch(id);
+    return;
+  }
+  if (events & (EPOLLHUP | EPOLLRDHUP | EPOLLERR)) {
+    absl::MutexLock lock(&hca->watch_mu);
+    auto it = hca->watches.find(id);
+    if (it == hca->watches.end()) return;
+    epoll_ctl(hca->epoll_fd, EPOLL_CTL_DEL, it->second.fd, nullptr);
+    if (it->second.qp != nullptr) {
+      it->second.qp->peer_gone.store(true, std::memory_order_release);
+      it->second.qp->link_event.store(true, std::memory_order_release);
+    } else {
+      close(it->second.fd);
+      hca->watches.erase(it);
+    }
+  } else if (events & EPOLLIN) {
+    // Nothing is expected after the hello; a peer that keeps talking is dropped.
+    char sink[64];
+    if (recv(fd, sink, sizeof(sink), MSG_DONTWAIT) > 0) {
+      absl::MutexLock lock(&hca->watch_mu);
+      auto it = hca->watches.find(id);
+      if (it != hca->watches.end() && it->second.qp != nullptr) {
+        it->second.qp->peer_gone.store(true, std::memory_order_release);
+        it->second.qp->link_event.store(true, std::memory_order_release);
+        epoll_ctl(hca->epoll_fd, EPOLL_CTL_DEL, it->second.fd, nullptr);
+      }
+    }
+  }
+}
+
+// Decides which CQs need the HCA thread: armed ones (their owner sleeps in ibv_get_cq_event) and
+// ones nobody has polled for a while (passive targets, idle servers). Returns true if any.
+bool MarkAssistedCqs(Hca* hca, int64_t now) {
+  bool any = false;
+  absl::ReaderMutexLock lock(&hca->mu);
+  for (SoftCq* cq : hca->cqs) {
+    const uint64_t polls = cq->polls.load(std::memory_order_relaxed);
+    if (polls != cq->last_polls_seen) {
+      cq->last_polls_seen = polls;
+      cq->last_change_ns = now;
+    }
+    const bool stale = now - cq->last_change_ns >= kStaleNs;
+    cq->assisted = cq->attached.load(std::memory_order_relaxed) > 0 &&
+                   (cq->armed.load(std::memory_order_relaxed) != 0 || stale);
+    any |= cq->assisted;
+  }
+  return any;
+}
+
+bool Assisted(const SoftQp* qp) { return qp->scq->assisted || qp->rcq->assisted; }
+
+bool ProgressAssisted(Hca* hca) {
+  bool did = false;
+  absl::ReaderMutexLock lock(&hca->mu);
+  for (auto& [qpn, qp] : hca->qps) {
+    if (!Assisted(qp) || !qp->lock.try_lock()) continue;
+    did |= ProgressLocked(qp);
+    qp->lock.unlock();
+  }
+  return did;
+}
+
+void SetSleeping(Hca* hca, uint64_t value) {
+  absl::ReaderMutexLock lock(&hca->mu);
+  for (auto& [qpn, qp] : hca->qps) {
+    if (value != 0 && !Assisted(qp)) continue;
+    if (wire::SegmentControl* ctrl = qp->ctrl_for_hca.load(std::memory_order_acquire)) {
+      ctrl->sleeping.value.store(value, std::memory_order_relaxed);
+    }
+  }
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+}
+
+void HcaLoop(Hca* hca) {
+  epoll_event events[64];
+  for (;;) {
+    const int64_t now = NowNs();
+    const bool assist = hca->assist && MarkAssistedCqs(hca, now);
+    int timeout_ms;
+    {
+      absl::ReaderMutexLock lock(&hca->mu);
+      timeout_ms = hca->cqs.empty() ? -1 : (assist ? 10 : 1);
+    }
+    if (assist) {
+      // Ask peers to kick our eventfd, then look once more: a frame published before a peer
+      // saw the flag is found here instead of being slept through.
+      SetSleeping(hca, 1);
+      if (ProgressAssisted(hca)) timeout_ms = 0;
+    }
+    int n = epoll_wait(hca->epoll_fd, events, 64, timeout_ms);
+    if (assist) SetSleeping(hca, 0);
+    for (int i = 0; i < n; ++i) {
+      const uint64_t id = events[i].data.u64;
+      if (id == kStopId) return;
+      if (id == kListenId) {
+        AcceptAll(hca);
+      } else if (id == kWakeId) {
+        uint64_t count;
+        while (read(hca->wake_fd, &count, sizeof(count)) > 0) {
+        }
+      } else {
+        HandleWatchEvent(hca, id, events[i].events);
+      }
+    }
+    if (assist) {
+      for (int round = 0; round < 64 && ProgressAssisted(hca); ++round) {
+      }
+    }
+  }
+}
+
+Hca* CreateHca(const std::string& name, std::string* error) {
+  auto hca = std::make_unique<Hca>();
+  hca->name = name;
+  {
+    absl::BitGen gen;
+    hca->gid.raw[0] = 0xfe;
+    hca->gid.raw[1] = 0x80;
+    for (int i = 8; i < 16; ++i) hca->gid.raw[i] = absl::Uniform<uint8_t>(gen);
+    hca->guid = absl::Uniform<uint64_t>(gen);
+  }
+  if (const char* env = std::getenv("SWIRL_SOFT_PROGRESS")) {
+    hca->assist = std::strcmp(env, "off") != 0;
+  }
+  hca->listen_fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  socklen_t len;
+  sockaddr_un addr = AddressFor(hca->gid, &len);
+  hca->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  hca->stop_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  hca->epoll_fd = epoll_create1(EPOLL_CLOEXEC);
+  if (hca->listen_fd < 0 || hca->wake_fd < 0 || hca->stop_fd < 0 || hca->epoll_fd < 0 ||
+      bind(hca->listen_fd, reinterpret_cast<sockaddr*>(&addr), len) != 0 ||
+      listen(hca->listen_fd, 1024) != 0) {
+    *error = absl::StrCat("soft device ", name, ": ", std::strerror(errno));
+    for (int fd : {hca->listen_fd, hca->wake_fd, hca->stop_fd, hca->epoll_fd}) {
+      if (fd >= 0) close(fd);
+    }
+    return nullptr;
+  }
+  epoll_event ev;
+  ev.events = EPOLLIN;
+  ev.data.u64 = kListenId;
+  epoll_ctl(hca->epoll_fd, EPOLL_CTL_ADD, hca->listen_fd, &ev);
+  ev.data.u64 = kWakeId;
+  epoll_ctl(hca->epoll_fd, EPOLL_CTL_ADD, hca->wake_fd, &ev);
+  ev.data.u64 = kStopId;
+  epoll_ctl(hca->epoll_fd, EPOLL_CTL_ADD, hca->stop_fd, &ev);
+  Hca* raw = hca.release();
+  raw->thread = std::thread(HcaLoop, raw);
+  return raw;
+}
+
+}  // namespace
+
+uint64_t Hca::Watch(int fd, SoftQp* qp) {
+  uint64_t id;
+  {
+    absl::MutexLock lock(&watch_mu);
+    id = next_watch++;
+    watches[id] = LinkWatch{qp, fd};
+  }
+  epoll_event ev;
+  ev.events = EPOLLIN | EPOLLRDHUP;
+  ev.data.u64 = id;
+  epoll_ctl(epoll_fd, EPOLL_CTL_ADD, fd, &ev);
+  return id;
+}
+
+void Hca::Unwatch(uint64_t id) {
+  absl::MutexLock lock(&watch_mu);
+  auto it = watches.find(id);
+  if (it == watches.end()) return;
+  epoll_ctl(epoll_fd, EPOLL_CTL_DEL, it->second.fd, nullptr);
+  close(it->second.fd);
+  watches.erase(it);
+}
+
+void Hca::Kick() {
+  uint64_t one = 1;
+  ssize_t ignored = write(wake_fd, &one, sizeof(one));
+  (void)ignored;
+}
+
+void PeerSegment::Close(Hca* hca) {
+  if (base != nullptr) munmap(const_cast<char*>(base), size);
+  if (wake_fd >= 0) close(wake_fd);
+  if (watch != 0) hca->Unwatch(watch);
+  base = nullptr;
+  wake_fd = -1;
+  watch = 0;
+}
+
+Hca* AcquireHca(const std::string& name, std::string* error) {
+  absl::MutexLock lock(&g_registry_mu);
+  auto& registry = Registry();
+  auto it = registry.find(name);
+  if (it != registry.end()) {
+    ++it->second->refs;
+    return it->second;
+  }
+  Hca* hca = CreateHca(name, error);
+  if (hca == nullptr) return nullptr;
+  hca->refs = 1;
+  registry[name] = hca;
+  return hca;
+}
+
+void ReleaseHca(Hca* hca) {
+  {
+    absl::MutexLock lock(&g_registry_mu);
+    if (--hca->refs > 0) return;
+    Registry().erase(hca->name);
+  }
+  uint64_t one = 1;
+  ssize_t ignored = write(hca->stop_fd, &one, sizeof(one));
+  (void)ignored;
+  hca->thread.join();
+  {
+    absl::MutexLock lock(&hca->watch_mu);
+    for (auto& [id, watch] : hca->watches) close(watch.fd);
+    hca->watches.clear();
+  }
+  for (int fd : {hca->listen_fd, hca->wake_fd, hca->stop_fd, hca->epoll_fd}) close(fd);
+  delete hca;
+}
+
+int SendHello(Hca* hca, const ibv_gid& gid, uint32_t src_qpn, uint32_t dst_qpn, int memfd,
+              uint64_t segment_size) {
+  int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -errno;
+  socklen_t len;
+  sockaddr_un addr = AddressFor(gid, &len);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0) {
+    int err = errno;
+    close(fd);
+    return -err;
+  }
+  Hello hello;
+  std::memset(&hello, 0, sizeof(hello));
+  hello.magic = kHelloMagic;
+  hello.version = wire::kWireVersion;
+  hello.src_qpn = src_qpn;
+  hello.dst_qpn = dst_qpn;
+  hello.src_gid = hca->gid;
+  hello.segment_size = segment_size;
+  int fds[2] = {memfd, hca->wake_fd};
+  char control[CMSG_SPACE(sizeof(fds))];
+  std::memset(control, 0, sizeof(control));
+  iovec iov{&hello, sizeof(hello)};
+  msghdr msg;
+  std::memset(&msg, 0, sizeof(msg));
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof(fds));
+  std::memcpy(CMSG_DATA(c), fds, sizeof(fds));
+  if (sendmsg(fd, &msg, MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof(hello))) {
+    int err = errno;
+    close(fd);
+    return -err;
+  }
+  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+  return fd;
+}
+
+void SoftChannel::Notify(SoftCq* cq) {
+  {
+    absl::MutexLock lock(&mu);
+    events.push_back(cq);
+  }
+  uint64_t one = 1;
+  ssize_t ignored = write(fd, &one, sizeof(one));
+  (void)ignored;
+}
+
+void SoftContext::RaiseAsyncEvent(const ibv_async_event& event) {
+  {
+    absl::MutexLock lock(&async.mu);
+    async.queue.push_back(event);
+  }
+  uint64_t one = 1;
+  ssize_t ignored = write(vctx.context.async_fd, &one, sizeof(one));
+  (void)ignored;
+}
+
+}  // namespace swirl::soft

@@ -1,0 +1,382 @@
+// The requester half of a soft RC QP: turning send work requests into frames, matching
+// responses and acknowledgements, and completing the send queue in order.
+
+#include <cstring>
+
+#include "transport/soft/qp_ops.h"
+
+namespace swirl::soft {
+namespace {
+
+ibv_wc_opcode WcOpcodeFor(ibv_wr_opcode op) {
+  switch (op) {
+    case IBV_WR_RDMA_WRITE:
+    case IBV_WR_RDMA_WRITE_WITH_IMM: return IBV_WC_RDMA_WRITE;
+    case IBV_WR_RDMA_READ: return IBV_WC_RDMA_READ;
+    case IBV_WR_ATOMIC_CMP_AND_SWP: return IBV_WC_COMP_SWAP;
+    case IBV_WR_ATOMIC_FETCH_AND_ADD: return IBV_WC_FETCH_ADD;
+    case IBV_WR_BIND_MW: return IBV_WC_BIND_MW;
+    case IBV_WR_LOCAL_INV: return IBV_WC_LOCAL_INV;
+    default: return IBV_WC_SEND;
+  }
+}
+
+bool IsSendOrWrite(ibv_wr_opcode op) {
+  return op == IBV_WR_SEND || op == IBV_WR_SEND_WITH_IMM || op == IBV_WR_SEND_WITH_INV ||
+         op == IBV_WR_RDMA_WRITE || op == IBV_WR_RDMA_WRITE_WITH_IMM;
+}
+
+bool IsReadOrAtomic(ibv_wr_opcode op) {
+  return op == IBV_WR_RDMA_READ || op == IBV_WR_ATOMIC_CMP_AND_SWP ||
+         op == IBV_WR_ATOMIC_FETCH_AND_ADD;
+}
+
+// Inline data still in the application's buffers (during post_send only): no lkey applies.
+void GatherRaw(const ibv_sge* sge, uint32_t num_sge, uint64_t offset, char* dst, uint64_t length) {
+  for (uint32_t i = 0; i < num_sge && length > 0; ++i) {
+    if (offset >= sge[i].length) {
+      offset -= sge[i].length;
+      continue;
+    }
+    uint64_t n = std::min<uint64_t>(sge[i].length - offset, length);
+    std::memcpy(dst, reinterpret_cast<const char*>(sge[i].addr) + offset, n);
+    dst += n;
+    length -= n;
+    offset = 0;
+  }
+}
+
+void AssignMsn(SoftQp* qp, SendWqe& w) {
+  if (w.has_msn) return;
+  w.msn = qp->next_msn;
+  w.has_msn = true;
+  qp->next_msn = wire::NextMsn(qp->next_msn);
+}
+
+void FailWqe(SendWqe& w, ibv_wc_status status) {
+  w.status = status;
+  w.state = SendWqe::kDone;
+}
+
+// Writes the SEND or WRITE as chunk frames. Returns false when the ring is full (the rest goes
+// later); the WQE is then partly sent.
+bool TransmitData(SoftQp* qp, SendWqe& w, uint32_t index) {
+  const bool is_write = w.opcode == IBV_WR_RDMA_WRITE || w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM;
+  const uint8_t op = is_write ? wire::kOpWrite : wire::kOpSend;
+  AssignMsn(qp, w);
+  do {
+    const uint32_t chunk = std::min<uint32_t>(w.length - w.sent, wire::kMaxChunk);
+    const uint64_t bytes = wire::FrameBytes(op, chunk);
+    uint64_t pos;
+    char* frame = qp->req_tx.Reserve(bytes, &pos, qp->expected_msn);
+    if (frame == nullptr) return false;
+    auto* h = reinterpret_cast<wire::FrameHeader*>(frame);
+    const bool first = w.sent == 0;
+    const bool last = w.sent + chunk == w.length;
+    uint8_t flags = (first ? wire::kFlagFirst : 0) | (last ? wire::kFlagLast : 0);
+    if (last) {
+      if (w.opcode == IBV_WR_SEND_WITH_IMM || w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM) {
+        flags |= wire::kFlagWithImm;
+      }
+      if (w.opcode == IBV_WR_SEND_WITH_INV) flags |= wire::kFlagWithInv;
+      if (w.send_flags & IBV_SEND_SOLICITED) flags |= wire::kFlagSolicited;
+    }
+    h->op = op;
+    h->flags = flags;
+    h->rnr_retry = qp->attr.rnr_retry;
+    h->reserved = 0;
+    h->length = chunk;
+    h->msn = w.msn;
+    h->ack = qp->expected_msn;
+    h->imm_or_inv = last ? w.imm_or_inv : 0;
+    h->total_length = w.length;
+    char* payload = frame + sizeof(wire::FrameHeader);
+    if (is_write) {
+      auto* ext = reinterpret_cast<wire::RemoteExtension*>(payload);
+      ext->remote_addr = w.remote_addr + w.sent;
+      ext->rkey = w.rkey;
+      ext->length = w.length;
+      ext->compare_add = 0;
+      ext->swap = 0;
+      payload += sizeof(wire::RemoteExtension);
+    }
+    if (chunk > 0) {
+      if (w.inline_copy) {
+        std::memcpy(payload, WqeInline(qp, index) + w.sent, chunk);
+      } else if (w.send_flags & IBV_SEND_INLINE) {
+        GatherRaw(WqeSges(qp, index), w.num_sge, w.sent, payload, chunk);
+      } else if (!GatherFromSges(qp->hca->keys, qp->pd, WqeSges(qp, index), w.num_sge, w.sent,
+                                 payload, chunk)) {
+        FailWqe(w, IBV_WC_LOC_PROT_ERR);
+        return true;  // nothing committed for this chunk; the QP fails at completion
+      }
+    }
+    qp->req_tx.Commit(frame, pos, bytes);
+    w.sent += chunk;
+  } while (w.sent < w.length);
+  w.state = SendWqe::kAwaiting;
+  return true;
+}
+
+bool TransmitReadOrAtomic(SoftQp* qp, SendWqe& w) {
+  const uint8_t op = w.opcode == IBV_WR_RDMA_READ            ? wire::kOpReadRequest
+                     : w.opcode == IBV_WR_ATOMIC_CMP_AND_SWP ? wire::kOpCompareSwap
+                                                             : wire::kOpFetchAdd;
+  const uint64_t bytes = wire::FrameBytes(op, 0);
+  uint64_t pos;
+  char* frame = qp->req_tx.Reserve(bytes, &pos, qp->expected_msn);
+  if (frame == nullptr) return false;
+  AssignMsn(qp, w);
+  auto* h = reinterpret_cast<wire::FrameHeader*>(frame);
+  h->op = op;
+  h->flags = wire::kFlagFirst | wire::kFlagLast;
+  h->rnr_retry = qp->attr.rnr_retry;
+  h->reserved = 0;
+  h->length = 0;
+  h->msn = w.msn;
+  h->ack = qp->expected_msn;
+  h->imm_or_inv = 0;
+  h->total_length = w.length;
+  auto* ext = reinterpret_cast<wire::RemoteExtension*>(frame + sizeof(wire::FrameHeader));
+  ext->remote_addr = w.remote_addr;
+  ext->rkey = w.rkey;
+  ext->length = w.length;
+  ext->compare_add = w.compare_add;
+  ext->swap = w.swap;
+  qp->req_tx.Commit(frame, pos, bytes);
+  w.state = SendWqe::kAwaiting;
+  ++qp->rd_atomic_outstanding;
+  return true;
+}
+
+SendWqe* FindAwaiting(SoftQp* qp, uint32_t msn) {
+  for (uint32_t i = qp->sq_head; i != qp->sq_tx; ++i) {
+    SendWqe& w = qp->sq[i & qp->sq_mask];
+    if (w.has_msn && w.msn == msn) return w.state == SendWqe::kAwaiting ? &w : nullptr;
+  }
+  return nullptr;
+}
+
+bool IsNakStatus(uint32_t status) {
+  return status == IBV_WC_REM_ACCESS_ERR || status == IBV_WC_REM_INV_REQ_ERR ||
+         status == IBV_WC_REM_OP_ERR || status == IBV_WC_RNR_RETRY_EXC_ERR ||
+         status == IBV_WC_RETRY_EXC_ERR;
+}
+
+}  // namespace
+
+// ---- Local operations: BIND_MW and LOCAL_INV, executed in send-queue order ---------------------
+
+void ExecuteLocalOp(SoftQp* qp, SendWqe& w) {
+  KeyTable& keys = qp->hca->keys;
+  absl::MutexLock lock(&qp->hca->mw_mu);
+  if (w.opcode == IBV_WR_LOCAL_INV) {
+    KeyEntry* e = keys.EntryFor(w.imm_or_inv);
+    // Only type 2 windows are invalidated by a work request; MRs and type 1 windows are not.
+    if (KeyTable::PublishedKey(e) != w.imm_or_inv || w.imm_or_inv == 0 ||
+        e->kind != KeyKind::kMw2 || e->pd != qp->pd) {
+      FailWqe(w, IBV_WC_LOC_QP_OP_ERR);
+      return;
+    }
+    KeyTable::Revoke(e);
+    std::atomic_ref<uint32_t>(e->mr->bound_windows).fetch_sub(1, std::memory_order_acq_rel);
+    e->mr = nullptr;
+    e->qp = nullptr;
+    e->length = 0;
+    FailWqe(w, IBV_WC_SUCCESS);
+    return;
+  }
+
+  // BIND_MW (type 2 through post_send, type 1 through ibv_bind_mw).
+  auto* mw = static_cast<SoftMw*>(w.mw);
+  KeyEntry* e = mw->entry;
+  auto* mr = static_cast<SoftMr*>(w.bind_mr);
+  const bool type2 = mw->type == IBV_MW_TYPE_2;
+  const unsigned int access = w.bind_access;
+  auto bind_error = [&w] { FailWqe(w, IBV_WC_MW_BIND_ERR); };
+  if (mw->pd != qp->pd) return bind_error();
+  if (type2 && KeyTable::PublishedKey(e) != 0) return bind_error();  // only from the free state
+  if (access & ~static_cast<unsigned int>(IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE |
+                                          IBV_ACCESS_REMOTE_ATOMIC)) {
+    return bind_error();  // zero-based and other modes are not supported
+  }
+  const bool unbind = mr == nullptr || w.bind_length == 0;
+  if (type2 && unbind) return bind_error();
+  if (!unbind) {
+    KeyEntry* mre = mr->entry;
+    if (mr->pd != qp->pd || KeyTable::PublishedKey(mre) != mr->lkey) return bind_error();
+    if (!(mre->access & IBV_ACCESS_MW_BIND)) return bind_error();
+    if ((access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) &&
+        !(mre->access & IBV_ACCESS_LOCAL_WRITE)) {
+      return bind_error();
+    }
+    if (w.bind_addr < mre->addr || w.bind_length > mre->length ||
+        w.bind_addr - mre->addr > mre->length - w.bind_length) {
+      return bind_error();
+    }
+  }
+  // Retire the old binding (type 1 rebinds), then publish the new one.
+  KeyTable::Revoke(e);
+  if (e->mr != nullptr) {
+    std::atomic_ref<uint32_t>(e->mr->bound_windows).fetch_sub(1, std::memory_order_acq_rel);
+    e->mr = nullptr;
+  }
+  e->access = static_cast<int>(access);
+  e->addr = unbind ? 0 : w.bind_addr;
+  e->length = unbind ? 0 : w.bind_length;
+  e->qp = type2 ? qp : nullptr;
+  if (!unbind) {
+    e->mr = mr->entry;
+    std::atomic_ref<uint32_t>(e->mr->bound_windows).fetch_add(1, std::memory_order_acq_rel);
+  }
+  KeyTable::Publish(e, (e->index << 8) | (w.bind_rkey & 0xff));
+  FailWqe(w, IBV_WC_SUCCESS);
+}
+
+// ---- Transmit -------------------------------------------------------------------------------------
+
+bool Transmit(SoftQp* qp) {
+  if (qp->qstate != IBV_QPS_RTS) return false;
+  bool wrote = false;
+  while (qp->sq_tx != qp->sq_tail) {
+    const uint32_t index = qp->sq_tx;
+    SendWqe& w = qp->sq[index & qp->sq_mask];
+    if (w.state == SendWqe::kDone) {
+      ++qp->sq_tx;
+      continue;
+    }
+    // A fenced request waits for every earlier RDMA READ and atomic to complete.
+    if ((w.send_flags & IBV_SEND_FENCE) && qp->rd_atomic_outstanding > 0) break;
+    if (w.opcode == IBV_WR_BIND_MW || w.opcode == IBV_WR_LOCAL_INV) {
+      ExecuteLocalOp(qp, w);
+      ++qp->sq_tx;
+      continue;
+    }
+    if (IsReadOrAtomic(w.opcode)) {
+      if (qp->rd_atomic_outstanding >= std::max<uint32_t>(qp->attr.max_rd_atomic, 1)) break;
+      if (!TransmitReadOrAtomic(qp, w)) break;
+    } else {
+      if (!TransmitData(qp, w, index)) {
+        wrote = true;  // some chunks may have gone
+        break;
+      }
+    }
+    wrote = true;
+    ++qp->sq_tx;
+  }
+  return wrote;
+}
+
+// ---- Responses and acknowledgements ---------------------------------------------------------------
+
+void NoteAck(SoftQp* qp, uint32_t ack) {
+  if (ack == qp->peer_acked) return;
+  // A peer may only acknowledge what we sent: peer_acked <= ack <= next_msn.
+  if (ack > wire::kMsnMask || wire::MsnBefore(ack, qp->peer_acked) ||
+      wire::MsnBefore(qp->next_msn, ack)) {
+    ProtocolError(qp, "acknowledgement outside the send window");
+    return;
+  }
+  qp->peer_acked = ack;
+}
+
+bool ProcessResponses(SoftQp* qp) {
+  bool did = false;
+  wire::FrameHeader h;
+  while (qp->resp_rx.Peek(&h)) {
+    const uint64_t avail = qp->resp_rx.ContiguousBytes();
+    if (!wire::IsResponseOp(h.op) || h.length > wire::kMaxChunk ||
+        wire::FrameBytes(h.op, h.length) > avail) {
+      ProtocolError(qp, "malformed response frame");
+      return true;
+    }
+    did = true;
+    if (h.op == wire::kOpPad) {
+      qp->resp_rx.Consume(avail);
+      continue;
+    }
+    NoteAck(qp, h.ack);
+    if (qp->qstate == IBV_QPS_ERR) return true;
+    const char* payload = qp->resp_rx.frame() + sizeof(wire::FrameHeader);
+    SendWqe* w = FindAwaiting(qp, h.msn);
+    if (w == nullptr) {
+      ProtocolError(qp, "response for no outstanding request");
+      return true;
+    }
+    if (h.op == wire::kOpReadResponse) {
+      if (w->opcode != IBV_WR_RDMA_READ || h.total_length != w->received ||
+          h.length > w->length - w->received || (h.length == 0 && w->length != 0)) {
+        ProtocolError(qp, "READ response out of sequence");
+        return true;
+      }
+      const uint32_t index = static_cast<uint32_t>(w - qp->sq.data());
+      if (h.length > 0 && !ScatterToSges(qp->hca->keys, qp->pd, WqeSges(qp, index), w->num_sge,
+                                         w->received, payload, h.length)) {
+        FailWqe(*w, IBV_WC_LOC_PROT_ERR);
+        --qp->rd_atomic_outstanding;
+      } else {
+        w->received += h.length;
+        if (w->received == w->length) {
+          FailWqe(*w, IBV_WC_SUCCESS);
+          --qp->rd_atomic_outstanding;
+        }
+      }
+    } else if (h.op == wire::kOpAtomicResponse) {
+      if ((w->opcode != IBV_WR_ATOMIC_CMP_AND_SWP && w->opcode != IBV_WR_ATOMIC_FETCH_AND_ADD) ||
+          h.length != 8) {
+        ProtocolError(qp, "atomic response for a non-atomic request");
+        return true;
+      }
+      const uint32_t index = static_cast<uint32_t>(w - qp->sq.data());
+      bool ok = ScatterToSges(qp->hca->keys, qp->pd, WqeSges(qp, index), w->num_sge, 0, payload, 8);
+      FailWqe(*w, ok ? IBV_WC_SUCCESS : IBV_WC_LOC_PROT_ERR);
+      --qp->rd_atomic_outstanding;
+    } else {  // NAK
+      if (!IsNakStatus(h.imm_or_inv)) {
+        ProtocolError(qp, "NAK with an invalid status");
+        return true;
+      }
+      if (IsReadOrAtomic(w->opcode)) --qp->rd_atomic_outstanding;
+      FailWqe(*w, static_cast<ibv_wc_status>(h.imm_or_inv));
+    }
+    qp->resp_rx.Consume(wire::FrameBytes(h.op, h.length));
+  }
+  return did;
+}
+
+// ---- In-order completion ----------------------------------------------------------------------
+
+void CompleteSq(SoftQp* qp) {
+  bool read_ack_word = false;
+  while (qp->sq_head != qp->sq_tx) {
+    const uint32_t index = qp->sq_head;
+    SendWqe& w = qp->sq[index & qp->sq_mask];
+    if (w.state == SendWqe::kAwaiting && IsSendOrWrite(w.opcode)) {
+      if (!wire::MsnBefore(w.msn, qp->peer_acked)) {
+        // Piggybacked acks did not cover it; look at the responder's published ack, once.
+        if (read_ack_word || !qp->linked) break;
+        read_ack_word = true;
+        NoteAck(qp, static_cast<uint32_t>(
+                        qp->peer.control()->acked.value.load(std::memory_order_acquire)));
+        if (w.state == SendWqe::kAwaiting && !wire::MsnBefore(w.msn, qp->peer_acked)) break;
+      }
+      if (w.state == SendWqe::kAwaiting) FailWqe(w, IBV_WC_SUCCESS);
+    }
+    if (w.state != SendWqe::kDone) break;
+    const bool failed = w.status != IBV_WC_SUCCESS;
+    if (failed || qp->sig_all || (w.send_flags & IBV_SEND_SIGNALED)) {
+      ibv_wc wc;
+      std::memset(&wc, 0, sizeof(wc));
+      wc.wr_id = w.wr_id;
+      wc.status = w.status;
+      wc.opcode = WcOpcodeFor(w.opcode);
+      wc.byte_len = w.length;
+      wc.qp_num = qp->qp_num;
+      if (!qp->scq->Push(wc, qp, index + 1, false)) qp->cq_overflow = true;
+    }
+    ++qp->sq_head;
+    if (failed && qp->qstate != IBV_QPS_ERR) EnterError(qp);
+  }
+}
+
+}  // namespace swirl::soft

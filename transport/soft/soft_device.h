@@ -1,0 +1,37 @@
+// swirl's soft device: a userspace RDMA device with RC verbs semantics, for machines without
+// RDMA hardware. It hands out ordinary libibverbs objects, so code written against verbs runs on
+// it unchanged; QPs in different processes on one host talk through shared memory.
+//
+// Names: "soft0", "soft1", ... Each name is one device (one GID, one memory-key space) per
+// process; opening the same name twice gives two contexts on that device, as with a real HCA.
+//
+// Progress: a real NIC moves data on its own; the soft device moves it when the application
+// calls into it (poll_cq, post_send, ...). Each device also runs one thread that takes over
+// for CQs nobody is polling: a CQ armed with ibv_req_notify_cq, or one not polled for 1 ms (a
+// passive target of RDMA reads and writes). SWIRL_SOFT_PROGRESS=off disables that help.
+//
+// Environment: SWIRL_SOFT_RING_KB (per-direction ring size, default 256), SWIRL_SOFT_PROGRESS.
+// The wire format between processes is in docs/SOFT_WIRE.md.
+
+#ifndef SWIRL_TRANSPORT_SOFT_SOFT_DEVICE_H_
+#define SWIRL_TRANSPORT_SOFT_SOFT_DEVICE_H_
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "transport/verbs/device_ops.h"
+
+namespace swirl::soft {
+
+inline constexpr char kDefaultSoftDeviceName[] = "soft0";
+
+// True for "soft" followed by decimal digits.
+bool IsSoftDeviceName(absl::string_view name);
+
+// Opens a context on the named soft device (created on first open in this process).
+absl::StatusOr<std::unique_ptr<verbs::DeviceOps>> OpenSoftDevice(absl::string_view name);
+
+}  // namespace swirl::soft
+
+#endif  // SWIRL_TRANSPORT_SOFT_SOFT_DEVICE_H_

@@ -1,0 +1,386 @@
+// Internal objects of the soft device. Nothing here is part of swirl's API: applications see
+// only libibverbs structures (each object below derives from one) and soft_device.h.
+
+#ifndef SWIRL_TRANSPORT_SOFT_SOFT_INTERNAL_H_
+#define SWIRL_TRANSPORT_SOFT_SOFT_INTERNAL_H_
+
+#include <infiniband/verbs.h>
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "base/spinlock.h"
+#include "transport/soft/key_table.h"
+#include "transport/soft/ring.h"
+#include "transport/soft/wire.h"
+
+namespace swirl::soft {
+
+struct Hca;
+struct SoftContext;
+struct SoftCq;
+struct SoftQp;
+
+// ---- Limits reported by query_device (and enforced) ------------------------------------------
+
+inline constexpr uint32_t kMaxQpWr = 16384;
+inline constexpr uint32_t kMaxSge = 16;
+inline constexpr uint32_t kMaxInline = 1024;
+inline constexpr uint32_t kMaxCqe = (1u << 20) - 1;
+inline constexpr uint32_t kMaxQp = 65536;
+inline constexpr uint32_t kMaxCq = 65536;
+inline constexpr uint32_t kMaxMr = KeyTable::kSlots / 2;
+inline constexpr uint32_t kMaxMw = KeyTable::kSlots / 2;
+inline constexpr uint32_t kMaxPd = 65536;
+inline constexpr uint32_t kMaxSrq = 4096;
+inline constexpr uint32_t kMaxSrqWr = 16384;
+inline constexpr uint32_t kMaxRdAtomic = 128;
+inline constexpr uint64_t kMaxMsgSize = 1ull << 31;
+inline constexpr uint64_t kMaxMrSize = 1ull << 40;
+
+// ---- Simple objects ---------------------------------------------------------------------------
+
+struct SoftPd : ibv_pd {
+  SoftContext* sctx;
+};
+
+struct SoftMr : ibv_mr {
+  KeyEntry* entry;
+};
+
+struct SoftMw : ibv_mw {
+  KeyEntry* entry;
+};
+
+struct SoftChannel : ibv_comp_channel {
+  absl::Mutex mu;
+  std::deque<SoftCq*> events ABSL_GUARDED_BY(mu);
+  // fd (in ibv_comp_channel) is an eventfd in semaphore mode: one count per queued event.
+  void Notify(SoftCq* cq);
+};
+
+// One completion with what the CQ needs to release send-queue slots when it is polled.
+struct Cqe {
+  ibv_wc wc;
+  SoftQp* qp;           // for send completions: whose SQ slots to release
+  uint32_t sq_release;  // release SQ slots up to this index (exclusive); valid if qp != nullptr
+};
+
+struct SoftCq : ibv_cq {
+  SoftContext* sctx;
+  SoftChannel* sc;  // channel, or nullptr
+
+  SpinLock lock;
+  std::vector<Cqe> ring;  // capacity cqe (+1 spare slot to tell full from empty)
+  uint32_t head = 0;      // next to poll (under lock)
+  uint32_t tail = 0;      // next to fill (under lock)
+  std::atomic<uint32_t> depth{0};  // tail - head, for a lock-free "anything there?" check
+  bool overflowed = false;
+
+  std::atomic<int> armed{0};  // 0: no, 1: solicited only, 2: next completion
+  std::atomic<int> attached{0};  // QPs completing into this CQ
+  bool assisted = false;         // HCA thread only: it is making progress for this CQ
+
+  // Bumped by every poll_cq: the HCA thread reads it to tell whether the application is
+  // polling this CQ (if not, the HCA thread makes progress for it). Own cache line: only the
+  // polling thread writes it.
+  alignas(64) std::atomic<uint64_t> polls{0};
+  alignas(64) uint64_t last_polls_seen = 0;  // HCA thread only
+  int64_t last_change_ns = 0;                // HCA thread only
+
+  absl::Mutex attach_mu;
+  std::vector<SoftQp*> qps ABSL_GUARDED_BY(attach_mu);  // QPs that complete into this CQ
+
+  absl::Mutex events_mu;
+  absl::CondVar events_cv;
+  uint64_t events_delivered ABSL_GUARDED_BY(events_mu) = 0;
+  uint64_t events_acked ABSL_GUARDED_BY(events_mu) = 0;
+
+  // Adds a completion. Returns false on overflow (the CQ is then in error and stays so).
+  bool Push(const ibv_wc& wc, SoftQp* qp, uint32_t sq_release, bool solicited);
+};
+
+// A receive queue: the QP's own, or an SRQ's.
+struct RecvQueue {
+  uint32_t capacity = 0;  // max_wr
+  uint32_t max_sge = 0;
+  uint32_t mask = 0;
+  std::vector<uint64_t> wr_id;
+  std::vector<uint32_t> num_sge;
+  std::vector<ibv_sge> sge;  // capacity' * max_sge
+  uint32_t head = 0;         // next to consume
+  uint32_t tail = 0;         // next to post
+
+  void Init(uint32_t cap, uint32_t sges);
+  uint32_t size() const { return tail - head; }
+};
+
+struct SoftSrq : ibv_srq {
+  SoftContext* sctx;
+  SoftPd* spd;
+  SpinLock lock;
+  RecvQueue rq;
+  std::atomic<int> qp_count{0};
+};
+
+// ---- QP ---------------------------------------------------------------------------------------
+
+struct SendWqe {
+  uint64_t wr_id;
+  ibv_wr_opcode opcode;
+  unsigned int send_flags;
+  enum State : uint8_t { kQueued, kAwaiting, kDone } state;
+  bool inline_copy;  // the data lives in the QP's inline buffer for this slot
+  bool has_msn;
+  ibv_wc_status status;
+  uint32_t msn;
+  uint32_t length;    // message bytes
+  uint32_t sent;      // bytes transmitted
+  uint32_t received;  // READ bytes placed
+  uint64_t remote_addr;
+  uint32_t rkey;
+  uint32_t imm_or_inv;
+  uint64_t compare_add;
+  uint64_t swap;
+  uint32_t num_sge;
+  // BIND_MW
+  ibv_mw* mw;
+  ibv_mr* bind_mr;
+  uint64_t bind_addr;
+  uint64_t bind_length;
+  unsigned int bind_access;
+  uint32_t bind_rkey;
+};
+
+// A peer's segment, validated and mapped read-only by the HCA thread.
+struct PeerSegment {
+  const char* base = nullptr;
+  uint64_t size = 0;
+  // Ring geometry, validated and copied out of the peer's header (which it could rewrite).
+  uint64_t request_ring_offset = 0, request_ring_size = 0;
+  uint64_t response_ring_offset = 0, response_ring_size = 0;
+  uint64_t watch = 0;  // the HCA watch on the connection it came on (liveness)
+  int wake_fd = -1;  // the peer HCA's wake eventfd
+  ibv_gid gid{};
+  uint32_t qp_num = 0;
+  const wire::SegmentHeader* header() const {
+    return reinterpret_cast<const wire::SegmentHeader*>(base);
+  }
+  const wire::SegmentControl* control() const {
+    return reinterpret_cast<const wire::SegmentControl*>(base + wire::kControlOffset);
+  }
+  // Unmaps and closes; `hca` to drop the watch.
+  void Close(Hca* hca);
+};
+
+struct SoftQp : ibv_qp {
+  SoftContext* sctx;
+  Hca* hca;
+  SoftPd* spd;
+  SoftCq* scq;
+  SoftCq* rcq;
+  SoftSrq* ssrq;
+
+  SpinLock lock;  // everything below except where noted
+
+  // Configuration.
+  uint32_t max_send_wr, max_recv_wr, max_send_sge, max_recv_sge, max_inline;
+  bool sig_all;
+
+  // State and attributes (for query_qp).
+  ibv_qp_state qstate = IBV_QPS_RESET;
+  ibv_qp_attr attr{};
+
+  // Send queue: slots [released, tail) are in use; [head, tx) transmitted but not completed.
+  std::vector<SendWqe> sq;
+  std::vector<ibv_sge> sq_sge;
+  std::vector<char> sq_inline;
+  uint32_t sq_mask = 0;
+  uint32_t sq_head = 0, sq_tx = 0, sq_tail = 0;
+  std::atomic<uint32_t> sq_released{0};  // written by the CQ poller
+  uint32_t next_msn = 0;
+  uint32_t rd_atomic_outstanding = 0;
+  uint32_t peer_acked = 0;  // latest `acked` seen from the peer (next MSN it expects)
+
+  RecvQueue rq;  // unused with an SRQ
+
+  // Responder.
+  uint32_t expected_msn = 0;
+  uint32_t acked_published = 0;
+  uint64_t req_consumed_published = 0;
+  uint64_t resp_consumed_published = 0;
+  bool discard_requests = false;  // the requester is failing: consume without executing
+  bool write_in_progress = false;  // between the first and last chunk of an RDMA WRITE
+  struct {
+    bool active = false;
+    uint32_t msn = 0;
+    uint64_t wr_id = 0;
+    uint32_t num_sge = 0;
+    ibv_sge sge[kMaxSge];
+    uint32_t capacity = 0;
+    uint32_t offset = 0;
+    uint32_t total = 0;
+  } cur_recv;
+  struct {
+    bool active = false;
+    uint32_t msn = 0;
+    uint64_t addr = 0;
+    uint32_t rkey = 0;
+    uint32_t length = 0;
+    uint32_t offset = 0;
+  } cur_read;
+  bool rnr_waiting = false;
+  int64_t rnr_deadline_ns = 0;  // 0: wait forever
+  struct {
+    bool active = false;
+    uint32_t msn = 0;
+    uint32_t status = 0;
+  } pending_nak;  // a NAK that did not fit in the response ring yet
+  bool cq_overflow = false;   // a CQ we complete into overflowed: fail at the next chance
+  bool entering_error = false;
+
+  // Link: our segment and the peer's.
+  int memfd = -1;
+  // Our segment's control block, for the HCA thread's sleeping flag (read under hca->mu).
+  std::atomic<wire::SegmentControl*> ctrl_for_hca{nullptr};
+  char* own_base = nullptr;
+  uint64_t own_size = 0;
+  wire::SegmentControl* own_ctrl = nullptr;
+  RingWriter req_tx, resp_tx;
+  int out_socket = -1;
+  uint64_t out_watch = 0;
+  PeerSegment peer;
+  uint64_t in_watch = 0;
+  RingReader req_rx, resp_rx;
+  bool linked = false;
+  int64_t link_deadline_ns = 0;  // RETRY_EXC if not linked by then with work outstanding
+
+  // Set by the HCA thread (no QP lock needed to set them).
+  std::atomic<bool> link_event{false};
+  std::atomic<bool> peer_gone{false};
+  absl::Mutex incoming_mu;
+  std::vector<PeerSegment> incoming ABSL_GUARDED_BY(incoming_mu);
+};
+
+// ---- HCA: one per device name per process ----------------------------------------------------
+
+struct LinkWatch {
+  SoftQp* qp = nullptr;  // null while the connection still owes its hello
+  int fd = -1;
+};
+
+struct Hca {
+  std::string name;
+  ibv_gid gid{};
+  uint64_t guid = 0;
+  KeyTable keys;
+  int refs = 0;  // contexts open on it (registry mutex)
+
+  int listen_fd = -1;
+  int wake_fd = -1;  // eventfd: peers write it when we sleep
+  int epoll_fd = -1;
+  int stop_fd = -1;
+  std::thread thread;
+  bool assist = true;  // make progress for CQs nobody polls
+
+  // Serializes memory-window state changes: binds and local invalidations (SQ processing of any
+  // QP), remote invalidations (responders) and dealloc (application threads).
+  absl::Mutex mw_mu;
+
+  absl::Mutex mu;
+  absl::flat_hash_map<uint32_t, SoftQp*> qps ABSL_GUARDED_BY(mu);
+  std::vector<SoftCq*> cqs ABSL_GUARDED_BY(mu);
+  // Acquired after mu when both are needed; never while calling into a QP.
+  absl::Mutex watch_mu;
+  absl::flat_hash_map<uint64_t, LinkWatch> watches ABSL_GUARDED_BY(watch_mu);
+  uint64_t next_watch ABSL_GUARDED_BY(watch_mu) = 1;
+  absl::BitGen bitgen ABSL_GUARDED_BY(mu);
+
+  // Registers `fd` with the HCA thread for hangup detection; returns the watch id.
+  uint64_t Watch(int fd, SoftQp* qp);
+  // Stops watching and closes the fd.
+  void Unwatch(uint64_t id);
+  // Wakes the HCA thread (an application armed a CQ).
+  void Kick();
+};
+
+struct AsyncEvents {
+  absl::Mutex mu;
+  std::deque<ibv_async_event> queue ABSL_GUARDED_BY(mu);
+};
+
+// The context. verbs_context must be first so ibv_context* maps back to it.
+struct SoftContext {
+  verbs_context vctx;
+  Hca* hca = nullptr;
+  ibv_device* device = nullptr;
+  AsyncEvents async;  // async_fd is an eventfd in semaphore mode
+
+  void RaiseAsyncEvent(const ibv_async_event& event);
+};
+
+inline SoftContext* ToSoft(ibv_context* ctx) {
+  verbs_context* vctx = reinterpret_cast<verbs_context*>(reinterpret_cast<char*>(ctx) -
+                                                         offsetof(verbs_context, context));
+  return reinterpret_cast<SoftContext*>(vctx);
+}
+
+// ---- Functions shared between the files -------------------------------------------------------
+
+int64_t NowNs();
+
+// hca.cc
+Hca* AcquireHca(const std::string& name, std::string* error);
+void ReleaseHca(Hca* hca);
+std::string GidHex(const ibv_gid& gid);
+// Connects to the HCA owning `gid`, handing it our segment for QP `dst_qpn`. Returns the
+// connected socket, or -errno.
+int SendHello(Hca* hca, const ibv_gid& gid, uint32_t src_qpn, uint32_t dst_qpn, int memfd,
+              uint64_t segment_size);
+
+// qp.cc
+int CreateQp(SoftContext* sctx, ibv_pd* pd, ibv_qp_init_attr* attr, ibv_qp** out);
+int ModifyQp(ibv_qp* qp, ibv_qp_attr* attr, int mask);
+int QueryQp(ibv_qp* qp, ibv_qp_attr* attr, int mask, ibv_qp_init_attr* init);
+int DestroyQp(ibv_qp* qp);
+int PostSend(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr);
+int PostRecv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr);
+int PostSrqRecv(ibv_srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad_wr);
+int BindMw(ibv_qp* qp, ibv_mw* mw, ibv_mw_bind* bind);
+// Makes progress on `qp`; the caller holds qp->lock. Returns true if anything happened.
+bool ProgressLocked(SoftQp* qp);
+// Flushes anything pending for a QP whose CQ overflowed.
+void FailQpLocked(SoftQp* qp, ibv_wc_status status);
+
+// cq.cc
+int CreateCq(SoftContext* sctx, int cqe, void* cq_context, ibv_comp_channel* channel, ibv_cq** out);
+int DestroyCq(ibv_cq* cq);
+int PollCq(ibv_cq* cq, int n, ibv_wc* wc);
+int ReqNotifyCq(ibv_cq* cq, int solicited_only);
+int CreateChannel(SoftContext* sctx, ibv_comp_channel** out);
+int DestroyChannel(ibv_comp_channel* channel);
+int GetCqEvent(ibv_comp_channel* channel, ibv_cq** cq, void** cq_context);
+void AckCqEvents(ibv_cq* cq, unsigned int count);
+void AttachQp(SoftCq* cq, SoftQp* qp);
+void DetachQp(SoftCq* cq, SoftQp* qp);
+// Drops queued completions that name `qp` (it is being destroyed).
+void PurgeQp(SoftCq* cq, SoftQp* qp);
+
+// memory.cc
+int RegMr(SoftContext* sctx, ibv_pd* pd, void* addr, size_t length, int access, ibv_mr** out);
+int DeregMr(ibv_mr* mr);
+ibv_mw* AllocMw(ibv_pd* pd, ibv_mw_type type);
+int DeallocMw(ibv_mw* mw);
+
+}  // namespace swirl::soft
+
+#endif  // SWIRL_TRANSPORT_SOFT_SOFT_INTERNAL_H_

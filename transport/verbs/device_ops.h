@@ -1,0 +1,79 @@
+// The control path of one opened RDMA device, as an interface.
+//
+// Why an interface: libibverbs' inline data-path calls (ibv_post_send, ibv_post_recv,
+// ibv_post_srq_recv, ibv_poll_cq, ibv_req_notify_cq, ibv_alloc_mw, ibv_dealloc_mw, ibv_bind_mw,
+// ibv_query_device_ex, ibv_query_port) dispatch through `context->ops` and the verbs_context, so
+// they run unchanged on any device that fills those tables, including swirl's userspace soft
+// device. The control-path calls (ibv_alloc_pd, ibv_reg_mr, ibv_create_qp, ...) live inside
+// libibverbs.so and dispatch through its private provider table, which only rdma-core's own
+// providers can fill. swirl therefore routes every control-path call through DeviceOps: one
+// implementation forwards to libibverbs (rdma_core_device.h), another is the soft device.
+//
+// Conventions: every method returns 0 or a positive errno value (never -1), and fills its out
+// parameter only on success. Objects returned are ordinary libibverbs structures; their
+// `context` field points at context(). The RAII owners in verbs.h are the normal way to use this.
+
+#ifndef SWIRL_TRANSPORT_VERBS_DEVICE_OPS_H_
+#define SWIRL_TRANSPORT_VERBS_DEVICE_OPS_H_
+
+#include <infiniband/verbs.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace swirl::verbs {
+
+enum class DeviceKind {
+  kRdmaCore,  // a device driven by an rdma-core provider (mlx5, rxe, siw, ...)
+  kSoft,      // swirl's userspace soft device (transport/soft)
+};
+
+const char* DeviceKindName(DeviceKind kind);
+
+class DeviceOps {
+ public:
+  virtual ~DeviceOps() = default;
+
+  virtual DeviceKind kind() const = 0;
+  virtual const std::string& name() const = 0;
+  virtual ibv_context* context() = 0;
+
+  virtual int QueryDevice(ibv_device_attr_ex* attr) = 0;
+  virtual int QueryPort(uint8_t port_num, ibv_port_attr* attr) = 0;
+  virtual int QueryGid(uint8_t port_num, int index, ibv_gid* gid) = 0;
+
+  virtual int AllocPd(ibv_pd** pd) = 0;
+  virtual int DeallocPd(ibv_pd* pd) = 0;
+
+  virtual int RegMr(ibv_pd* pd, void* addr, size_t length, int access, ibv_mr** mr) = 0;
+  virtual int DeregMr(ibv_mr* mr) = 0;
+
+  virtual int CreateCompChannel(ibv_comp_channel** channel) = 0;
+  virtual int DestroyCompChannel(ibv_comp_channel* channel) = 0;
+  virtual int CreateCq(int min_cqe, void* cq_context, ibv_comp_channel* channel, int comp_vector,
+                       ibv_cq** cq) = 0;
+  virtual int DestroyCq(ibv_cq* cq) = 0;
+  // Blocks (unless channel->fd is non-blocking) until a CQ armed with ibv_req_notify_cq on this
+  // channel has a new completion. Returns EAGAIN for a non-blocking fd with nothing pending.
+  virtual int GetCqEvent(ibv_comp_channel* channel, ibv_cq** cq, void** cq_context) = 0;
+  virtual void AckCqEvents(ibv_cq* cq, unsigned int count) = 0;
+
+  virtual int CreateSrq(ibv_pd* pd, ibv_srq_init_attr* attr, ibv_srq** srq) = 0;
+  virtual int DestroySrq(ibv_srq* srq) = 0;
+
+  virtual int CreateQp(ibv_pd* pd, ibv_qp_init_attr* attr, ibv_qp** qp) = 0;
+  virtual int ModifyQp(ibv_qp* qp, ibv_qp_attr* attr, int attr_mask) = 0;
+  virtual int QueryQp(ibv_qp* qp, ibv_qp_attr* attr, int attr_mask,
+                      ibv_qp_init_attr* init_attr) = 0;
+  virtual int DestroyQp(ibv_qp* qp) = 0;
+
+  // Asynchronous events (port changes, CQ overflow, QP fatal errors). Blocks unless
+  // context()->async_fd is non-blocking (EAGAIN then).
+  virtual int GetAsyncEvent(ibv_async_event* event) = 0;
+  virtual void AckAsyncEvent(ibv_async_event* event) = 0;
+};
+
+}  // namespace swirl::verbs
+
+#endif  // SWIRL_TRANSPORT_VERBS_DEVICE_OPS_H_

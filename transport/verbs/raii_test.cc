@@ -1,0 +1,298 @@
+// The RAII layer over a recording fake DeviceOps: release order, error statuses, no leaks.
+
+#include <gtest/gtest.h>
+
+#include <cerrno>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "transport/verbs/verbs.h"
+
+namespace swirl::verbs {
+namespace {
+
+struct Journal {
+  std::vector<std::string> calls;
+  std::map<std::string, int> fail_next;  // call -> errno to return once
+  int live = 0;                          // objects created and not yet destroyed
+  std::vector<int> masks;                // ModifyQp attr masks, in order
+  std::vector<ibv_qp_attr> attrs;
+
+  int Enter(const std::string& call) {
+    calls.push_back(call);
+    auto it = fail_next.find(call);
+    if (it == fail_next.end()) return 0;
+    int err = it->second;
+    fail_next.erase(it);
+    return err;
+  }
+  size_t IndexOf(const std::string& call) const {
+    for (size_t i = 0; i < calls.size(); ++i) {
+      if (calls[i] == call) return i;
+    }
+    ADD_FAILURE() << call << " never happened";
+    return calls.size();
+  }
+};
+
+Journal* g_journal = nullptr;  // for the C callbacks in ibv_context_ops
+
+ibv_mw* FakeAllocMw(ibv_pd* pd, ibv_mw_type type) {
+  if (int err = g_journal->Enter("alloc_mw"); err != 0) {
+    errno = err;
+    return nullptr;
+  }
+  ++g_journal->live;
+  auto* mw = new ibv_mw{};
+  mw->context = pd->context;
+  mw->pd = pd;
+  mw->type = type;
+  mw->rkey = 0x1200;
+  return mw;
+}
+
+int FakeDeallocMw(ibv_mw* mw) {
+  g_journal->Enter("dealloc_mw");
+  --g_journal->live;
+  delete mw;
+  return 0;
+}
+
+class FakeDeviceOps final : public DeviceOps {
+ public:
+  explicit FakeDeviceOps(Journal* journal) : journal_(journal) {
+    std::memset(&context_, 0, sizeof(context_));
+    context_.ops.alloc_mw = FakeAllocMw;
+    context_.ops.dealloc_mw = FakeDeallocMw;
+    context_.async_fd = -1;
+  }
+  ~FakeDeviceOps() override { journal_->Enter("close"); }
+
+  DeviceKind kind() const override { return DeviceKind::kSoft; }
+  const std::string& name() const override { return name_; }
+  ibv_context* context() override { return &context_; }
+
+  int QueryDevice(ibv_device_attr_ex*) override { return journal_->Enter("query_device"); }
+  int QueryPort(uint8_t, ibv_port_attr* attr) override {
+    attr->state = IBV_PORT_ACTIVE;
+    attr->link_layer = IBV_LINK_LAYER_ETHERNET;
+    attr->active_mtu = IBV_MTU_4096;
+    return journal_->Enter("query_port");
+  }
+  int QueryGid(uint8_t, int, ibv_gid* gid) override {
+    std::memset(gid, 0, sizeof(*gid));
+    gid->raw[15] = 7;
+    return journal_->Enter("query_gid");
+  }
+  int AllocPd(ibv_pd** pd) override { return Create("alloc_pd", pd); }
+  int DeallocPd(ibv_pd* pd) override { return Destroy("dealloc_pd", pd); }
+  int RegMr(ibv_pd* pd, void* addr, size_t length, int, ibv_mr** mr) override {
+    if (int err = Create("reg_mr", mr); err != 0) return err;
+    (*mr)->pd = pd;
+    (*mr)->addr = addr;
+    (*mr)->length = length;
+    (*mr)->lkey = (*mr)->rkey = 0x3400;
+    return 0;
+  }
+  int DeregMr(ibv_mr* mr) override { return Destroy("dereg_mr", mr); }
+  int CreateCompChannel(ibv_comp_channel** ch) override { return Create("create_channel", ch); }
+  int DestroyCompChannel(ibv_comp_channel* ch) override { return Destroy("destroy_channel", ch); }
+  int CreateCq(int cqe, void*, ibv_comp_channel*, int, ibv_cq** cq) override {
+    if (int err = Create("create_cq", cq); err != 0) return err;
+    (*cq)->cqe = cqe;
+    return 0;
+  }
+  int DestroyCq(ibv_cq* cq) override { return Destroy("destroy_cq", cq); }
+  int GetCqEvent(ibv_comp_channel*, ibv_cq**, void**) override { return EAGAIN; }
+  void AckCqEvents(ibv_cq*, unsigned int) override {}
+  int CreateSrq(ibv_pd*, ibv_srq_init_attr*, ibv_srq** srq) override {
+    return Create("create_srq", srq);
+  }
+  int DestroySrq(ibv_srq* srq) override { return Destroy("destroy_srq", srq); }
+  int CreateQp(ibv_pd*, ibv_qp_init_attr* attr, ibv_qp** qp) override {
+    if (int err = Create("create_qp", qp); err != 0) return err;
+    (*qp)->qp_num = 77;
+    attr->cap.max_inline_data = 256;  // devices may grant more than asked
+    return 0;
+  }
+  int ModifyQp(ibv_qp*, ibv_qp_attr* attr, int mask) override {
+    journal_->masks.push_back(mask);
+    journal_->attrs.push_back(*attr);
+    return journal_->Enter("modify_qp");
+  }
+  int QueryQp(ibv_qp*, ibv_qp_attr* attr, int, ibv_qp_init_attr*) override {
+    attr->qp_state = IBV_QPS_RTS;
+    return journal_->Enter("query_qp");
+  }
+  int DestroyQp(ibv_qp* qp) override { return Destroy("destroy_qp", qp); }
+  int GetAsyncEvent(ibv_async_event*) override { return EAGAIN; }
+  void AckAsyncEvent(ibv_async_event*) override {}
+
+ private:
+  template <typename T>
+  int Create(const std::string& call, T** out) {
+    if (int err = journal_->Enter(call); err != 0) return err;
+    *out = new T{};
+    (*out)->context = &context_;
+    ++journal_->live;
+    return 0;
+  }
+  template <typename T>
+  int Destroy(const std::string& call, T* object) {
+    if (int err = journal_->Enter(call); err != 0) return err;
+    --journal_->live;
+    delete object;
+    return 0;
+  }
+
+  Journal* journal_;
+  std::string name_ = "fake0";
+  ibv_context context_;
+};
+
+class RaiiTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    g_journal = &journal_;
+    context_ = Context::Wrap(std::make_unique<FakeDeviceOps>(&journal_));
+  }
+  void TearDown() override { g_journal = nullptr; }
+
+  Journal journal_;
+  std::shared_ptr<Context> context_;
+};
+
+TEST_F(RaiiTest, ChildrenAreReleasedBeforeParentsWhateverTheHandleOrder) {
+  std::shared_ptr<ProtectionDomain> pd = *ProtectionDomain::Create(context_);
+  std::shared_ptr<CompletionChannel> channel = *CompletionChannel::Create(context_);
+  std::shared_ptr<CompletionQueue> cq = *CompletionQueue::Create(context_, 16, channel);
+  std::shared_ptr<SharedReceiveQueue> srq = *SharedReceiveQueue::Create(pd, 64, 1);
+  char buffer[64];
+  std::unique_ptr<MemoryRegion> mr =
+      *MemoryRegion::Register(pd, buffer, sizeof(buffer), IBV_ACCESS_LOCAL_WRITE);
+  std::unique_ptr<MemoryWindow> mw = *MemoryWindow::Allocate(pd, IBV_MW_TYPE_2);
+  QueuePairConfig config;
+  config.send_cq = cq;
+  config.recv_cq = cq;
+  config.srq = srq;
+  std::unique_ptr<QueuePair> qp = *QueuePair::Create(pd, config);
+  config = {};  // the config's handles are the caller's too
+  EXPECT_EQ(journal_.live, 7);
+
+  // Drop the parents' handles first: nothing may be released yet.
+  context_.reset();
+  pd.reset();
+  channel.reset();
+  cq.reset();
+  srq.reset();
+  EXPECT_EQ(journal_.live, 7);
+  EXPECT_EQ(std::count(journal_.calls.begin(), journal_.calls.end(), "close"), 0);
+
+  mr.reset();
+  mw.reset();
+  qp.reset();
+  EXPECT_EQ(journal_.live, 0);
+
+  // The QP goes before its CQ, SRQ and PD; the CQ before its channel; everything before close.
+  EXPECT_LT(journal_.IndexOf("destroy_qp"), journal_.IndexOf("destroy_cq"));
+  EXPECT_LT(journal_.IndexOf("destroy_qp"), journal_.IndexOf("destroy_srq"));
+  EXPECT_LT(journal_.IndexOf("destroy_qp"), journal_.IndexOf("dealloc_pd"));
+  EXPECT_LT(journal_.IndexOf("dereg_mr"), journal_.IndexOf("dealloc_pd"));
+  EXPECT_LT(journal_.IndexOf("dealloc_mw"), journal_.IndexOf("dealloc_pd"));
+  EXPECT_LT(journal_.IndexOf("destroy_srq"), journal_.IndexOf("dealloc_pd"));
+  EXPECT_LT(journal_.IndexOf("destroy_cq"), journal_.IndexOf("destroy_channel"));
+  EXPECT_EQ(journal_.IndexOf("close"), journal_.calls.size() - 1);
+}
+
+TEST_F(RaiiTest, FailedCreationNamesTheCallAndLeaksNothing) {
+  std::shared_ptr<ProtectionDomain> pd = *ProtectionDomain::Create(context_);
+  std::shared_ptr<CompletionQueue> cq = *CompletionQueue::Create(context_, 16);
+  journal_.fail_next["create_qp"] = ENOMEM;
+  QueuePairConfig config;
+  config.send_cq = cq;
+  config.recv_cq = cq;
+  absl::StatusOr<std::unique_ptr<QueuePair>> qp = QueuePair::Create(pd, config);
+  ASSERT_FALSE(qp.ok());
+  EXPECT_EQ(qp.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(qp.status().message().find("ibv_create_qp"), absl::string_view::npos);
+  EXPECT_NE(qp.status().message().find("Cannot allocate memory (errno 12)"),
+            absl::string_view::npos);
+
+  journal_.fail_next["reg_mr"] = EFAULT;
+  char buffer[8];
+  auto mr = MemoryRegion::Register(pd, buffer, sizeof(buffer), 0);
+  ASSERT_FALSE(mr.ok());
+  EXPECT_NE(mr.status().message().find("ibv_reg_mr(8 bytes): Bad address"),
+            absl::string_view::npos)
+      << mr.status();
+
+  journal_.fail_next["alloc_mw"] = EOPNOTSUPP;
+  auto mw = MemoryWindow::Allocate(pd, IBV_MW_TYPE_2);
+  ASSERT_FALSE(mw.ok());
+  EXPECT_EQ(mw.status().code(), absl::StatusCode::kUnimplemented);
+
+  journal_.fail_next["alloc_pd"] = EACCES;
+  auto pd2 = ProtectionDomain::Create(context_);
+  EXPECT_EQ(pd2.status().code(), absl::StatusCode::kPermissionDenied);
+
+  EXPECT_EQ(journal_.live, 2);  // the PD and CQ that did succeed
+  config = {};
+  pd.reset();
+  cq.reset();
+  EXPECT_EQ(journal_.live, 0);
+}
+
+TEST_F(RaiiTest, DeregisterReportsBusyAndKeepsOwnership) {
+  std::shared_ptr<ProtectionDomain> pd = *ProtectionDomain::Create(context_);
+  char buffer[64];
+  std::unique_ptr<MemoryRegion> mr = *MemoryRegion::Register(pd, buffer, sizeof(buffer), 0);
+  journal_.fail_next["dereg_mr"] = EBUSY;
+  absl::Status s = mr->Deregister();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(s.message(), "ibv_dereg_mr: Device or resource busy (errno 16)");
+  EXPECT_EQ(journal_.live, 2);
+  EXPECT_TRUE(mr->Deregister().ok());
+  EXPECT_EQ(journal_.live, 1);
+  EXPECT_TRUE(mr->Deregister().ok()) << "second call is a no-op";
+}
+
+TEST_F(RaiiTest, TransitionsUseTheRequiredAttributeMasks) {
+  std::shared_ptr<ProtectionDomain> pd = *ProtectionDomain::Create(context_);
+  std::shared_ptr<CompletionQueue> cq = *CompletionQueue::Create(context_, 16);
+  QueuePairConfig config;
+  config.send_cq = cq;
+  config.recv_cq = cq;
+  config.max_inline_data = 64;
+  std::unique_ptr<QueuePair> qp = *QueuePair::Create(pd, config);
+  EXPECT_EQ(qp->cap().max_inline_data, 256u) << "the granted value, not the requested one";
+
+  ConnectOptions options;
+  absl::StatusOr<PeerAddress> self = qp->LocalAddress(0x55, options);
+  ASSERT_TRUE(self.ok()) << self.status();
+  EXPECT_EQ(self->gid.raw[15], 7) << "RoCE port: the GID is part of the address";
+  EXPECT_EQ(self->qp_num, 77u);
+  EXPECT_EQ(self->mtu, IBV_MTU_4096);
+
+  ASSERT_TRUE(qp->Connect(*self, 0x55, options).ok());
+  ASSERT_EQ(journal_.masks.size(), 3u);
+  EXPECT_EQ(journal_.masks[0], IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+  EXPECT_EQ(journal_.masks[1], IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                                   IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
+                                   IBV_QP_MIN_RNR_TIMER);
+  EXPECT_EQ(journal_.masks[2], IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+                                   IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC);
+  EXPECT_EQ(journal_.attrs[1].ah_attr.is_global, 1);
+  EXPECT_EQ(journal_.attrs[1].dest_qp_num, 77u);
+  EXPECT_EQ(journal_.attrs[1].rq_psn, 0x55u);
+  EXPECT_EQ(journal_.attrs[2].sq_psn, 0x55u);
+
+  journal_.fail_next["modify_qp"] = EINVAL;
+  absl::Status s = qp->ToError();
+  EXPECT_EQ(s.message(), "ibv_modify_qp(ERR): Invalid argument (errno 22)");
+}
+
+}  // namespace
+}  // namespace swirl::verbs

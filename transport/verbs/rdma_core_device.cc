@@ -1,0 +1,148 @@
+#include "transport/verbs/rdma_core_device.h"
+
+#include <cerrno>
+
+#include "absl/strings/str_cat.h"
+#include "transport/verbs/status.h"
+
+namespace swirl::verbs {
+
+const char* DeviceKindName(DeviceKind kind) {
+  switch (kind) {
+    case DeviceKind::kRdmaCore: return "rdma-core";
+    case DeviceKind::kSoft: return "soft";
+  }
+  return "unknown";
+}
+
+namespace {
+
+// errno for calls that return NULL; some providers forget to set it.
+int LastErrno() { return errno != 0 ? errno : EIO; }
+
+class RdmaCoreDeviceOps final : public DeviceOps {
+ public:
+  RdmaCoreDeviceOps(std::string name, ibv_context* context)
+      : name_(std::move(name)), context_(context) {}
+  ~RdmaCoreDeviceOps() override { ibv_close_device(context_); }
+
+  DeviceKind kind() const override { return DeviceKind::kRdmaCore; }
+  const std::string& name() const override { return name_; }
+  ibv_context* context() override { return context_; }
+
+  int QueryDevice(ibv_device_attr_ex* attr) override {
+    return ibv_query_device_ex(context_, nullptr, attr);
+  }
+  int QueryPort(uint8_t port_num, ibv_port_attr* attr) override {
+    return ibv_query_port(context_, port_num, attr);
+  }
+  int QueryGid(uint8_t port_num, int index, ibv_gid* gid) override {
+    return ibv_query_gid(context_, port_num, index, gid) == 0 ? 0 : LastErrno();
+  }
+  int AllocPd(ibv_pd** pd) override {
+    errno = 0;
+    *pd = ibv_alloc_pd(context_);
+    return *pd ? 0 : LastErrno();
+  }
+  int DeallocPd(ibv_pd* pd) override { return ibv_dealloc_pd(pd); }
+  int RegMr(ibv_pd* pd, void* addr, size_t length, int access, ibv_mr** mr) override {
+    errno = 0;
+    *mr = ibv_reg_mr(pd, addr, length, access);
+    return *mr ? 0 : LastErrno();
+  }
+  int DeregMr(ibv_mr* mr) override { return ibv_dereg_mr(mr); }
+  int CreateCompChannel(ibv_comp_channel** channel) override {
+    errno = 0;
+    *channel = ibv_create_comp_channel(context_);
+    return *channel ? 0 : LastErrno();
+  }
+  int DestroyCompChannel(ibv_comp_channel* channel) override {
+    return ibv_destroy_comp_channel(channel);
+  }
+  int CreateCq(int min_cqe, void* cq_context, ibv_comp_channel* channel, int comp_vector,
+               ibv_cq** cq) override {
+    errno = 0;
+    *cq = ibv_create_cq(context_, min_cqe, cq_context, channel, comp_vector);
+    return *cq ? 0 : LastErrno();
+  }
+  int DestroyCq(ibv_cq* cq) override { return ibv_destroy_cq(cq); }
+  int GetCqEvent(ibv_comp_channel* channel, ibv_cq** cq, void** cq_context) override {
+    errno = 0;
+    return ibv_get_cq_event(channel, cq, cq_context) == 0 ? 0 : LastErrno();
+  }
+  void AckCqEvents(ibv_cq* cq, unsigned int count) override { ibv_ack_cq_events(cq, count); }
+  int CreateSrq(ibv_pd* pd, ibv_srq_init_attr* attr, ibv_srq** srq) override {
+    errno = 0;
+    *srq = ibv_create_srq(pd, attr);
+    return *srq ? 0 : LastErrno();
+  }
+  int DestroySrq(ibv_srq* srq) override { return ibv_destroy_srq(srq); }
+  int CreateQp(ibv_pd* pd, ibv_qp_init_attr* attr, ibv_qp** qp) override {
+    errno = 0;
+    *qp = ibv_create_qp(pd, attr);
+    return *qp ? 0 : LastErrno();
+  }
+  int ModifyQp(ibv_qp* qp, ibv_qp_attr* attr, int attr_mask) override {
+    return ibv_modify_qp(qp, attr, attr_mask);
+  }
+  int QueryQp(ibv_qp* qp, ibv_qp_attr* attr, int attr_mask,
+              ibv_qp_init_attr* init_attr) override {
+    return ibv_query_qp(qp, attr, attr_mask, init_attr);
+  }
+  int DestroyQp(ibv_qp* qp) override { return ibv_destroy_qp(qp); }
+  int GetAsyncEvent(ibv_async_event* event) override {
+    errno = 0;
+    return ibv_get_async_event(context_, event) == 0 ? 0 : LastErrno();
+  }
+  void AckAsyncEvent(ibv_async_event* event) override { ibv_ack_async_event(event); }
+
+ private:
+  const std::string name_;
+  ibv_context* const context_;
+};
+
+struct DeviceListDeleter {
+  void operator()(ibv_device** list) const { ibv_free_device_list(list); }
+};
+
+absl::StatusOr<std::unique_ptr<ibv_device*, DeviceListDeleter>> GetDeviceList(int* count) {
+  errno = 0;
+  ibv_device** list = ibv_get_device_list(count);
+  if (list == nullptr) {
+    // ENOSYS: the kernel has no RDMA subsystem (containers, most VMs). That is "no devices".
+    if (errno == ENOSYS || errno == ENOENT || errno == ENODEV) {
+      *count = 0;
+      return std::unique_ptr<ibv_device*, DeviceListDeleter>(nullptr);
+    }
+    return VerbsError("ibv_get_device_list", LastErrno());
+  }
+  return std::unique_ptr<ibv_device*, DeviceListDeleter>(list);
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<std::string>> ListRdmaCoreDevices() {
+  int count = 0;
+  auto list = GetDeviceList(&count);
+  if (!list.ok()) return list.status();
+  std::vector<std::string> names;
+  for (int i = 0; i < count; ++i) names.emplace_back(ibv_get_device_name(list->get()[i]));
+  return names;
+}
+
+absl::StatusOr<std::unique_ptr<DeviceOps>> OpenRdmaCoreDevice(absl::string_view name) {
+  int count = 0;
+  auto list = GetDeviceList(&count);
+  if (!list.ok()) return list.status();
+  for (int i = 0; i < count; ++i) {
+    ibv_device* device = list->get()[i];
+    if (name != ibv_get_device_name(device)) continue;
+    errno = 0;
+    ibv_context* context = ibv_open_device(device);
+    if (context == nullptr) return VerbsError("ibv_open_device", name, LastErrno());
+    return std::unique_ptr<DeviceOps>(new RdmaCoreDeviceOps(std::string(name), context));
+  }
+  return absl::NotFoundError(absl::StrCat("no rdma-core device named '", name, "'"));
+}
+
+}  // namespace swirl::verbs
