@@ -115,8 +115,11 @@ int DestroyCq(ibv_cq* ibcq) {
 int PollCq(ibv_cq* ibcq, int n, ibv_wc* wc) {
   auto* cq = static_cast<SoftCq*>(ibcq);
   cq->polls.store(cq->polls.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
-  if (n <= 0) return 0;
-  if (cq->depth.load(std::memory_order_relaxed) < static_cast<uint32_t>(n)) ProgressAttached(cq);
+  if (n < 0) return 0;
+  // Progress first unless enough is already queued; ibv_poll_cq(cq, 0, ...) only progresses.
+  if (cq->depth.load(std::memory_order_relaxed) < static_cast<uint32_t>(n) || n == 0) {
+    ProgressAttached(cq);
+  }
   std::lock_guard<SpinLock> guard(cq->lock);
   if (cq->overflowed) {
     errno = EOVERFLOW;

@@ -1,0 +1,73 @@
+#include "rpc/call.h"
+
+#include "google/protobuf/message_lite.h"
+#include "rpc/worker.h"
+
+namespace swirl {
+
+absl::Time CallOptions::EffectiveDeadline() const {
+  if (timeout == absl::InfiniteDuration()) return deadline;
+  return std::min(deadline, absl::Now() + timeout);
+}
+
+ClientCall::~ClientCall() {
+  // Destroying a call in flight would let the worker write into freed memory: settle it first.
+  const int state = state_.load(std::memory_order_acquire);
+  if (state == kQueued || state == kPending) {
+    Cancel();
+    (void)Wait();
+  }
+}
+
+void ClientCall::Complete(absl::Status status) {
+  status_ = std::move(status);
+  auto callback = std::move(callback_);
+  callback_ = nullptr;
+  state_.store(kDone, std::memory_order_release);
+  // After Notify the owner may reuse or free this call: touch nothing of it afterwards.
+  absl::Status copy = callback ? status_ : absl::OkStatus();
+  notifier_.Notify();
+  if (callback) callback(std::move(copy));
+}
+
+bool ClientCall::done() const { return notifier_.HasBeenNotified(); }
+
+absl::Status ClientCall::Wait() {
+  if (worker_ != nullptr && worker_->caller_driven()) {
+    while (!notifier_.HasBeenNotified()) worker_->TryDrive();
+  } else {
+    notifier_.Wait();
+  }
+  return status_;
+}
+
+void ClientCall::Cancel() {
+  cancel_requested_.store(true, std::memory_order_release);
+  const int state = state_.load(std::memory_order_acquire);
+  if (worker_ != nullptr && (state == kQueued || state == kPending)) worker_->CancelCall(this);
+}
+
+absl::Status CallUnary(CallTarget& target, uint32_t method_id,
+                       const google::protobuf::MessageLite& request,
+                       google::protobuf::MessageLite* response, const CallOptions& options) {
+  ClientCall call;
+  call.SetMethod(method_id);
+  call.SetRequest(&request);
+  call.SetResponse(response);
+  call.SetOptions(options);
+  target.Start(&call);
+  return call.Wait();
+}
+
+absl::Status CallRaw(CallTarget& target, uint32_t method_id, absl::string_view request,
+                     std::string* response, const CallOptions& options) {
+  ClientCall call;
+  call.SetMethod(method_id);
+  call.SetRequestBytes(request);
+  call.SetResponseBytes(response);
+  call.SetOptions(options);
+  target.Start(&call);
+  return call.Wait();
+}
+
+}  // namespace swirl

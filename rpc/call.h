@@ -1,0 +1,158 @@
+// Client-side calls: options, the call object, futures, and the CallTarget interface that both a
+// Channel (client to server) and a server's handle on a client (server to client) implement.
+//
+// Three ways to call, from the generated stubs or the raw API:
+//   * synchronous: Status Method(req, &resp, options) blocks the calling thread;
+//   * asynchronous with a callback: the callback runs on the connection's worker thread (or on
+//     whichever thread drives a caller-driven channel) once the call completes;
+//   * futures: Future<Resp>, which owns its response.
+// The allocation-free form takes a caller-owned ClientCall that can be reused call after call.
+//
+// Lifetimes: the request, the response and the ClientCall must stay valid until the call
+// completes (the callback has run, or Wait()/Get() returned).
+
+#ifndef SWIRL_RPC_CALL_H_
+#define SWIRL_RPC_CALL_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/functional/any_invocable.h"
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "base/notifier.h"
+
+namespace google::protobuf {
+class MessageLite;
+}  // namespace google::protobuf
+
+namespace swirl {
+
+namespace internal {
+class Worker;
+class Connection;
+}  // namespace internal
+
+struct CallOptions {
+  // The call fails with DEADLINE_EXCEEDED if no response arrived by then (whichever of the two
+  // is earlier). The server is told, best effort, that the caller gave up.
+  absl::Duration timeout = absl::InfiniteDuration();
+  absl::Time deadline = absl::InfiniteFuture();
+
+  absl::Time EffectiveDeadline() const;
+};
+
+// One call. Caller-owned, reusable once done().
+class ClientCall {
+ public:
+  ClientCall() = default;
+  ~ClientCall();
+  ClientCall(const ClientCall&) = delete;
+  ClientCall& operator=(const ClientCall&) = delete;
+
+  // Blocks until the call completes and returns its status. On a caller-driven channel the
+  // waiting thread drives the connection's worker meanwhile.
+  absl::Status Wait();
+  bool done() const;
+  // Valid once done().
+  const absl::Status& status() const { return status_; }
+
+  // Completes the call with CANCELLED if it has not completed yet (thread-safe, best effort
+  // toward the server: a response that arrives later is dropped).
+  void Cancel();
+
+  // ---- Set up by stubs (or by hand for the raw API) before CallTarget::Start ------------------
+  void SetMethod(uint32_t method_id) { method_id_ = method_id; }
+  void SetRequest(const google::protobuf::MessageLite* request) { request_ = request; }
+  void SetRequestBytes(absl::string_view bytes) {
+    request_ = nullptr;
+    request_bytes_ = bytes;
+  }
+  // Where the response goes: a message to parse into, or a string for raw bytes (or neither:
+  // the payload is ignored).
+  void SetResponse(google::protobuf::MessageLite* response) { response_ = response; }
+  void SetResponseBytes(std::string* bytes) { response_bytes_ = bytes; }
+  void SetOneWay(bool one_way) { one_way_ = one_way; }
+  void SetOptions(const CallOptions& options) { deadline_ = options.EffectiveDeadline(); }
+  // Runs on completion (on the worker thread). Optional.
+  void SetCallback(absl::AnyInvocable<void(absl::Status)> callback) {
+    callback_ = std::move(callback);
+  }
+
+ private:
+  friend class internal::Worker;
+  friend class internal::Connection;
+
+  enum State : int { kIdle = 0, kQueued, kPending, kDone };
+
+  // Called by the worker exactly once per round.
+  void Complete(absl::Status status);
+
+  uint32_t method_id_ = 0;
+  const google::protobuf::MessageLite* request_ = nullptr;
+  absl::string_view request_bytes_;
+  google::protobuf::MessageLite* response_ = nullptr;
+  std::string* response_bytes_ = nullptr;
+  bool one_way_ = false;
+  absl::Time deadline_ = absl::InfiniteFuture();
+  absl::AnyInvocable<void(absl::Status)> callback_;
+
+  std::atomic<int> state_{kIdle};
+  std::atomic<bool> cancel_requested_{false};
+  absl::Status status_;
+  Notifier notifier_;
+  // Worker bookkeeping.
+  internal::Worker* worker_ = nullptr;
+  internal::Connection* connection_ = nullptr;
+  uint64_t connection_id_ = 0;
+  uint64_t request_id_ = 0;
+  ClientCall* next_ = nullptr;  // intrusive lists (backlog, deadline scan)
+};
+
+// Something calls can be started on.
+class CallTarget {
+ public:
+  virtual ~CallTarget() = default;
+  // Starts `call`. Completion (success or failure, e.g. UNAVAILABLE on a dead connection) is
+  // always reported through the call; Start itself never fails.
+  virtual void Start(ClientCall* call) = 0;
+};
+
+// A future response. Owns the response message (and the call); movable, not copyable.
+template <typename Response>
+class Future {
+ public:
+  Future() = default;
+  // Blocks until the call completes.
+  absl::Status Wait() { return state_->call.Wait(); }
+  bool ready() const { return state_->call.done(); }
+  // The response; valid after Wait() returned OK.
+  Response& value() { return state_->response; }
+  void Cancel() { state_->call.Cancel(); }
+
+  // For stubs. The future owns a copy of the request, so callers may pass temporaries.
+  struct State {
+    std::unique_ptr<google::protobuf::MessageLite> request;
+    Response response;
+    ClientCall call;
+  };
+  explicit Future(std::unique_ptr<State> state) : state_(std::move(state)) {}
+  State* state() { return state_.get(); }
+
+ private:
+  std::unique_ptr<State> state_;
+};
+
+// Synchronous helpers used by generated stubs and the raw API.
+absl::Status CallUnary(CallTarget& target, uint32_t method_id,
+                       const google::protobuf::MessageLite& request,
+                       google::protobuf::MessageLite* response, const CallOptions& options);
+absl::Status CallRaw(CallTarget& target, uint32_t method_id, absl::string_view request,
+                     std::string* response, const CallOptions& options);
+
+}  // namespace swirl
+
+#endif  // SWIRL_RPC_CALL_H_

@@ -1,0 +1,276 @@
+#include "rpc/channel.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "absl/random/random.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "base/log.h"
+#include "proto/control.grpc.pb.h"
+#include "rpc/handshake.h"
+#include "rpc/worker.h"
+#include "transport/device.h"
+
+namespace swirl {
+namespace internal {
+
+absl::Status FromGrpc(const grpc::Status& s) {
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+}
+
+// The device, its capabilities and a worker, shared by the channels of a process that use the
+// background driver (or owned by one channel).
+struct ClientRuntime {
+  std::shared_ptr<verbs::Context> context;
+  std::shared_ptr<verbs::ProtectionDomain> pd;
+  verbs::Capabilities caps;
+  std::unique_ptr<Worker> worker;
+  ~ClientRuntime() {
+    if (worker) worker->Stop();
+  }
+};
+
+namespace {
+
+absl::Mutex g_mu;
+
+// The capability probe (with its self-test) runs once per device per process.
+absl::StatusOr<verbs::Capabilities> CachedCapabilities(const std::shared_ptr<verbs::Context>& ctx) {
+  static auto* cache = new std::map<std::string, verbs::Capabilities>();
+  absl::MutexLock lock(&g_mu);
+  auto it = cache->find(ctx->name());
+  if (it != cache->end()) return it->second;
+  verbs::ProbeOptions probe;
+  probe.confirm_remote_invalidation = true;
+  auto caps = verbs::ProbeCapabilities(ctx, probe);
+  if (!caps.ok()) return caps.status();
+  (*cache)[ctx->name()] = *caps;
+  return *caps;
+}
+
+absl::StatusOr<std::shared_ptr<ClientRuntime>> NewRuntime(const ChannelOptions& options,
+                                                          bool shared) {
+  auto runtime = std::make_shared<ClientRuntime>();
+  auto context = OpenDevice(options.device);
+  if (!context.ok()) return context.status();
+  runtime->context = *context;
+  auto caps = CachedCapabilities(runtime->context);
+  if (!caps.ok()) return caps.status();
+  runtime->caps = *caps;
+  auto pd = verbs::ProtectionDomain::Create(runtime->context);
+  if (!pd.ok()) return pd.status();
+  runtime->pd = *pd;
+  WorkerOptions wo;
+  wo.name = shared ? "client-worker" : "channel-worker";
+  wo.core = options.worker_core;
+  wo.own_thread = options.driver == ChannelOptions::Driver::kBackgroundThread;
+  wo.max_connections = shared ? 64 : 1;
+  wo.credits = options.credits;
+  wo.buffer_size = options.buffer_size;
+  wo.keepalive = options.keepalive;
+  auto worker = Worker::Create(runtime->context, runtime->pd, runtime->caps, wo, nullptr);
+  if (!worker.ok()) return worker.status();
+  runtime->worker = std::move(*worker);
+  runtime->worker->Start();
+  return runtime;
+}
+
+absl::StatusOr<std::shared_ptr<ClientRuntime>> GetRuntime(const ChannelOptions& options) {
+  const bool shared = options.driver == ChannelOptions::Driver::kBackgroundThread &&
+                      !options.dedicated_worker;
+  if (!shared) return NewRuntime(options, false);
+  static auto* runtimes = new std::map<std::string, std::weak_ptr<ClientRuntime>>();
+  const std::string key = absl::StrCat(options.device, "/", options.credits, "/",
+                                       options.buffer_size);
+  {
+    absl::MutexLock lock(&g_mu);
+    if (auto existing = (*runtimes)[key].lock()) return existing;
+  }
+  auto runtime = NewRuntime(options, true);
+  if (!runtime.ok()) return runtime;
+  absl::MutexLock lock(&g_mu);
+  if (auto existing = (*runtimes)[key].lock()) return existing;  // lost a race: use theirs
+  (*runtimes)[key] = *runtime;
+  return runtime;
+}
+
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+}  // namespace
+}  // namespace internal
+
+class Channel::Impl {
+ public:
+  ChannelOptions options;
+  std::string address;
+  std::shared_ptr<grpc::Channel> grpc_channel;
+  std::unique_ptr<control::Control::Stub> stub;
+  std::shared_ptr<internal::ClientRuntime> runtime;
+  internal::MethodTable methods;
+  std::shared_ptr<internal::Connection> connection;
+  uint64_t connection_id = 0;
+  control::Negotiated negotiated;
+  bool closed = false;
+
+  void AddAuth(grpc::ClientContext* ctx) const {
+    if (!options.auth_token.empty()) {
+      ctx->AddMetadata("authorization", absl::StrCat("Bearer ", options.auth_token));
+    }
+  }
+
+  absl::Status Connect() {
+    std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+    grpc::ChannelArguments args;
+    if (!options.tls_root_cert_file.empty()) {
+      auto root = internal::ReadFile(options.tls_root_cert_file);
+      if (!root.ok()) return root.status();
+      grpc::SslCredentialsOptions ssl;
+      ssl.pem_root_certs = *root;
+      credentials = grpc::SslCredentials(ssl);
+      if (!options.tls_target_name.empty()) {
+        args.SetSslTargetNameOverride(options.tls_target_name);
+      }
+    }
+    // Each channel gets its own HTTP/2 connection, so closing one never disturbs another.
+    args.SetInt("swirl.channel_id", static_cast<int>(absl::Uniform<uint32_t>(absl::BitGen())));
+    grpc_channel = grpc::CreateCustomChannel(address, credentials, args);
+    stub = control::Control::NewStub(grpc_channel);
+
+    for (Service* s : options.services) {
+      if (absl::Status st = methods.Add(*s); !st.ok()) return st;
+    }
+    auto rt = internal::GetRuntime(options);
+    if (!rt.ok()) return rt.status();
+    runtime = *rt;
+    internal::Worker* worker = runtime->worker.get();
+
+    internal::LocalConfig local;
+    local.credits = options.credits;
+    local.buffer_size = options.buffer_size;
+    local.max_inline = std::min<uint32_t>(runtime->caps.max_inline_data, 1024);
+    local.require_remote_invalidation = options.require_remote_invalidation;
+
+    verbs::ConnectOptions co;
+    const uint64_t local_id = absl::Uniform<uint64_t>(absl::BitGen());
+    auto c = worker->CreateConnection(local_id, &methods, co);
+    if (!c.ok()) return c.status();
+    const uint32_t psn = absl::Uniform<uint32_t>(absl::BitGen(), 0, 1u << 24);
+    auto local_address = (*c)->qp().LocalAddress(psn, co);
+    if (!local_address.ok()) {
+      worker->Abandon(*c);
+      return local_address.status();
+    }
+    control::ConnectRequest request;
+    request.set_protocol_version(internal::kControlProtocolVersion);
+    request.set_client_name(options.client_name);
+    *request.mutable_address() = internal::ToProto(*local_address);
+    *request.mutable_capabilities() = internal::DescribeLocal(runtime->caps, local);
+    control::ConnectResponse response;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + options.connect_timeout));
+    AddAuth(&ctx);
+    absl::Status s = internal::FromGrpc(stub->Connect(&ctx, request, &response));
+    if (s.ok()) s = internal::CheckNegotiated(response.negotiated(), local, runtime->caps);
+    absl::StatusOr<verbs::PeerAddress> server_address =
+        s.ok() ? internal::FromProto(response.address()) : absl::StatusOr<verbs::PeerAddress>(s);
+    if (s.ok()) s = server_address.status();
+    if (s.ok()) s = (*c)->qp().ToRtr(*server_address, co);
+    if (s.ok()) s = (*c)->qp().ToRts(psn, co);
+    if (!s.ok()) {
+      worker->Abandon(*c);
+      if (response.connection_id() != 0) SendDisconnect(response.connection_id());
+      return s;
+    }
+    negotiated = response.negotiated();
+    connection_id = response.connection_id();
+    (*c)->Configure(negotiated, /*is_server=*/false, address, options.client_name);
+    connection = *c;
+    worker->Activate(connection);
+    SWIRL_LOG(INFO, "connected to %s as connection %u: invalidation %s", address, connection_id,
+              control::InvalidationMode_Name(negotiated.invalidation()));
+    return absl::OkStatus();
+  }
+
+  void SendDisconnect(uint64_t id) {
+    control::DisconnectRequest request;
+    request.set_connection_id(id);
+    control::DisconnectResponse response;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
+    AddAuth(&ctx);
+    (void)stub->Disconnect(&ctx, request, &response);
+  }
+
+  void Close() {
+    if (closed || connection == nullptr) return;
+    closed = true;
+    SendDisconnect(connection_id);
+    internal::Worker* worker = runtime->worker.get();
+    worker->Close(connection->id(), absl::UnavailableError("channel closed"));
+    // Wait for the worker to finish with the connection (driving it ourselves if need be).
+    const absl::Time deadline = absl::Now() + absl::Seconds(3);
+    while (connection->state() != internal::Connection::State::kClosed &&
+           absl::Now() < deadline) {
+      if (worker->caller_driven()) {
+        worker->TryDrive();
+      } else {
+        absl::SleepFor(absl::Microseconds(200));
+      }
+    }
+    connection.reset();
+    runtime.reset();
+  }
+};
+
+absl::StatusOr<std::shared_ptr<Channel>> Channel::Create(const std::string& address,
+                                                         const ChannelOptions& options) {
+  auto impl = std::make_unique<Impl>();
+  impl->options = options;
+  impl->address = address;
+  if (absl::Status s = impl->Connect(); !s.ok()) return s;
+  return std::shared_ptr<Channel>(new Channel(std::move(impl)));
+}
+
+Channel::Channel(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Channel::~Channel() { Close(); }
+
+void Channel::Start(ClientCall* call) {
+  if (impl_->closed || impl_->connection == nullptr) {
+    internal::Worker::FailUnstarted(call, absl::UnavailableError("channel closed"));
+    return;
+  }
+  impl_->runtime->worker->StartCall(impl_->connection->id(), call);
+}
+
+const control::Negotiated& Channel::negotiated() const { return impl_->negotiated; }
+uint64_t Channel::connection_id() const { return impl_->connection_id; }
+
+bool Channel::connected() const {
+  return !impl_->closed && impl_->connection != nullptr &&
+         impl_->connection->state() == internal::Connection::State::kActive;
+}
+
+absl::StatusOr<control::StatsResponse> Channel::ServerStats() {
+  control::StatsRequest request;
+  control::StatsResponse response;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+  impl_->AddAuth(&ctx);
+  absl::Status s = internal::FromGrpc(impl_->stub->Stats(&ctx, request, &response));
+  if (!s.ok()) return s;
+  return response;
+}
+
+void Channel::Close() { impl_->Close(); }
+
+}  // namespace swirl

@@ -1,0 +1,91 @@
+// swirl::Channel: a client's connection to a swirl::Server (one RC queue pair), set up through
+// the server's gRPC control plane.
+//
+//   swirl::ChannelOptions options;
+//   options.auth_token = "s3cret";
+//   auto channel = swirl::Channel::Create("localhost:7100", options);
+//   EchoStub stub(*channel);
+//   EchoResponse resp;
+//   absl::Status s = stub.Echo(req, &resp);
+//
+// Threads: a Channel is thread-safe; share one between threads or make one per thread.
+//   * Driver::kBackgroundThread (default): a worker thread polls the channel's completion queue;
+//     calls from any thread are handed to it through a lock-free queue and callbacks run on it.
+//     Channels of a process share that worker unless `dedicated_worker` is set.
+//   * Driver::kCaller: no thread; a thread waiting for a call drives the connection itself, and
+//     a thread starting a call posts it directly when nobody else is driving. Lowest latency
+//     with one thread per channel; callbacks run on whichever thread drives.
+
+#ifndef SWIRL_RPC_CHANNEL_H_
+#define SWIRL_RPC_CHANNEL_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "proto/control.pb.h"
+#include "rpc/call.h"
+#include "rpc/service.h"
+
+namespace swirl {
+
+struct ChannelOptions {
+  std::string auth_token;
+  std::string client_name;
+  // TLS for the control plane: the PEM root certificate file; empty: plaintext.
+  std::string tls_root_cert_file;
+  std::string tls_target_name;  // override the name checked in the server certificate
+
+  std::string device;  // "" = automatic
+  enum class Driver { kBackgroundThread, kCaller };
+  Driver driver = Driver::kBackgroundThread;
+  bool dedicated_worker = false;  // background driver: own worker thread instead of shared
+  int worker_core = -1;           // pin a dedicated worker thread
+
+  uint32_t credits = 32;
+  uint32_t buffer_size = 4096 + 32;
+  absl::Duration connect_timeout = absl::Seconds(10);
+  absl::Duration keepalive = absl::Seconds(5);
+
+  // Services this side offers to the server (server-to-client calls). Must outlive the channel.
+  std::vector<Service*> services;
+
+  // Bulk transfers (docs/BULK.md).
+  uint32_t bulk_pool_bytes = 64 << 20;
+  bool require_remote_invalidation = false;
+  bool mirror_bulk = false;  // client exposes windows; the server's reply is the SEND_WITH_INV
+  absl::Duration window_lease = absl::Seconds(5);
+};
+
+class Channel : public CallTarget {
+ public:
+  static absl::StatusOr<std::shared_ptr<Channel>> Create(const std::string& address,
+                                                         const ChannelOptions& options = {});
+  ~Channel() override;
+
+  void Start(ClientCall* call) override;
+
+  // What the handshake settled on.
+  const control::Negotiated& negotiated() const;
+  uint64_t connection_id() const;
+  // False once the connection failed or was closed.
+  bool connected() const;
+
+  // The server's view, through the control plane.
+  absl::StatusOr<control::StatsResponse> ServerStats();
+
+  // Disconnects now (also done by the destructor). Pending calls fail with UNAVAILABLE.
+  void Close();
+
+  class Impl;
+
+ private:
+  explicit Channel(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace swirl
+
+#endif  // SWIRL_RPC_CHANNEL_H_

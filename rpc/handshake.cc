@@ -1,0 +1,146 @@
+#include "rpc/handshake.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "rpc/wire.h"
+
+namespace swirl::internal {
+
+control::Capabilities DescribeLocal(const verbs::Capabilities& caps, const LocalConfig& config) {
+  control::Capabilities out;
+  out.set_device_name(caps.device);
+  out.set_device_kind(verbs::DeviceKindName(caps.kind));
+  out.set_remote_invalidation(caps.remote_invalidation());
+  out.set_mw_type2(caps.mw_type2a || caps.mw_type2b);
+  out.set_max_inline(config.max_inline);
+  out.set_recv_credits(config.credits);
+  out.set_recv_buffer_size(config.buffer_size);
+  out.set_max_message_size(config.buffer_size - sizeof(rpc_wire::MessageHeader));
+  out.set_eager_threshold(config.eager_threshold);
+  out.set_window_credits(config.window_credits);
+  out.set_require_remote_invalidation(config.require_remote_invalidation);
+  return out;
+}
+
+control::QueuePairAddress ToProto(const verbs::PeerAddress& address) {
+  control::QueuePairAddress out;
+  out.set_gid(std::string(reinterpret_cast<const char*>(address.gid.raw), sizeof(address.gid.raw)));
+  out.set_lid(address.lid);
+  out.set_qp_num(address.qp_num);
+  out.set_psn(address.psn);
+  out.set_mtu(address.mtu);
+  return out;
+}
+
+absl::StatusOr<verbs::PeerAddress> FromProto(const control::QueuePairAddress& address) {
+  verbs::PeerAddress out;
+  if (address.gid().size() != sizeof(out.gid.raw)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("GID of %u bytes (16 expected)", address.gid().size()));
+  }
+  if (address.qp_num() == 0 || address.qp_num() > 0xffffff || address.psn() > 0xffffff ||
+      address.lid() > 0xffff || address.mtu() < IBV_MTU_256 || address.mtu() > IBV_MTU_4096) {
+    return absl::InvalidArgumentError("queue pair address out of range");
+  }
+  std::memcpy(out.gid.raw, address.gid().data(), sizeof(out.gid.raw));
+  out.lid = static_cast<uint16_t>(address.lid());
+  out.qp_num = address.qp_num();
+  out.psn = address.psn();
+  out.mtu = static_cast<ibv_mtu>(address.mtu());
+  return out;
+}
+
+absl::StatusOr<control::Negotiated> Negotiate(const control::ConnectRequest& request,
+                                              const verbs::Capabilities& server_caps,
+                                              const LocalConfig& server) {
+  if (request.protocol_version() != kControlProtocolVersion) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("client speaks protocol version %u; this server speaks %u",
+                        request.protocol_version(), kControlProtocolVersion));
+  }
+  const control::Capabilities& client = request.capabilities();
+  if (client.recv_credits() < kMinCredits || client.recv_credits() > kMaxCredits) {
+    return absl::InvalidArgumentError(absl::StrFormat("client offers %u receive credits (%u..%u)",
+                                                      client.recv_credits(), kMinCredits,
+                                                      kMaxCredits));
+  }
+  if (client.max_message_size() < kMinMessage ||
+      client.recv_buffer_size() < client.max_message_size() + sizeof(rpc_wire::MessageHeader)) {
+    return absl::InvalidArgumentError("client message size and buffer size disagree");
+  }
+  control::Negotiated n;
+  n.set_protocol_version(kControlProtocolVersion);
+  n.set_client_credits(server.credits);
+  n.set_server_credits(client.recv_credits());
+  n.set_max_message_size(std::min<uint32_t>(
+      client.max_message_size(), server.buffer_size - sizeof(rpc_wire::MessageHeader)));
+  n.set_client_max_inline(std::min<uint32_t>(client.max_inline(), 1024));
+  n.set_server_max_inline(server.max_inline);
+  n.set_eager_threshold(std::min(server.eager_threshold, client.eager_threshold()));
+  n.set_window_credits(std::min(server.window_credits, client.window_credits()));
+
+  // Never silently weaker: remote invalidation only when both devices can; otherwise the
+  // explicit local fallback if both sides allow it, else a refusal that says who lacks what.
+  const bool require = server.require_remote_invalidation || client.require_remote_invalidation();
+  auto mode = verbs::SelectInvalidationMode(
+      server_caps.remote_invalidation(), client.remote_invalidation(),
+      require || !server.allow_local_fallback ? verbs::InvalidationPolicy::kRequireRemote
+                                              : verbs::InvalidationPolicy::kAllowLocalFallback);
+  if (!mode.ok()) return mode.status();
+  n.set_invalidation(*mode == verbs::InvalidationMode::kRemote ? control::INVALIDATION_REMOTE
+                                                               : control::INVALIDATION_LOCAL);
+  return n;
+}
+
+absl::Status CheckNegotiated(const control::Negotiated& n, const LocalConfig& client,
+                             const verbs::Capabilities& client_caps) {
+  if (n.protocol_version() != kControlProtocolVersion) {
+    return absl::FailedPreconditionError("server answered with another protocol version");
+  }
+  if (n.server_credits() != client.credits) {
+    return absl::InvalidArgumentError("server claims credits we did not offer");
+  }
+  if (n.client_credits() < kMinCredits || n.client_credits() > kMaxCredits) {
+    return absl::InvalidArgumentError("server grants an invalid number of credits");
+  }
+  if (n.max_message_size() < kMinMessage ||
+      n.max_message_size() + sizeof(rpc_wire::MessageHeader) > client.buffer_size) {
+    return absl::InvalidArgumentError("server's maximum message size does not fit our buffers");
+  }
+  if (n.invalidation() == control::INVALIDATION_REMOTE && !client_caps.remote_invalidation()) {
+    return absl::FailedPreconditionError(
+        "server chose remote invalidation, which this device cannot do");
+  }
+  if (n.invalidation() == control::INVALIDATION_LOCAL && client.require_remote_invalidation) {
+    return absl::FailedPreconditionError(
+        "remote invalidation required, but the server offers only the local fallback");
+  }
+  if (n.invalidation() != control::INVALIDATION_REMOTE &&
+      n.invalidation() != control::INVALIDATION_LOCAL) {
+    return absl::InvalidArgumentError("server chose no invalidation mode");
+  }
+  return absl::OkStatus();
+}
+
+bool TokenMatches(absl::string_view presented, absl::string_view token) {
+  const std::string expected = absl::StrCat("Bearer ", token);
+  // Constant time in the length of what was presented, so timing tells nothing about the token.
+  unsigned char diff = presented.size() == expected.size() ? 0 : 1;
+  for (size_t i = 0; i < presented.size(); ++i) {
+    diff |= static_cast<unsigned char>(presented[i]) ^
+            static_cast<unsigned char>(i < expected.size() ? expected[i] : 0);
+  }
+  return diff == 0;
+}
+
+std::string ClientKey(absl::string_view peer) {
+  if (peer.rfind("ipv4:", 0) == 0 || peer.rfind("ipv6:", 0) == 0) {
+    size_t colon = peer.rfind(':');
+    if (colon != absl::string_view::npos && colon > 5) return std::string(peer.substr(0, colon));
+  }
+  return std::string(peer);
+}
+
+}  // namespace swirl::internal

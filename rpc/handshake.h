@@ -1,0 +1,56 @@
+// Internal: the connection handshake's pure logic, kept apart from gRPC and verbs so it can be
+// tested on its own. Everything that arrives from the other side is validated here.
+
+#ifndef SWIRL_RPC_HANDSHAKE_H_
+#define SWIRL_RPC_HANDSHAKE_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "proto/control.pb.h"
+#include "transport/verbs/capabilities.h"
+#include "transport/verbs/verbs.h"
+
+namespace swirl::internal {
+
+inline constexpr uint32_t kControlProtocolVersion = 1;
+inline constexpr uint32_t kMinCredits = 4;
+inline constexpr uint32_t kMaxCredits = 4096;
+inline constexpr uint32_t kMinMessage = 64;
+
+struct LocalConfig {
+  uint32_t credits = 32;        // receive buffers we reserve for the peer
+  uint32_t buffer_size = 4128;  // per receive buffer, header included
+  uint32_t max_inline = 0;      // our QP's inline limit
+  uint32_t eager_threshold = 2048;
+  uint32_t window_credits = 16;
+  bool require_remote_invalidation = false;
+  bool allow_local_fallback = true;
+};
+
+control::Capabilities DescribeLocal(const verbs::Capabilities& caps, const LocalConfig& config);
+
+control::QueuePairAddress ToProto(const verbs::PeerAddress& address);
+absl::StatusOr<verbs::PeerAddress> FromProto(const control::QueuePairAddress& address);
+
+// Server side: what to agree to, or why not (FAILED_PRECONDITION for an incompatible client,
+// INVALID_ARGUMENT for nonsense).
+absl::StatusOr<control::Negotiated> Negotiate(const control::ConnectRequest& request,
+                                              const verbs::Capabilities& server_caps,
+                                              const LocalConfig& server);
+
+// Client side: checks the server's answer against what we offered.
+absl::Status CheckNegotiated(const control::Negotiated& negotiated, const LocalConfig& client,
+                             const verbs::Capabilities& client_caps);
+
+// "authorization: Bearer <token>", compared in constant time.
+bool TokenMatches(absl::string_view presented_header, absl::string_view token);
+
+// The client identity limits are counted by: the peer address without its port.
+std::string ClientKey(absl::string_view grpc_peer);
+
+}  // namespace swirl::internal
+
+#endif  // SWIRL_RPC_HANDSHAKE_H_

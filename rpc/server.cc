@@ -1,0 +1,361 @@
+#include "rpc/server.h"
+
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "absl/random/random.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "base/log.h"
+#include "proto/control.grpc.pb.h"
+#include "rpc/handshake.h"
+#include "rpc/worker.h"
+#include "transport/device.h"
+
+namespace swirl {
+namespace {
+
+grpc::Status ToGrpc(const absl::Status& s) {
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+}
+
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+const char* StateName(internal::Connection::State s) {
+  switch (s) {
+    case internal::Connection::State::kNew: return "new";
+    case internal::Connection::State::kActive: return "active";
+    case internal::Connection::State::kDraining: return "draining";
+    case internal::Connection::State::kClosing: return "closing";
+    case internal::Connection::State::kClosed: return "closed";
+  }
+  return "?";
+}
+
+}  // namespace
+
+class Server::Impl final : public control::Control::Service {
+ public:
+  explicit Impl(ServerOptions options) : options_(std::move(options)) {}
+  ~Impl() override { Shutdown(absl::ZeroDuration()); }
+
+  absl::Status RegisterService(::swirl::Service* service) {
+    if (started_) return absl::FailedPreconditionError("register services before Start");
+    return methods_.Add(*service);
+  }
+
+  absl::Status Start() {
+    if (started_) return absl::FailedPreconditionError("already started");
+    auto context = OpenDevice(options_.device);
+    if (!context.ok()) return context.status();
+    context_ = *context;
+    verbs::ProbeOptions probe;
+    probe.confirm_remote_invalidation = true;
+    auto caps = verbs::ProbeCapabilities(context_, probe);
+    if (!caps.ok()) return caps.status();
+    caps_ = *caps;
+    if (options_.require_remote_invalidation && !caps_.remote_invalidation()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "require_remote_invalidation is set but ", caps_.device,
+          " cannot do remote invalidation (", caps_.selftest_detail, ")"));
+    }
+    auto pd = verbs::ProtectionDomain::Create(context_);
+    if (!pd.ok()) return pd.status();
+    pd_ = *pd;
+    pool_ = std::make_unique<internal::ThreadPool>(options_.handler_threads);
+    const uint32_t per_worker = std::max<uint32_t>(
+        1, (options_.max_connections + options_.worker_cores.size() - 1) /
+               options_.worker_cores.size());
+    for (size_t i = 0; i < options_.worker_cores.size(); ++i) {
+      internal::WorkerOptions wo;
+      wo.name = absl::StrCat("server-worker-", i);
+      wo.core = options_.worker_cores[i];
+      wo.own_thread = true;
+      wo.adaptive_idle = options_.idle_spin > absl::ZeroDuration();
+      wo.idle_spin = options_.idle_spin;
+      wo.max_connections = per_worker;
+      wo.credits = options_.credits;
+      wo.buffer_size = options_.buffer_size;
+      wo.keepalive = options_.keepalive;
+      wo.on_closed = [this](uint64_t id) { OnClosed(id); };
+      auto worker = internal::Worker::Create(context_, pd_, caps_, wo, pool_.get());
+      if (!worker.ok()) return worker.status();
+      workers_.push_back(std::move(*worker));
+      workers_.back()->Start();
+    }
+
+    grpc::EnableDefaultHealthCheckService(true);
+    grpc::ServerBuilder builder;
+    std::shared_ptr<grpc::ServerCredentials> credentials = grpc::InsecureServerCredentials();
+    if (!options_.tls_cert_file.empty() || !options_.tls_key_file.empty()) {
+      auto cert = ReadFile(options_.tls_cert_file);
+      if (!cert.ok()) return cert.status();
+      auto key = ReadFile(options_.tls_key_file);
+      if (!key.ok()) return key.status();
+      grpc::SslServerCredentialsOptions ssl;
+      ssl.pem_key_cert_pairs.push_back({*key, *cert});
+      credentials = grpc::SslServerCredentials(ssl);
+    }
+    builder.AddListeningPort(options_.address, credentials, &port_);
+    builder.RegisterService(this);
+    grpc_ = builder.BuildAndStart();
+    if (grpc_ == nullptr || port_ == 0) {
+      return absl::UnavailableError(absl::StrCat("cannot listen on ", options_.address));
+    }
+    accepting_.store(true);
+    started_ = true;
+    SWIRL_LOG(INFO, "swirl server on port %d, device %s, %u worker(s), remote invalidation %s",
+              port_, caps_.device, workers_.size(),
+              caps_.remote_invalidation() ? "available" : "unavailable");
+    return absl::OkStatus();
+  }
+
+  void Shutdown(absl::Duration deadline) {
+    if (!started_ || stopped_) return;
+    stopped_ = true;
+    accepting_.store(false);
+    if (auto* health = grpc_->GetHealthCheckService()) health->SetServingStatus(false);
+    const absl::Time until = absl::Now() + deadline;
+    for (auto& w : workers_) w->BeginDrain();
+    for (;;) {
+      bool drained = true;
+      for (auto& w : workers_) drained &= w->Drained();
+      if (drained || absl::Now() >= until) break;
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    for (auto& w : workers_) {
+      for (auto& c : w->Connections()) {
+        w->Close(c->id(), absl::UnavailableError("server shut down"));
+      }
+    }
+    grpc_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Milliseconds(200)));
+    for (auto& w : workers_) w->Stop();
+    workers_.clear();
+    pool_.reset();
+  }
+
+  // ---- Control service ----
+
+  grpc::Status Connect(grpc::ServerContext* context, const control::ConnectRequest* request,
+                       control::ConnectResponse* response) override {
+    absl::Status s = DoConnect(context, *request, response);
+    if (!s.ok()) {
+      refused_.fetch_add(1, std::memory_order_relaxed);
+      SWIRL_LOG(INFO, "refused connection from %s (%s): %s", context->peer(),
+                request->client_name(), s.ToString());
+    }
+    return ToGrpc(s);
+  }
+
+  absl::Status DoConnect(grpc::ServerContext* context, const control::ConnectRequest& request,
+                         control::ConnectResponse* response) {
+    // Everything is checked before any QP or buffer is committed to this client.
+    if (!accepting_.load()) return absl::UnavailableError("server is shutting down");
+    if (!options_.auth_token.empty()) {
+      auto it = context->client_metadata().find("authorization");
+      absl::string_view presented =
+          it == context->client_metadata().end()
+              ? absl::string_view()
+              : absl::string_view(it->second.data(), it->second.size());
+      if (!internal::TokenMatches(presented, options_.auth_token)) {
+        return absl::UnauthenticatedError("missing or wrong token");
+      }
+    }
+    auto client_address = internal::FromProto(request.address());
+    if (!client_address.ok()) return client_address.status();
+    internal::LocalConfig local = LocalConfig();
+    auto negotiated = internal::Negotiate(request, caps_, local);
+    if (!negotiated.ok()) return negotiated.status();
+    const std::string client_key = internal::ClientKey(context->peer());
+    uint64_t id;
+    {
+      absl::MutexLock lock(&mu_);
+      if (active_ >= options_.max_connections) {
+        return absl::ResourceExhaustedError("server connection limit reached");
+      }
+      if (per_client_[client_key] >= options_.max_connections_per_client) {
+        return absl::ResourceExhaustedError(
+            absl::StrCat("connection limit for ", client_key, " reached"));
+      }
+      do {
+        id = absl::Uniform<uint64_t>(bitgen_);
+      } while (id == 0 || owners_.contains(id));
+      ++active_;
+      ++per_client_[client_key];
+      owners_[id] = client_key;
+    }
+    absl::Status s = Establish(id, request, *client_address, *negotiated, context->peer(), response);
+    if (!s.ok()) OnClosed(id);
+    return s;
+  }
+
+  absl::Status Establish(uint64_t id, const control::ConnectRequest& request,
+                         const verbs::PeerAddress& client_address,
+                         const control::Negotiated& negotiated, const std::string& peer,
+                         control::ConnectResponse* response) {
+    internal::Worker* worker = nullptr;
+    uint32_t best = 0;
+    for (auto& w : workers_) {
+      if (w->free_credits() > best) {
+        best = w->free_credits();
+        worker = w.get();
+      }
+    }
+    if (worker == nullptr) return absl::ResourceExhaustedError("every worker is full");
+    verbs::ConnectOptions co;
+    auto connection = worker->CreateConnection(id, &methods_, co);
+    if (!connection.ok()) return connection.status();
+    std::shared_ptr<internal::Connection> c = *connection;
+    const uint32_t psn = absl::Uniform<uint32_t>(absl::BitGen(), 0, 1u << 24);
+    auto local = c->qp().LocalAddress(psn, co);
+    absl::Status s = local.status();
+    if (s.ok()) s = c->qp().ToRtr(client_address, co);
+    if (s.ok()) s = c->qp().ToRts(psn, co);
+    if (!s.ok()) {
+      worker->Abandon(c);
+      return s;
+    }
+    c->Configure(negotiated, /*is_server=*/true, peer, request.client_name());
+    worker->Activate(c);
+    accepted_.fetch_add(1, std::memory_order_relaxed);
+    response->set_connection_id(id);
+    *response->mutable_address() = internal::ToProto(*local);
+    *response->mutable_capabilities() = internal::DescribeLocal(caps_, LocalConfig());
+    *response->mutable_negotiated() = negotiated;
+    SWIRL_LOG(INFO, "connection %u from %s (%s): credits %u/%u, max message %u, invalidation %s",
+              id, peer, request.client_name(), negotiated.client_credits(),
+              negotiated.server_credits(), negotiated.max_message_size(),
+              control::InvalidationMode_Name(negotiated.invalidation()));
+    return absl::OkStatus();
+  }
+
+  grpc::Status Disconnect(grpc::ServerContext*, const control::DisconnectRequest* request,
+                          control::DisconnectResponse*) override {
+    for (auto& w : workers_) {
+      if (w->Find(request->connection_id()) != nullptr) {
+        w->Close(request->connection_id(), absl::CancelledError("client disconnected"));
+        return grpc::Status::OK;
+      }
+    }
+    return grpc::Status(grpc::StatusCode::NOT_FOUND, "no such connection");
+  }
+
+  grpc::Status Stats(grpc::ServerContext*, const control::StatsRequest* request,
+                     control::StatsResponse* response) override {
+    *response = CollectStats(request->connection_id());
+    return grpc::Status::OK;
+  }
+
+  control::StatsResponse CollectStats(uint64_t only) const {
+    control::StatsResponse out;
+    out.set_device(caps_.device);
+    *out.mutable_capabilities() = internal::DescribeLocal(caps_, LocalConfig());
+    control::ServerStats* s = out.mutable_server();
+    s->set_connections_accepted(accepted_.load());
+    s->set_connections_refused(refused_.load());
+    s->set_connections_closed(closed_.load());
+    uint64_t live = 0;
+    for (auto& w : workers_) {
+      internal::WorkerStats ws = w->Stats();
+      s->set_requests(s->requests() + ws.requests);
+      s->set_protocol_errors(s->protocol_errors() + ws.protocol_errors);
+      s->set_recv_buffers_free(s->recv_buffers_free() + ws.recv_buffers_total -
+                               ws.recv_buffers_posted);
+      s->set_recv_buffers_total(s->recv_buffers_total() + ws.recv_buffers_total);
+      for (auto& c : w->Connections()) {
+        if (c->state() != internal::Connection::State::kNew) ++live;
+        if (only != 0 && c->id() != only) continue;
+        control::ConnectionStats* cs = out.add_connections();
+        cs->set_connection_id(c->id());
+        cs->set_client_name(c->client_name());
+        cs->set_peer(c->peer());
+        *cs->mutable_negotiated() = c->negotiated();
+        internal::ConnectionCounters& k = c->counters();
+        cs->set_requests_received(k.requests_received.load());
+        cs->set_responses_sent(k.responses_sent.load());
+        cs->set_requests_sent(k.requests_sent.load());
+        cs->set_responses_received(k.responses_received.load());
+        cs->set_bytes_received(k.bytes_received.load());
+        cs->set_bytes_sent(k.bytes_sent.load());
+        cs->set_protocol_errors(k.protocol_errors.load());
+        cs->set_state(StateName(c->state()));
+      }
+    }
+    s->set_queue_pairs_live(live);
+    {
+      absl::MutexLock lock(&mu_);
+      s->set_connections_active(active_);
+    }
+    return out;
+  }
+
+  void OnClosed(uint64_t id) {
+    absl::MutexLock lock(&mu_);
+    auto it = owners_.find(id);
+    if (it == owners_.end()) return;
+    if (--per_client_[it->second] == 0) per_client_.erase(it->second);
+    owners_.erase(it);
+    --active_;
+    closed_.fetch_add(1, std::memory_order_relaxed);
+  }
+
+  internal::LocalConfig LocalConfig() const {
+    internal::LocalConfig local;
+    local.credits = options_.credits;
+    local.buffer_size = options_.buffer_size;
+    local.max_inline = std::min<uint32_t>(caps_.max_inline_data, 1024);
+    local.eager_threshold = options_.eager_threshold;
+    local.window_credits = options_.window_credits;
+    local.require_remote_invalidation = options_.require_remote_invalidation;
+    local.allow_local_fallback = options_.allow_local_invalidation_fallback;
+    return local;
+  }
+
+  int port() const { return port_; }
+  const verbs::Capabilities& caps() const { return caps_; }
+
+ private:
+  const ServerOptions options_;
+  internal::MethodTable methods_;
+  std::shared_ptr<verbs::Context> context_;
+  std::shared_ptr<verbs::ProtectionDomain> pd_;
+  verbs::Capabilities caps_;
+  std::unique_ptr<internal::ThreadPool> pool_;
+  std::vector<std::unique_ptr<internal::Worker>> workers_;
+  std::unique_ptr<grpc::Server> grpc_;
+  int port_ = 0;
+  bool started_ = false;
+  bool stopped_ = false;
+  std::atomic<bool> accepting_{false};
+  std::atomic<uint64_t> accepted_{0};
+  std::atomic<uint64_t> refused_{0};
+  std::atomic<uint64_t> closed_{0};
+
+  mutable absl::Mutex mu_;
+  uint64_t active_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::flat_hash_map<std::string, uint32_t> per_client_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, std::string> owners_ ABSL_GUARDED_BY(mu_);
+  absl::BitGen bitgen_ ABSL_GUARDED_BY(mu_);
+};
+
+Server::Server(ServerOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}
+Server::~Server() = default;
+absl::Status Server::RegisterService(Service* service) { return impl_->RegisterService(service); }
+absl::Status Server::Start() { return impl_->Start(); }
+int Server::port() const { return impl_->port(); }
+std::string Server::address() const { return absl::StrCat("localhost:", impl_->port()); }
+void Server::Shutdown(absl::Duration deadline) { impl_->Shutdown(deadline); }
+control::StatsResponse Server::Stats() const { return impl_->CollectStats(0); }
+const verbs::Capabilities& Server::capabilities() const { return impl_->caps(); }
+
+}  // namespace swirl

@@ -1,0 +1,97 @@
+// swirl::Server: offers services to clients over RC queue pairs, set up through a gRPC control
+// plane (proto/control.proto).
+//
+//   swirl::ServerOptions options;
+//   options.address = "0.0.0.0:7100";
+//   options.auth_token = "s3cret";
+//   options.worker_cores = {1};
+//   swirl::Server server(options);
+//   MyEchoService echo;                 // generated base class, or raw methods
+//   server.RegisterService(&echo);
+//   if (auto s = server.Start(); !s.ok()) ...
+//   ...
+//   server.Shutdown(absl::Seconds(5));  // drains in-flight calls
+//
+// Connection setup: a client calls Control.Connect with its QP address and capabilities. The
+// server checks the token and the protocol version and its limits, *then* creates a QP on the
+// least loaded worker, moves it to RTS and answers with its own address. Refused clients cost
+// nothing but the gRPC call.
+
+#ifndef SWIRL_RPC_SERVER_H_
+#define SWIRL_RPC_SERVER_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "proto/control.pb.h"
+#include "rpc/service.h"
+#include "transport/verbs/capabilities.h"
+
+namespace swirl {
+
+struct ServerOptions {
+  // gRPC listen address for the control plane ("host:port"; port 0 picks one, see port()).
+  std::string address = "0.0.0.0:0";
+  // Clients must send "authorization: Bearer <token>" metadata. Empty: no authentication.
+  std::string auth_token;
+  // TLS for the control plane (PEM file paths). Both empty: plaintext.
+  std::string tls_cert_file;
+  std::string tls_key_file;
+
+  // RDMA device ("" = automatic: see transport/device.h).
+  std::string device;
+  // One worker thread per entry, pinned to that core (-1: not pinned).
+  std::vector<int> worker_cores = {-1};
+  // Busy-poll, then sleep on the completion channel after this much idleness (0: never sleep).
+  absl::Duration idle_spin = absl::Microseconds(200);
+  int handler_threads = 4;  // pool for Execution::kThreadPool methods
+
+  uint32_t max_connections = 256;             // in total
+  uint32_t max_connections_per_client = 64;   // per client address
+  uint32_t credits = 32;                      // receive buffers per connection
+  uint32_t buffer_size = 4096 + 32;           // per message, header included
+  absl::Duration keepalive = absl::Seconds(5);
+
+  // Bulk transfers (docs/BULK.md).
+  uint32_t eager_threshold = 2048;
+  uint32_t window_credits = 16;
+  uint32_t bulk_pool_bytes = 64 << 20;
+  bool require_remote_invalidation = false;
+  bool allow_local_invalidation_fallback = true;
+  absl::Duration window_lease = absl::Seconds(5);
+};
+
+class Server {
+ public:
+  explicit Server(ServerOptions options);
+  ~Server();  // Shutdown(0) if still running
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  // Services must outlive the server. Register before Start.
+  absl::Status RegisterService(Service* service);
+
+  absl::Status Start();
+  // The control-plane port (after Start).
+  int port() const;
+  std::string address() const;
+
+  // Stops accepting connections, lets requests already received finish (until `deadline`),
+  // then closes every connection.
+  void Shutdown(absl::Duration deadline = absl::Seconds(5));
+
+  control::StatsResponse Stats() const;
+  const verbs::Capabilities& capabilities() const;
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace swirl
+
+#endif  // SWIRL_RPC_SERVER_H_

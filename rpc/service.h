@@ -1,0 +1,160 @@
+// Server-side API: services and their methods, as the generated code and embedders see them.
+//
+// A Service is a named set of methods. Generated code (protoc-gen-swirl) derives from it and
+// registers typed unary methods; embedders with their own encoding add raw-bytes methods. The
+// same Service can be offered by a Server to its clients, or by a Channel to the server at the
+// other end (server-to-client calls).
+//
+// Where handlers run: on the connection's worker thread by default (run to completion, so keep
+// them short and never block), or on the server's handler thread pool for methods marked
+// Execution::kThreadPool (proto option `(swirl.blocking) = true`).
+
+#ifndef SWIRL_RPC_SERVICE_H_
+#define SWIRL_RPC_SERVICE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/functional/any_invocable.h"
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "rpc/call.h"
+
+namespace google::protobuf {
+class MessageLite;
+}  // namespace google::protobuf
+
+namespace swirl {
+
+namespace internal {
+class Connection;
+class Worker;
+class MethodTable;
+}  // namespace internal
+
+enum class Execution { kWorker, kThreadPool };
+
+struct MethodOptions {
+  Execution execution = Execution::kWorker;
+  bool one_way = false;  // no response is sent
+};
+
+// Per-call context for handlers.
+class ServerContext {
+ public:
+  // True once the caller cancelled or gave up (deadline), as far as this side has heard.
+  bool IsCancelled() const;
+  uint64_t connection_id() const;
+  const std::string& peer() const;
+  // The other end of this call's connection, to call it back over the same connection.
+  // Calls fail with UNAVAILABLE once the connection is gone.
+  std::shared_ptr<CallTarget> caller() const;
+
+  // Internal.
+  ServerContext(internal::Connection* connection, const std::atomic<bool>* cancelled)
+      : connection_(connection), cancelled_(cancelled) {}
+
+ private:
+  internal::Connection* connection_;
+  const std::atomic<bool>* cancelled_;
+};
+
+// Where a handler writes its response bytes: straight into the message that will be sent.
+class ResponseWriter {
+ public:
+  virtual ~ResponseWriter() = default;
+  // Contiguous space for `size` bytes, or nullptr if the response would exceed the negotiated
+  // maximum message size. Call Commit afterwards with the bytes actually written.
+  virtual char* Reserve(size_t size) = 0;
+  virtual void Commit(size_t size) = 0;
+  // Convenience: Reserve + copy + Commit. False if too large.
+  bool Append(absl::string_view bytes);
+};
+
+class Service {
+ public:
+  // A raw method: request bytes in, response bytes out through `response`.
+  using RawHandler =
+      absl::AnyInvocable<absl::Status(ServerContext&, absl::string_view, ResponseWriter&)>;
+
+  // `full_name` is the fully qualified service name, e.g. "swirl.examples.Echo".
+  explicit Service(std::string full_name);
+  virtual ~Service();
+  Service(const Service&) = delete;
+  Service& operator=(const Service&) = delete;
+
+  const std::string& full_name() const { return full_name_; }
+
+  // Adds a raw-bytes method. Its wire name is "/<service>/<method_name>".
+  void AddRawMethod(const std::string& method_name, RawHandler handler,
+                    MethodOptions options = {});
+  // Moves a method to the thread pool (or back) before the service is registered.
+  void SetExecution(const std::string& method_name, Execution execution);
+
+  // ---- For generated code ---------------------------------------------------------------------
+  // One invocation context per worker thread: reuses request/response objects so that steady
+  // state allocates nothing.
+  class Invoker {
+   public:
+    virtual ~Invoker() = default;
+    virtual absl::Status Invoke(ServerContext& ctx, absl::string_view request,
+                                ResponseWriter& response) = 0;
+  };
+  struct Method {
+    std::string full_name;  // "/pkg.Service/Method"
+    uint32_t id = 0;
+    MethodOptions options;
+    // Makes a fresh Invoker (one per worker thread / pool thread).
+    absl::AnyInvocable<std::unique_ptr<Invoker>()> new_invoker;
+  };
+  void AddMethod(const std::string& method_name, MethodOptions options,
+                 absl::AnyInvocable<std::unique_ptr<Invoker>()> new_invoker);
+  const std::vector<std::unique_ptr<Method>>& methods() const { return methods_; }
+
+  // Typed unary method on protobuf messages: parse, call, serialize, with per-thread reuse of
+  // the request and response objects.
+  template <typename Request, typename Response, typename Handler>
+  void AddUnaryMethod(const std::string& method_name, Handler handler,
+                      MethodOptions options = {}) {
+    auto shared = std::make_shared<Handler>(std::move(handler));
+    AddMethod(method_name, options, [shared]() -> std::unique_ptr<Invoker> {
+      return std::make_unique<TypedInvoker<Request, Response, Handler>>(shared);
+    });
+  }
+
+ private:
+  template <typename Request, typename Response, typename Handler>
+  class TypedInvoker final : public Invoker {
+   public:
+    explicit TypedInvoker(std::shared_ptr<Handler> handler) : handler_(std::move(handler)) {}
+    absl::Status Invoke(ServerContext& ctx, absl::string_view request,
+                        ResponseWriter& writer) override {
+      request_.Clear();
+      if (!request_.ParseFromArray(request.data(), static_cast<int>(request.size()))) {
+        return absl::InvalidArgumentError("request does not parse");
+      }
+      response_.Clear();
+      absl::Status status = (*handler_)(ctx, request_, &response_);
+      if (!status.ok()) return status;
+      return SerializeResponse(response_, writer);
+    }
+
+   private:
+    std::shared_ptr<Handler> handler_;
+    Request request_;
+    Response response_;
+  };
+
+  static absl::Status SerializeResponse(const google::protobuf::MessageLite& response,
+                                        ResponseWriter& writer);
+
+  std::string full_name_;
+  std::vector<std::unique_ptr<Method>> methods_;
+};
+
+}  // namespace swirl
+
+#endif  // SWIRL_RPC_SERVICE_H_

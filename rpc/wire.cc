@@ -1,0 +1,62 @@
+#include "rpc/wire.h"
+
+#include "absl/strings/str_format.h"
+
+namespace swirl::rpc_wire {
+
+absl::Status ValidateHeader(const MessageHeader& h, size_t received_bytes, const Limits& limits) {
+  if (received_bytes < sizeof(MessageHeader)) {
+    return absl::DataLossError(
+        absl::StrFormat("message of %u bytes is shorter than the header", received_bytes));
+  }
+  if (h.version != kProtocolVersion) {
+    return absl::InvalidArgumentError(absl::StrFormat("protocol version %u", h.version));
+  }
+  if (h.type == 0 || h.type > kMaxType) {
+    return absl::InvalidArgumentError(absl::StrFormat("message type %u", h.type));
+  }
+  if (h.flags & ~kAllFlags) {
+    return absl::InvalidArgumentError(absl::StrFormat("unknown flags 0x%x", h.flags));
+  }
+  if (h.payload_len != received_bytes - sizeof(MessageHeader)) {
+    return absl::DataLossError(absl::StrFormat("payload_len %u but %u payload bytes arrived",
+                                               h.payload_len,
+                                               received_bytes - sizeof(MessageHeader)));
+  }
+  if (h.payload_len > limits.max_payload) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("payload of %u bytes exceeds %u", h.payload_len, limits.max_payload));
+  }
+  if (h.credits > limits.max_credits) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("returns %u credits, more than the %u granted", h.credits,
+                        limits.max_credits));
+  }
+  const bool is_call = h.type == kRequest || h.type == kOneWay;
+  if (is_call != (h.method_id != 0)) {
+    return absl::InvalidArgumentError("method_id must be set exactly on calls");
+  }
+  if (h.type != kResponse && h.status != 0) {
+    return absl::InvalidArgumentError("status set on a non-response");
+  }
+  if (h.status > static_cast<uint32_t>(absl::StatusCode::kUnauthenticated)) {
+    return absl::InvalidArgumentError(absl::StrFormat("status code %u", h.status));
+  }
+  if ((h.type == kCredit || h.type == kPing || h.type == kPong || h.type == kCancel ||
+       h.type == kBulkAck) &&
+      h.payload_len != 0) {
+    return absl::InvalidArgumentError("control message with a payload");
+  }
+  return absl::OkStatus();
+}
+
+uint32_t MethodId(const char* full_name) {
+  uint32_t hash = 2166136261u;
+  for (const char* p = full_name; *p != 0; ++p) {
+    hash ^= static_cast<unsigned char>(*p);
+    hash *= 16777619u;
+  }
+  return hash == 0 ? 1 : hash;
+}
+
+}  // namespace swirl::rpc_wire

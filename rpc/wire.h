@@ -1,0 +1,73 @@
+// The data-plane message header: the first 32 bytes of every message on a swirl connection.
+// docs/WIRE.md is the readable version; the layout is pinned by the static_asserts below.
+//
+// Every field is validated on receipt (ValidateHeader): a peer that sends a bad header gets its
+// connection failed cleanly; nothing it sends can make the receiver read or write out of bounds.
+
+#ifndef SWIRL_RPC_WIRE_H_
+#define SWIRL_RPC_WIRE_H_
+
+#include <cstddef>
+#include <cstdint>
+
+#include "absl/status/status.h"
+
+namespace swirl::rpc_wire {
+
+inline constexpr uint8_t kProtocolVersion = 1;
+
+enum MessageType : uint8_t {
+  kRequest = 1,      // a call; expects a kResponse with the same request_id
+  kResponse = 2,     // status + payload for request_id
+  kOneWay = 3,       // a call with no response
+  kCancel = 4,       // the caller gave up on request_id (best effort)
+  kCredit = 5,       // carries only a credit return
+  kPing = 6,         // keepalive; answered by kPong
+  kPong = 7,
+  kBulkAck = 8,      // bulk transfer finished (docs/BULK.md); carries no payload
+  kWindowGrant = 9,  // fresh upload windows (docs/BULK.md)
+  kMaxType = 9,
+};
+
+enum MessageFlags : uint16_t {
+  kFlagBulk = 1 << 0,  // the payload is a bulk descriptor, not the data (docs/BULK.md)
+  kAllFlags = kFlagBulk,
+};
+
+// Little-endian on the wire (swirl runs on little-endian hosts; a big-endian port byte-swaps).
+struct MessageHeader {
+  uint8_t version;       // kProtocolVersion
+  uint8_t type;          // MessageType
+  uint16_t flags;        // MessageFlags
+  uint32_t method_id;    // kRequest/kOneWay: MethodId(full name); otherwise 0
+  uint64_t request_id;   // chosen by the caller; echoed in the response
+  uint32_t status;       // kResponse: absl::StatusCode (the gRPC code numbers); otherwise 0
+  uint32_t payload_len;  // bytes following the header in this message
+  uint32_t credits;      // receive buffers the sender re-posted for the peer since last report
+  uint32_t aux;          // type specific: kBulkAck/kWindowGrant counts; 0 otherwise
+};
+static_assert(sizeof(MessageHeader) == 32, "the header is 32 bytes on the wire");
+static_assert(offsetof(MessageHeader, method_id) == 4);
+static_assert(offsetof(MessageHeader, request_id) == 8);
+static_assert(offsetof(MessageHeader, status) == 16);
+static_assert(offsetof(MessageHeader, payload_len) == 20);
+static_assert(offsetof(MessageHeader, credits) == 24);
+static_assert(offsetof(MessageHeader, aux) == 28);
+
+struct Limits {
+  uint32_t max_payload;  // negotiated max message size
+  uint32_t max_credits;  // credits the peer may return at once (what we granted)
+};
+
+// Checks a received header against the number of bytes that arrived and the connection's
+// limits. OkStatus or an InvalidArgument/DataLoss status saying what was wrong.
+absl::Status ValidateHeader(const MessageHeader& header, size_t received_bytes,
+                            const Limits& limits);
+
+// Stable 32-bit id of a method's full name ("/package.Service/Method"): FNV-1a. Both sides
+// compute it, so no method table is exchanged. Never 0.
+uint32_t MethodId(const char* full_name);
+
+}  // namespace swirl::rpc_wire
+
+#endif  // SWIRL_RPC_WIRE_H_

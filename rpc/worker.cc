@@ -1,0 +1,1232 @@
+#include "rpc/worker.h"
+
+#include <poll.h>
+#include <sched.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "base/log.h"
+#include "google/protobuf/message_lite.h"
+#include "transport/verbs/status.h"
+
+namespace swirl::internal {
+namespace {
+
+using rpc_wire::MessageHeader;
+
+constexpr int kPollBatch = 32;
+constexpr uint32_t kSignalInterval = 16;
+constexpr uint64_t kRecvTag = uint64_t{1} << 63;  // wr_id of receives; sends use plain seqs
+constexpr uint32_t kArenaSlots = 64;
+constexpr uint32_t kHeader = sizeof(MessageHeader);
+constexpr uint32_t kBulkSqReserve = 64;
+
+uint32_t RoundUpPow2(uint32_t v) {
+  uint32_t p = 1;
+  while (p < v) p <<= 1;
+  return p;
+}
+
+// Single-writer counters: a plain load and store, no atomic read-modify-write on the hot path.
+inline void Bump(std::atomic<uint64_t>& counter, uint64_t n = 1) {
+  counter.store(counter.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
+}
+
+// A handle for calling the far side of a connection (server-to-client calls).
+class PeerTarget final : public CallTarget {
+ public:
+  explicit PeerTarget(std::weak_ptr<Connection> connection) : connection_(std::move(connection)) {}
+  void Start(ClientCall* call) override {
+    std::shared_ptr<Connection> c = connection_.lock();
+    if (c == nullptr || c->state() == Connection::State::kClosed) {
+      Worker::FailUnstarted(call, absl::UnavailableError("the connection is closed"));
+      return;
+    }
+    c->worker()->StartCall(c->id(), call);
+  }
+
+ private:
+  std::weak_ptr<Connection> connection_;
+};
+
+// Response bytes produced on a pool thread.
+class StringWriter final : public ResponseWriter {
+ public:
+  explicit StringWriter(size_t max) : max_(max) {}
+  char* Reserve(size_t size) override {
+    if (data_.size() + size > max_) return nullptr;
+    reserved_ = data_.size();
+    data_.resize(data_.size() + size);
+    return data_.data() + reserved_;
+  }
+  void Commit(size_t size) override { data_.resize(reserved_ + size); }
+  std::string Take() { return std::move(data_); }
+
+ private:
+  size_t max_;
+  size_t reserved_ = 0;
+  std::string data_;
+};
+
+}  // namespace
+
+// ResponseWriter straight into the outgoing message: the inline arena while it fits, else a
+// send-pool buffer. Nothing is copied twice for small responses.
+class Worker::Writer final : public ResponseWriter {
+ public:
+  Writer(Worker* worker, Connection* c) : worker_(worker), c_(c) {}
+  ~Writer() override { Abandon(); }
+
+  char* Reserve(size_t size) override {
+    if (length_ + size > c_->max_payload_) return nullptr;
+    const uint32_t needed = static_cast<uint32_t>(kHeader + length_ + size);
+    if (data_ == nullptr) {
+      data_ = worker_->AllocMessage(c_, needed, &buffer_);
+      if (data_ == nullptr) return nullptr;
+      capacity_ = buffer_ < 0 ? worker_->max_inline_ : worker_->send_pool_->size();
+    } else if (needed > capacity_) {
+      if (buffer_ >= 0 || worker_->send_pool_->empty()) return nullptr;
+      // Outgrew the inline slot: move to a send buffer.
+      uint32_t index = worker_->send_pool_->Take();
+      char* bigger = worker_->send_pool_->at(index);
+      std::memcpy(bigger, data_, kHeader + length_);
+      data_ = bigger;
+      buffer_ = static_cast<int32_t>(index);
+      capacity_ = worker_->send_pool_->size();
+      if (needed > capacity_) return nullptr;
+    }
+    return data_ + kHeader + length_;
+  }
+  void Commit(size_t size) override { length_ += static_cast<uint32_t>(size); }
+
+  // Releases the space without sending (one-way methods, failures).
+  void Abandon() {
+    if (buffer_ >= 0) worker_->send_pool_->Give(static_cast<uint32_t>(buffer_));
+    buffer_ = -1;
+    data_ = nullptr;
+  }
+  // Hands the message over to the send path.
+  void Release() {
+    data_ = nullptr;
+    buffer_ = -1;
+  }
+  char* data() const { return data_; }
+  int32_t buffer() const { return buffer_; }
+  uint32_t length() const { return length_; }
+
+ private:
+  Worker* worker_;
+  Connection* c_;
+  char* data_ = nullptr;
+  int32_t buffer_ = -1;
+  uint32_t capacity_ = 0;
+  uint32_t length_ = 0;
+};
+
+// ---- MethodTable -------------------------------------------------------------------------------
+
+absl::Status MethodTable::Add(const Service& service) {
+  for (const auto& m : service.methods()) {
+    auto [it, inserted] = methods_.emplace(m->id, m.get());
+    if (!inserted) {
+      return absl::AlreadyExistsError(absl::StrCat("method ", m->full_name, " collides with ",
+                                                   it->second->full_name, " (same id)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// ---- Connection --------------------------------------------------------------------------------
+
+Connection::Connection(Worker* worker, uint64_t id, std::unique_ptr<verbs::QueuePair> qp,
+                       const MethodTable* methods)
+    : worker_(worker), id_(id), qp_(std::move(qp)), methods_(methods) {}
+
+Connection::~Connection() = default;
+
+void Connection::Configure(const control::Negotiated& negotiated, bool is_server,
+                           std::string peer, std::string client_name) {
+  negotiated_ = negotiated;
+  is_server_ = is_server;
+  peer_ = std::move(peer);
+  client_name_ = std::move(client_name);
+  peer_credits_ = is_server ? negotiated.server_credits() : negotiated.client_credits();
+  local_credits_ = is_server ? negotiated.client_credits() : negotiated.server_credits();
+  send_credits_ = peer_credits_;
+  peer_available_ = local_credits_;
+  max_payload_ = negotiated.max_message_size();
+  max_inline_ = is_server ? negotiated.server_max_inline() : negotiated.client_max_inline();
+  const uint32_t slots = RoundUpPow2(std::max<uint32_t>(peer_credits_, 1));
+  pending_.assign(slots, nullptr);
+  generation_.assign(slots, 0);
+  free_slots_.clear();
+  for (uint32_t i = slots; i > 0; --i) free_slots_.push_back(i - 1);
+}
+
+std::shared_ptr<CallTarget> Connection::AsCallTarget() {
+  return std::make_shared<PeerTarget>(weak_from_this());
+}
+
+
+// ---- Worker: construction ----------------------------------------------------------------------
+
+Worker::Worker(std::shared_ptr<verbs::Context> context, std::shared_ptr<verbs::ProtectionDomain> pd,
+               const verbs::Capabilities& caps, const WorkerOptions& options, ThreadPool* pool)
+    : context_(std::move(context)),
+      pd_(std::move(pd)),
+      caps_(caps),
+      options_(options),
+      pool_(pool),
+      submissions_(4096) {}
+
+absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(std::shared_ptr<verbs::Context> context,
+                                                       std::shared_ptr<verbs::ProtectionDomain> pd,
+                                                       const verbs::Capabilities& caps,
+                                                       const WorkerOptions& options,
+                                                       ThreadPool* pool) {
+  std::unique_ptr<Worker> worker(new Worker(std::move(context), std::move(pd), caps, options, pool));
+  if (absl::Status s = worker->Init(); !s.ok()) return s;
+  return worker;
+}
+
+absl::Status Worker::Init() {
+  if (options_.buffer_size < kHeader + 64 || options_.credits < 4) {
+    return absl::InvalidArgumentError("worker: buffer_size >= 96 and credits >= 4 required");
+  }
+  const uint32_t recv_total = options_.max_connections * options_.credits + 2 * options_.credits;
+  const uint32_t sq_depth = RoundUpPow2(options_.credits + kBulkSqReserve + kSignalInterval);
+  if (options_.own_thread && options_.adaptive_idle) {
+    auto channel = verbs::CompletionChannel::Create(context_);
+    if (!channel.ok()) return channel.status();
+    channel_ = *channel;
+  }
+  auto cq = verbs::CompletionQueue::Create(
+      context_, static_cast<int>(recv_total + options_.max_connections * sq_depth), channel_);
+  if (!cq.ok()) return cq.status();
+  cq_ = *cq;
+  auto srq = verbs::SharedReceiveQueue::Create(pd_, recv_total, 1);
+  if (!srq.ok()) return srq.status();
+  srq_ = *srq;
+  auto recv_pool =
+      BufferPool::Create(pd_, recv_total, options_.buffer_size, IBV_ACCESS_LOCAL_WRITE);
+  if (!recv_pool.ok()) return recv_pool.status();
+  recv_pool_ = std::move(*recv_pool);
+  const uint32_t send_count = options_.send_buffers != 0
+                                  ? options_.send_buffers
+                                  : options_.max_connections * options_.credits * 2;
+  auto send_pool = BufferPool::Create(pd_, send_count, options_.buffer_size, 0);
+  if (!send_pool.ok()) return send_pool.status();
+  send_pool_ = std::move(*send_pool);
+  max_inline_ = std::min<uint32_t>(caps_.max_inline_data, 1024);
+  inline_arena_.resize(static_cast<size_t>(kArenaSlots) * std::max<uint32_t>(max_inline_, 64));
+  wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (wake_fd_ < 0) return absl::ResourceExhaustedError("eventfd failed");
+  for (uint32_t i = 0; i < recv_total; ++i) repost_.push_back(recv_pool_->Take());
+  RepostRecvs();
+  return absl::OkStatus();
+}
+
+Worker::~Worker() {
+  Stop();
+  if (wake_fd_ >= 0) close(wake_fd_);
+}
+
+void Worker::Start() {
+  if (!options_.own_thread || running_.exchange(true)) return;
+  thread_ = std::thread([this] { Loop(); });
+}
+
+void Worker::Stop() {
+  if (running_.exchange(false)) {
+    uint64_t one = 1;
+    ssize_t ignored = write(wake_fd_, &one, sizeof(one));
+    (void)ignored;
+    thread_.join();
+  }
+  // Nobody drives now: close whatever is left and let the flushes come back.
+  std::lock_guard<SpinLock> guard(driver_);
+  DrainSubmissions();
+  std::vector<Connection*> all;
+  for (auto& [id, c] : by_id_) all.push_back(c.get());
+  for (Connection* c : all) FailConnection(c, absl::UnavailableError("worker stopped"));
+  absl::Time deadline = absl::Now() + absl::Seconds(2);
+  while (!closing_.empty() && absl::Now() < deadline) {
+    RunOnce();
+    Timers(absl::Now());
+  }
+  for (Connection* c : std::vector<Connection*>(closing_)) FinishClose(c);
+  closing_.clear();
+}
+
+// ---- Control path ------------------------------------------------------------------------------
+
+absl::StatusOr<std::shared_ptr<Connection>> Worker::CreateConnection(
+    uint64_t id, const MethodTable* methods, const verbs::ConnectOptions& co) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (reserved_credits_ + options_.credits > options_.max_connections * options_.credits) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          options_.name, " is full (", options_.max_connections, " connections)"));
+    }
+    reserved_credits_ += options_.credits;
+  }
+  auto unreserve = [this] {
+    absl::MutexLock lock(&mu_);
+    reserved_credits_ -= options_.credits;
+  };
+  verbs::QueuePairConfig config;
+  config.send_cq = cq_;
+  config.recv_cq = cq_;
+  config.srq = srq_;
+  config.max_send_wr = RoundUpPow2(options_.credits + kBulkSqReserve + kSignalInterval);
+  config.max_send_sge = 1;
+  config.max_inline_data = max_inline_;
+  auto qp = verbs::QueuePair::Create(pd_, config);
+  if (!qp.ok()) {
+    unreserve();
+    return qp.status();
+  }
+  if (absl::Status s = (*qp)->ToInit(co); !s.ok()) {
+    unreserve();
+    return s;
+  }
+  auto c = std::make_shared<Connection>(this, id, std::move(*qp), methods);
+  c->sq_depth_ = config.max_send_wr;
+  c->sent_buffer_.assign(RoundUpPow2(config.max_send_wr), -1);
+  {
+    absl::MutexLock lock(&mu_);
+    registry_[id] = c;
+  }
+  return c;
+}
+
+void Worker::Activate(std::shared_ptr<Connection> connection) {
+  WorkItem item;
+  item.kind = WorkItem::kActivate;
+  item.connection = std::move(connection);
+  Submit(std::move(item));
+}
+
+void Worker::Abandon(const std::shared_ptr<Connection>& connection) {
+  absl::MutexLock lock(&mu_);
+  if (registry_.erase(connection->id()) > 0) reserved_credits_ -= options_.credits;
+}
+
+void Worker::Close(uint64_t connection_id, absl::Status reason) {
+  WorkItem item;
+  item.kind = WorkItem::kClose;
+  item.connection_id = connection_id;
+  item.status = std::move(reason);
+  Submit(std::move(item));
+}
+
+void Worker::BeginDrain() {
+  drained_.store(false, std::memory_order_release);
+  RunInLoop([this] { draining_ = true; });
+}
+
+void Worker::RunInLoop(absl::AnyInvocable<void()> fn) {
+  WorkItem item;
+  item.kind = WorkItem::kFunction;
+  item.fn = std::move(fn);
+  Submit(std::move(item));
+}
+
+void Worker::StartCall(uint64_t connection_id, ClientCall* call) {
+  call->worker_ = this;
+  call->connection_id_ = connection_id;
+  call->status_ = absl::OkStatus();
+  call->cancel_requested_.store(false, std::memory_order_relaxed);
+  call->notifier_.Reset();
+  call->state_.store(ClientCall::kQueued, std::memory_order_relaxed);
+  if (!options_.own_thread && driver_.try_lock()) {
+    // Caller-driven and nobody else is driving: post it ourselves, no hand-off.
+    DrainSubmissions();
+    auto it = by_id_.find(connection_id);
+    StartCallLocked(it == by_id_.end() ? nullptr : it->second.get(), call);
+    FlushSends();
+    driver_.unlock();
+    return;
+  }
+  WorkItem item;
+  item.kind = WorkItem::kStartCall;
+  item.connection_id = connection_id;
+  item.call = call;
+  Submit(std::move(item));
+}
+
+void Worker::CancelCall(ClientCall* call) {
+  WorkItem item;
+  item.kind = WorkItem::kCancelCall;
+  item.connection_id = call->connection_id_;
+  item.call = call;
+  Submit(std::move(item));
+}
+
+void Worker::FailUnstarted(ClientCall* call, absl::Status status) {
+  call->worker_ = nullptr;
+  call->notifier_.Reset();
+  call->Complete(std::move(status));
+}
+
+void Worker::Submit(WorkItem item) {
+  submissions_.Push(std::move(item));
+  if (options_.own_thread) {
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (sleeping_.load(std::memory_order_relaxed)) {
+      uint64_t one = 1;
+      ssize_t ignored = write(wake_fd_, &one, sizeof(one));
+      (void)ignored;
+    }
+  }
+}
+
+// ---- The loop ----------------------------------------------------------------------------------
+
+bool Worker::TryDrive() {
+  if (!driver_.try_lock()) return false;
+  bool did = RunOnce();
+  driver_.unlock();
+  return did;
+}
+
+void Worker::Loop() {
+  if (options_.core >= 0) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(options_.core, &set);
+    if (sched_setaffinity(0, sizeof(set), &set) != 0) {
+      SWIRL_LOG(WARNING, "%s: cannot pin to core %d", options_.name, options_.core);
+    }
+  }
+  std::lock_guard<SpinLock> guard(driver_);
+  absl::Time idle_since = absl::InfiniteFuture();
+  while (running_.load(std::memory_order_relaxed)) {
+    if (RunOnce()) {
+      idle_since = absl::InfiniteFuture();
+      continue;
+    }
+    if (!options_.adaptive_idle) continue;
+    absl::Time now = absl::Now();
+    if (idle_since == absl::InfiniteFuture()) {
+      idle_since = now;
+    } else if (now - idle_since >= options_.idle_spin) {
+      SleepUntilWork();
+      idle_since = absl::InfiniteFuture();
+    }
+  }
+}
+
+void Worker::SleepUntilWork() {
+  if (!cq_->RequestNotify(false).ok()) return;
+  sleeping_.store(true, std::memory_order_seq_cst);
+  // Anything that raced with arming is handled now instead of slept through.
+  if (!submissions_.MaybeEmpty() || RunOnce()) {
+    sleeping_.store(false, std::memory_order_relaxed);
+    return;
+  }
+  pollfd fds[2] = {{channel_->fd(), POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+  int timeout_ms = 100;
+  if (next_timer_ != absl::InfinitePast()) {
+    timeout_ms = static_cast<int>(
+        std::clamp<int64_t>(absl::ToInt64Milliseconds(next_timer_ - absl::Now()) + 1, 0, 100));
+  }
+  ::poll(fds, 2, timeout_ms);
+  sleeping_.store(false, std::memory_order_relaxed);
+  if (fds[0].revents & POLLIN) (void)channel_->WaitEvent(absl::ZeroDuration());
+  uint64_t count;
+  while (read(wake_fd_, &count, sizeof(count)) > 0) {
+  }
+}
+
+bool Worker::RunOnce() {
+  bool did = DrainSubmissions();
+  ibv_wc wc[kPollBatch];
+  const int n = cq_->Poll(kPollBatch, wc);
+  if (n < 0) {
+    SWIRL_LOG(ERROR, "%s: completion queue failed (overflow?); failing every connection",
+              options_.name);
+    std::vector<Connection*> all;
+    for (auto& [id, c] : by_id_) all.push_back(c.get());
+    for (Connection* c : all) FailConnection(c, absl::InternalError("completion queue failed"));
+  }
+  for (int i = 0; i < n; ++i) {
+    if (wc[i].wr_id & kRecvTag) {
+      HandleRecv(wc[i]);
+    } else {
+      HandleSendCompletion(wc[i]);
+    }
+  }
+  did |= n > 0;
+  if (!repost_.empty()) RepostRecvs();
+  if (!dirty_.empty()) FlushSends();
+  if ((++iterations_ & 255) == 0 || !did) {
+    absl::Time now = absl::Now();
+    if (now >= next_timer_) {
+      Timers(now);
+      next_timer_ = now + absl::Milliseconds(1);
+    }
+  }
+  return did;
+}
+
+bool Worker::DrainSubmissions() {
+  bool did = false;
+  WorkItem item;
+  for (int i = 0; i < 256 && submissions_.TryPop(&item); ++i) {
+    HandleItem(item);
+    item = WorkItem();
+    did = true;
+  }
+  return did;
+}
+
+void Worker::HandleItem(WorkItem& item) {
+  switch (item.kind) {
+    case WorkItem::kStartCall: {
+      auto it = by_id_.find(item.connection_id);
+      StartCallLocked(it == by_id_.end() ? nullptr : it->second.get(), item.call);
+      break;
+    }
+    case WorkItem::kCancelCall: {
+      auto it = by_id_.find(item.connection_id);
+      if (it == by_id_.end()) break;
+      Connection* c = it->second.get();
+      for (uint32_t slot = 0; slot < c->pending_.size(); ++slot) {
+        if (c->pending_[slot] != item.call) continue;
+        const uint64_t request_id = (uint64_t{c->generation_[slot]} << 32) | slot;
+        ReleaseSlot(c, request_id);
+        SendControl(c, rpc_wire::kCancel, request_id);
+        CompleteLocally(item.call, absl::CancelledError("cancelled by the caller"));
+        return;
+      }
+      for (ClientCall** p = &c->backlog_head_; *p != nullptr; p = &(*p)->next_) {
+        if (*p != item.call) continue;
+        ClientCall* call = *p;
+        *p = call->next_;
+        if (c->backlog_tail_ == call) {
+          c->backlog_tail_ = nullptr;
+          for (ClientCall* q = c->backlog_head_; q != nullptr; q = q->next_) c->backlog_tail_ = q;
+        }
+        CompleteLocally(call, absl::CancelledError("cancelled by the caller"));
+        return;
+      }
+      break;
+    }
+    case WorkItem::kActivate: {
+      Connection* c = item.connection.get();
+      c->last_received_ = absl::Now();
+      c->state_.store(Connection::State::kActive, std::memory_order_release);
+      by_qpn_[c->qp().qp_num()] = c;
+      by_id_[c->id()] = std::move(item.connection);
+      break;
+    }
+    case WorkItem::kClose: {
+      auto it = by_id_.find(item.connection_id);
+      if (it != by_id_.end()) FailConnection(it->second.get(), item.status);
+      break;
+    }
+    case WorkItem::kFunction:
+      item.fn();
+      break;
+    case WorkItem::kNone:
+      break;
+  }
+}
+
+// ---- Receive side ------------------------------------------------------------------------------
+
+void Worker::RepostRecvs() {
+  constexpr int kChain = 64;
+  ibv_recv_wr wrs[kChain];
+  ibv_sge sges[kChain];
+  size_t done = 0;
+  while (done < repost_.size()) {
+    const int n = static_cast<int>(std::min<size_t>(kChain, repost_.size() - done));
+    for (int i = 0; i < n; ++i) {
+      const uint32_t index = repost_[done + i];
+      sges[i].addr = reinterpret_cast<uint64_t>(recv_pool_->at(index));
+      sges[i].length = recv_pool_->size();
+      sges[i].lkey = recv_pool_->lkey();
+      wrs[i].wr_id = kRecvTag | index;
+      wrs[i].sg_list = &sges[i];
+      wrs[i].num_sge = 1;
+      wrs[i].next = i + 1 < n ? &wrs[i + 1] : nullptr;
+    }
+    ibv_recv_wr* bad = nullptr;
+    if (int err = ibv_post_srq_recv(srq_->get(), wrs, &bad); err != 0) {
+      SWIRL_LOG(ERROR, "%s: %s", options_.name,
+                verbs::VerbsError("ibv_post_srq_recv", err).ToString());
+      // Keep the ones that did not make it for the next attempt.
+      const size_t posted = static_cast<size_t>(bad - wrs);
+      repost_.erase(repost_.begin(), repost_.begin() + static_cast<long>(done + posted));
+      recv_posted_ += static_cast<uint32_t>(done + posted);
+      recv_posted_snapshot_.store(recv_posted_, std::memory_order_relaxed);
+      return;
+    }
+    done += n;
+  }
+  recv_posted_ += static_cast<uint32_t>(done);
+  recv_posted_snapshot_.store(recv_posted_, std::memory_order_relaxed);
+  repost_.clear();
+}
+
+void Worker::HandleRecv(const ibv_wc& wc) {
+  const uint32_t index = static_cast<uint32_t>(wc.wr_id & ~kRecvTag);
+  if (index >= recv_pool_->count()) {
+    Bump(stray_);
+    return;
+  }
+  --recv_posted_;
+  repost_.push_back(index);
+  auto it = by_qpn_.find(wc.qp_num);
+  if (it == by_qpn_.end()) {
+    // A connection activated a moment ago may not be registered yet.
+    DrainSubmissions();
+    it = by_qpn_.find(wc.qp_num);
+    if (it == by_qpn_.end()) {
+      Bump(stray_);
+      return;
+    }
+  }
+  Connection* c = it->second;
+  if (c->state_.load(std::memory_order_relaxed) >= Connection::State::kClosing) return;
+  if (wc.status != IBV_WC_SUCCESS) {
+    FailConnection(c, absl::UnavailableError(
+                          absl::StrCat("receive failed: ", verbs::WcStatusName(wc.status))));
+    return;
+  }
+  const char* buffer = recv_pool_->at(index);
+  MessageHeader h;
+  if (wc.byte_len >= kHeader) {
+    std::memcpy(&h, buffer, kHeader);
+  } else {
+    std::memset(&h, 0, sizeof(h));
+  }
+  absl::Status valid =
+      rpc_wire::ValidateHeader(h, wc.byte_len, {c->max_payload_, c->peer_credits_});
+  if (!valid.ok()) {
+    ProtocolError(c, valid);
+    return;
+  }
+  if (c->peer_available_ == 0) {
+    ProtocolError(c, absl::ResourceExhaustedError("peer sent beyond the credits it was given"));
+    return;
+  }
+  if (c->send_credits_ + h.credits > c->peer_credits_) {
+    ProtocolError(c, absl::InvalidArgumentError("peer returned credits it never received"));
+    return;
+  }
+  --c->peer_available_;
+  c->send_credits_ += h.credits;
+  ++c->credits_to_return_;
+  c->received_ = true;
+  Bump(c->counters_.bytes_received, wc.byte_len);
+  Dispatch(c, h, buffer + kHeader);
+  if (c->state_.load(std::memory_order_relaxed) >= Connection::State::kClosing) return;
+  // Return credits when there is nothing to piggyback them on.
+  if (c->credits_to_return_ >= std::max<uint32_t>(1, c->local_credits_ / 2) &&
+      c->batch_size_ == 0) {
+    SendControl(c, rpc_wire::kCredit, 0);
+  }
+  if (c->send_credits_ > 1 && (c->backlog_head_ != nullptr || !c->response_backlog_.empty())) {
+    PumpBacklog(c);
+  }
+}
+
+void Worker::Dispatch(Connection* c, const MessageHeader& h, const char* payload) {
+  switch (h.type) {
+    case rpc_wire::kRequest:
+    case rpc_wire::kOneWay: {
+      Bump(c->counters_.requests_received);
+      Bump(requests_);
+      const bool one_way = h.type == rpc_wire::kOneWay;
+      if (draining_ || c->state_.load(std::memory_order_relaxed) != Connection::State::kActive) {
+        if (!one_way) {
+          SendResponseBytes(c, h.request_id, absl::UnavailableError("server is shutting down"),
+                            {});
+        }
+        return;
+      }
+      const Service::Method* method = c->methods_ ? c->methods_->Find(h.method_id) : nullptr;
+      if (method == nullptr) {
+        if (!one_way) {
+          SendResponseBytes(
+              c, h.request_id,
+              absl::UnimplementedError(absl::StrFormat("no method with id 0x%08x", h.method_id)),
+              {});
+        }
+        return;
+      }
+      if (method->options.execution == Execution::kThreadPool && pool_ != nullptr) {
+        RunOnPool(c, h, payload, method);
+        return;
+      }
+      std::unique_ptr<Service::Invoker>& invoker = invokers_[method];
+      if (invoker == nullptr) invoker = const_cast<Service::Method*>(method)->new_invoker();
+      ServerContext ctx(c, nullptr);
+      Writer writer(this, c);
+      absl::Status status = invoker->Invoke(ctx, absl::string_view(payload, h.payload_len), writer);
+      if (one_way) {
+        writer.Abandon();
+      } else {
+        SendResponse(c, h.request_id, status, &writer);
+      }
+      return;
+    }
+    case rpc_wire::kResponse:
+      CompleteCall(c, h, payload);
+      return;
+    case rpc_wire::kCancel: {
+      auto it = c->running_.find(h.request_id);
+      if (it != c->running_.end()) it->second->store(true, std::memory_order_release);
+      return;
+    }
+    case rpc_wire::kPing:
+      SendControl(c, rpc_wire::kPong, 0);
+      return;
+    case rpc_wire::kPong:
+      c->ping_outstanding_ = false;
+      return;
+    default:
+      // kCredit: the credits were taken above. Bulk messages are handled by the bulk layer.
+      return;
+  }
+}
+
+void Worker::CompleteCall(Connection* c, const MessageHeader& h, const char* payload) {
+  ClientCall* call = ReleaseSlot(c, h.request_id);
+  if (call == nullptr) return;  // cancelled or timed out already; the late response is dropped
+  Bump(c->counters_.responses_received);
+  absl::Status status;
+  if (h.status == 0) {
+    if (call->response_ != nullptr) {
+      if (!call->response_->ParseFromArray(payload, static_cast<int>(h.payload_len))) {
+        status = absl::DataLossError("response does not parse");
+      }
+    } else if (call->response_bytes_ != nullptr) {
+      call->response_bytes_->assign(payload, h.payload_len);
+    }
+  } else {
+    status = absl::Status(static_cast<absl::StatusCode>(h.status),
+                          absl::string_view(payload, h.payload_len));
+  }
+  CompleteLocally(call, std::move(status));
+}
+
+void Worker::RunOnPool(Connection* c, const MessageHeader& h, const char* payload,
+                       const Service::Method* method) {
+  ++c->pool_handlers_;
+  auto cancelled = std::make_shared<std::atomic<bool>>(false);
+  const bool one_way = h.type == rpc_wire::kOneWay;
+  if (!one_way) c->running_[h.request_id] = cancelled;
+  pool_->Schedule([this, connection = c->shared_from_this(), method, request_id = h.request_id,
+                   one_way, request = std::string(payload, h.payload_len), cancelled]() {
+    thread_local absl::flat_hash_map<const Service::Method*, std::unique_ptr<Service::Invoker>>
+        invokers;
+    std::unique_ptr<Service::Invoker>& invoker = invokers[method];
+    if (invoker == nullptr) invoker = const_cast<Service::Method*>(method)->new_invoker();
+    ServerContext ctx(connection.get(), cancelled.get());
+    StringWriter writer(connection->max_payload_);
+    absl::Status status = invoker->Invoke(ctx, request, writer);
+    RunInLoop([this, connection, request_id, one_way, status = std::move(status),
+               response = writer.Take()]() {
+      Connection* c = connection.get();
+      --c->pool_handlers_;
+      c->running_.erase(request_id);
+      if (!one_way && c->state_.load() < Connection::State::kClosing) {
+        SendResponseBytes(c, request_id, status, response);
+      }
+    });
+  });
+}
+
+// ---- Send side ---------------------------------------------------------------------------------
+
+char* Worker::InlineSlot() {
+  const uint32_t slot_size = std::max<uint32_t>(max_inline_, 64);
+  if (inline_used_ == kArenaSlots) FlushSends();
+  return inline_arena_.data() + static_cast<size_t>(inline_used_++) * slot_size;
+}
+
+char* Worker::AllocMessage(Connection*, uint32_t length, int32_t* buffer) {
+  if (length <= max_inline_) {
+    *buffer = -1;
+    return InlineSlot();
+  }
+  if (send_pool_->empty() || length > send_pool_->size()) return nullptr;
+  uint32_t index = send_pool_->Take();
+  *buffer = static_cast<int32_t>(index);
+  return send_pool_->at(index);
+}
+
+void Worker::FillHeader(Connection* c, MessageHeader* h) {
+  h->credits = c->credits_to_return_;
+  c->peer_available_ += c->credits_to_return_;
+  c->credits_to_return_ = 0;
+}
+
+void Worker::SendResponse(Connection* c, uint64_t request_id, const absl::Status& status,
+                          Writer* writer) {
+  if (!status.ok() || writer->data() == nullptr) {
+    writer->Abandon();
+    SendResponseBytes(c, request_id, status, {});
+    return;
+  }
+  EmitResponse(c, writer, request_id, 0);
+}
+
+void Worker::SendResponseBytes(Connection* c, uint64_t request_id, const absl::Status& status,
+                               absl::string_view payload) {
+  // An error response carries the status message as its payload.
+  absl::string_view body = status.ok() ? payload : status.message();
+  const size_t n = std::min<size_t>(body.size(), c->max_payload_);
+  Writer writer(this, c);
+  char* p = writer.Reserve(n);
+  if (p == nullptr) {
+    FailConnection(c, absl::ResourceExhaustedError("send buffers exhausted"));
+    return;
+  }
+  std::memcpy(p, body.data(), n);
+  writer.Commit(n);
+  if (status.ok() && n < body.size()) {
+    writer.Abandon();
+    SendResponseBytes(c, request_id,
+                      absl::ResourceExhaustedError("response exceeds the maximum message size"),
+                      {});
+    return;
+  }
+  EmitResponse(c, &writer, request_id, static_cast<uint32_t>(status.code()));
+}
+
+void Worker::EmitResponse(Connection* c, Writer* writer, uint64_t request_id, uint32_t code) {
+  auto* h = reinterpret_cast<MessageHeader*>(writer->data());
+  *h = MessageHeader{rpc_wire::kProtocolVersion, rpc_wire::kResponse, 0, 0, request_id, code,
+                     writer->length(), 0, 0};
+  char* data = writer->data();
+  int32_t buffer = writer->buffer();
+  const uint32_t length = kHeader + writer->length();
+  writer->Release();
+  Bump(c->counters_.responses_sent);
+  if (c->send_credits_ > 0 && c->response_backlog_.empty()) {
+    QueueWr(c, data, length, buffer);
+    return;
+  }
+  // No credit now: park it in a send buffer until the peer returns some.
+  if (buffer < 0) {
+    if (send_pool_->empty()) {
+      FailConnection(c, absl::ResourceExhaustedError("send buffers exhausted"));
+      return;
+    }
+    const uint32_t index = send_pool_->Take();
+    std::memcpy(send_pool_->at(index), data, length);
+    buffer = static_cast<int32_t>(index);
+  }
+  c->response_backlog_.push_back({static_cast<uint32_t>(buffer), length});
+}
+
+void Worker::SendControl(Connection* c, rpc_wire::MessageType type, uint64_t request_id) {
+  if (c->send_credits_ == 0) return;  // best effort; credits come back with the next message
+  int32_t buffer;
+  char* data = AllocMessage(c, kHeader, &buffer);
+  if (data == nullptr) return;
+  auto* h = reinterpret_cast<MessageHeader*>(data);
+  *h = MessageHeader{rpc_wire::kProtocolVersion, static_cast<uint8_t>(type), 0, 0, request_id,
+                     0, 0, 0, 0};
+  QueueWr(c, data, kHeader, buffer);
+}
+
+void Worker::QueueWr(Connection* c, const char* data, uint32_t length, int32_t buffer) {
+  FillHeader(c, reinterpret_cast<MessageHeader*>(const_cast<char*>(data)));
+  --c->send_credits_;
+  const uint64_t seq = c->next_seq_++;
+  const uint64_t outstanding = seq - c->completed_seq_;
+  const bool signal = buffer >= 0 || ++c->unsignaled_ >= kSignalInterval ||
+                      outstanding + kSignalInterval >= c->sq_depth_;
+  if (signal) c->unsignaled_ = 0;
+  c->sent_buffer_[seq & (c->sent_buffer_.size() - 1)] = buffer;
+  ibv_send_wr& wr = c->batch_wr_[c->batch_size_];
+  ibv_sge& sge = c->batch_sge_[c->batch_size_];
+  sge.addr = reinterpret_cast<uint64_t>(data);
+  sge.length = length;
+  sge.lkey = buffer >= 0 ? send_pool_->lkey() : 0;
+  wr.wr_id = seq;
+  wr.next = nullptr;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.opcode = IBV_WR_SEND;
+  wr.send_flags = (signal ? IBV_SEND_SIGNALED : 0) | (buffer < 0 ? IBV_SEND_INLINE : 0);
+  ++c->batch_size_;
+  Bump(c->counters_.bytes_sent, length);
+  if (!c->dirty_) {
+    c->dirty_ = true;
+    dirty_.push_back(c);
+  }
+  if (c->batch_size_ == Connection::kBatch) FlushConnection(c);
+}
+
+void Worker::FlushConnection(Connection* c) {
+  if (c->batch_size_ == 0) return;
+  for (int i = 0; i + 1 < c->batch_size_; ++i) c->batch_wr_[i].next = &c->batch_wr_[i + 1];
+  ibv_send_wr* bad = nullptr;
+  const int err = ibv_post_send(c->qp_->get(), c->batch_wr_, &bad);
+  c->batch_size_ = 0;
+  if (err != 0) {
+    FailConnection(c, verbs::VerbsError("ibv_post_send", err));
+  }
+}
+
+void Worker::FlushSends() {
+  for (Connection* c : dirty_) {
+    FlushConnection(c);
+    c->dirty_ = false;
+  }
+  dirty_.clear();
+  inline_used_ = 0;
+}
+
+void Worker::HandleSendCompletion(const ibv_wc& wc) {
+  auto it = by_qpn_.find(wc.qp_num);
+  if (it == by_qpn_.end()) {
+    Bump(stray_);
+    return;
+  }
+  Connection* c = it->second;
+  const uint64_t seq = wc.wr_id;
+  if (seq >= c->next_seq_) {
+    Bump(stray_);
+    return;
+  }
+  for (uint64_t s = c->completed_seq_ + 1; s <= seq; ++s) {
+    int32_t& b = c->sent_buffer_[s & (c->sent_buffer_.size() - 1)];
+    if (b >= 0) send_pool_->Give(static_cast<uint32_t>(b));
+    b = -1;
+  }
+  if (seq > c->completed_seq_) c->completed_seq_ = seq;
+  if (wc.status != IBV_WC_SUCCESS &&
+      c->state_.load(std::memory_order_relaxed) < Connection::State::kClosing) {
+    FailConnection(c, absl::UnavailableError(
+                          absl::StrCat("send failed: ", verbs::WcStatusName(wc.status))));
+  }
+}
+
+void Worker::StartCallLocked(Connection* c, ClientCall* call) {
+  if (c == nullptr || c->state_.load(std::memory_order_relaxed) != Connection::State::kActive) {
+    CompleteLocally(call, absl::UnavailableError(
+                              c != nullptr && !c->close_reason_.ok()
+                                  ? absl::StrCat("connection closed: ", c->close_reason_.message())
+                                  : "connection closed"));
+    return;
+  }
+  call->connection_ = c;
+  call->next_ = nullptr;
+  if (c->backlog_head_ == nullptr && TrySendCall(c, call)) return;
+  if (c->backlog_tail_ != nullptr) {
+    c->backlog_tail_->next_ = call;
+  } else {
+    c->backlog_head_ = call;
+  }
+  c->backlog_tail_ = call;
+}
+
+bool Worker::TrySendCall(Connection* c, ClientCall* call) {
+  // A new request needs two credits: the last one is kept for returning credits.
+  if (c->send_credits_ < 2) return false;
+  if (!call->one_way_ && c->free_slots_.empty()) return false;
+  const size_t size =
+      call->request_ != nullptr ? call->request_->ByteSizeLong() : call->request_bytes_.size();
+  if (size > c->max_payload_) {
+    CompleteLocally(call, absl::ResourceExhaustedError(absl::StrFormat(
+                              "request of %u bytes exceeds the %u-byte maximum message size",
+                              size, c->max_payload_)));
+    return true;
+  }
+  int32_t buffer;
+  char* data = AllocMessage(c, static_cast<uint32_t>(kHeader + size), &buffer);
+  if (data == nullptr) return false;
+  const uint64_t request_id = call->one_way_ ? 0 : AllocateSlot(c, call);
+  auto* h = reinterpret_cast<MessageHeader*>(data);
+  *h = MessageHeader{rpc_wire::kProtocolVersion,
+                     static_cast<uint8_t>(call->one_way_ ? rpc_wire::kOneWay : rpc_wire::kRequest),
+                     0,
+                     call->method_id_,
+                     request_id,
+                     0,
+                     static_cast<uint32_t>(size),
+                     0,
+                     0};
+  if (call->request_ != nullptr) {
+    call->request_->SerializeWithCachedSizesToArray(
+        reinterpret_cast<uint8_t*>(data + kHeader));
+  } else if (size > 0) {
+    std::memcpy(data + kHeader, call->request_bytes_.data(), size);
+  }
+  QueueWr(c, data, static_cast<uint32_t>(kHeader + size), buffer);
+  Bump(c->counters_.requests_sent);
+  if (call->one_way_) {
+    CompleteLocally(call, absl::OkStatus());
+  } else {
+    call->state_.store(ClientCall::kPending, std::memory_order_relaxed);
+  }
+  return true;
+}
+
+void Worker::PumpBacklog(Connection* c) {
+  while (!c->response_backlog_.empty() && c->send_credits_ > 0) {
+    const Connection::QueuedMessage m = c->response_backlog_.front();
+    c->response_backlog_.pop_front();
+    QueueWr(c, send_pool_->at(m.buffer), m.length, static_cast<int32_t>(m.buffer));
+  }
+  while (c->backlog_head_ != nullptr && c->response_backlog_.empty()) {
+    ClientCall* call = c->backlog_head_;
+    if (!TrySendCall(c, call)) break;
+    c->backlog_head_ = call->next_;
+    if (c->backlog_head_ == nullptr) c->backlog_tail_ = nullptr;
+  }
+}
+
+uint64_t Worker::AllocateSlot(Connection* c, ClientCall* call) {
+  const uint32_t slot = c->free_slots_.back();
+  c->free_slots_.pop_back();
+  ++c->generation_[slot];
+  c->pending_[slot] = call;
+  ++c->pending_count_;
+  call->request_id_ = (uint64_t{c->generation_[slot]} << 32) | slot;
+  return call->request_id_;
+}
+
+ClientCall* Worker::ReleaseSlot(Connection* c, uint64_t request_id) {
+  const uint32_t slot = static_cast<uint32_t>(request_id);
+  if (slot >= c->pending_.size() || c->generation_[slot] != (request_id >> 32)) return nullptr;
+  ClientCall* call = c->pending_[slot];
+  if (call == nullptr) return nullptr;
+  c->pending_[slot] = nullptr;
+  c->free_slots_.push_back(slot);
+  --c->pending_count_;
+  return call;
+}
+
+void Worker::CompleteLocally(ClientCall* call, absl::Status status) {
+  call->connection_ = nullptr;
+  call->Complete(std::move(status));
+}
+
+// ---- Failure, teardown, timers -----------------------------------------------------------------
+
+void Worker::ProtocolError(Connection* c, const absl::Status& why) {
+  Bump(c->counters_.protocol_errors);
+  Bump(protocol_errors_);
+  SWIRL_LOG(WARNING, "%s: connection %u (%s): protocol violation: %s; closing it",
+            options_.name, c->id_, c->peer_, why.ToString());
+  FailConnection(c, absl::Status(why.code(), absl::StrCat("protocol violation by the peer: ",
+                                                         why.message())));
+}
+
+void Worker::FailPendingCalls(Connection* c, const absl::Status& why) {
+  for (uint32_t slot = 0; slot < c->pending_.size(); ++slot) {
+    ClientCall* call = c->pending_[slot];
+    if (call == nullptr) continue;
+    c->pending_[slot] = nullptr;
+    c->free_slots_.push_back(slot);
+    CompleteLocally(call, why);
+  }
+  c->pending_count_ = 0;
+  while (c->backlog_head_ != nullptr) {
+    ClientCall* call = c->backlog_head_;
+    c->backlog_head_ = call->next_;
+    CompleteLocally(call, why);
+  }
+  c->backlog_tail_ = nullptr;
+}
+
+void Worker::FailConnection(Connection* c, const absl::Status& why) {
+  if (c->state_.load(std::memory_order_relaxed) >= Connection::State::kClosing) return;
+  c->close_reason_ = why;
+  c->state_.store(Connection::State::kClosing, std::memory_order_release);
+  SWIRL_LOG(DEBUG, "%s: closing connection %u: %s", options_.name, c->id_, why.ToString());
+  FailPendingCalls(c, absl::UnavailableError(absl::StrCat("connection lost: ", why.message())));
+  for (const auto& m : c->response_backlog_) send_pool_->Give(m.buffer);
+  c->response_backlog_.clear();
+  // Queued but never posted WRs: their send buffers come back now.
+  for (int i = 0; i < c->batch_size_; ++i) {
+    const uint64_t seq = c->batch_wr_[i].wr_id;
+    int32_t& b = c->sent_buffer_[seq & (c->sent_buffer_.size() - 1)];
+    if (b >= 0) send_pool_->Give(static_cast<uint32_t>(b));
+    b = -1;
+  }
+  if (c->batch_size_ > 0) c->next_seq_ = c->batch_wr_[0].wr_id;
+  c->batch_size_ = 0;
+  if (absl::Status s = c->qp_->ToError(); !s.ok()) {
+    SWIRL_LOG(WARNING, "%s: %s", options_.name, s.ToString());
+  }
+  c->closing_since_ = absl::Now();
+  closing_.push_back(c);
+}
+
+void Worker::FinishClose(Connection* c) {
+  // Send WRs that never completed (the device is gone or slow): take their buffers back.
+  for (uint64_t s = c->completed_seq_ + 1; s < c->next_seq_; ++s) {
+    int32_t& b = c->sent_buffer_[s & (c->sent_buffer_.size() - 1)];
+    if (b >= 0) send_pool_->Give(static_cast<uint32_t>(b));
+    b = -1;
+  }
+  c->completed_seq_ = c->next_seq_ - 1;
+  by_qpn_.erase(c->qp_->qp_num());
+  c->qp_.reset();  // no completion can name it any more: it is in ERR and fully flushed
+  {
+    absl::MutexLock lock(&mu_);
+    registry_.erase(c->id_);
+    reserved_credits_ -= options_.credits;
+  }
+  c->state_.store(Connection::State::kClosed, std::memory_order_release);
+  const uint64_t id = c->id_;
+  by_id_.erase(id);  // may destroy c
+  if (options_.on_closed) options_.on_closed(id);
+}
+
+void Worker::Timers(absl::Time now) {
+  bool idle = !draining_ || dirty_.empty();
+  for (auto& [id, owner] : by_id_) {
+    Connection* c = owner.get();
+    const Connection::State state = c->state_.load(std::memory_order_relaxed);
+    if (state != Connection::State::kActive && state != Connection::State::kDraining) continue;
+    if (c->pending_count_ > 0) {
+      for (uint32_t slot = 0; slot < c->pending_.size(); ++slot) {
+        ClientCall* call = c->pending_[slot];
+        if (call == nullptr || call->deadline_ > now) continue;
+        const uint64_t request_id = (uint64_t{c->generation_[slot]} << 32) | slot;
+        ReleaseSlot(c, request_id);
+        SendControl(c, rpc_wire::kCancel, request_id);
+        CompleteLocally(call, absl::DeadlineExceededError("deadline exceeded"));
+      }
+    }
+    for (ClientCall** p = &c->backlog_head_; *p != nullptr;) {
+      ClientCall* call = *p;
+      if (call->deadline_ > now) {
+        p = &call->next_;
+        continue;
+      }
+      *p = call->next_;
+      CompleteLocally(call, absl::DeadlineExceededError("deadline exceeded before sending"));
+    }
+    c->backlog_tail_ = nullptr;
+    for (ClientCall* q = c->backlog_head_; q != nullptr; q = q->next_) c->backlog_tail_ = q;
+    if (options_.keepalive > absl::ZeroDuration()) {
+      if (c->received_) {
+        c->received_ = false;
+        c->last_received_ = now;
+        c->ping_outstanding_ = false;
+      } else if (!c->ping_outstanding_ && now - c->last_received_ > options_.keepalive) {
+        SendControl(c, rpc_wire::kPing, 0);
+        c->ping_outstanding_ = true;
+        c->ping_sent_ = now;
+      } else if (c->ping_outstanding_ && now - c->ping_sent_ > 3 * options_.keepalive) {
+        FailConnection(c, absl::DeadlineExceededError("the peer stopped answering keepalives"));
+      }
+    }
+    if (c->pool_handlers_ > 0 || !c->response_backlog_.empty() || c->batch_size_ > 0) {
+      idle = false;
+    }
+  }
+  for (size_t i = 0; i < closing_.size();) {
+    Connection* c = closing_[i];
+    if (c->completed_seq_ + 1 >= c->next_seq_ || now - c->closing_since_ > absl::Seconds(2)) {
+      closing_[i] = closing_.back();
+      closing_.pop_back();
+      FinishClose(c);
+    } else {
+      ++i;
+    }
+  }
+  if (draining_) drained_.store(idle, std::memory_order_release);
+  if (!dirty_.empty()) FlushSends();
+}
+
+// ---- Observation -------------------------------------------------------------------------------
+
+WorkerStats Worker::Stats() const {
+  WorkerStats stats;
+  {
+    absl::MutexLock lock(&mu_);
+    stats.connections = registry_.size();
+  }
+  stats.recv_buffers_posted = recv_posted_snapshot_.load(std::memory_order_relaxed);
+  stats.recv_buffers_total = recv_pool_->count();
+  stats.protocol_errors = protocol_errors_.load(std::memory_order_relaxed);
+  stats.requests = requests_.load(std::memory_order_relaxed);
+  stats.stray_completions = stray_.load(std::memory_order_relaxed);
+  return stats;
+}
+
+uint32_t Worker::free_credits() const {
+  absl::MutexLock lock(&mu_);
+  return options_.max_connections * options_.credits - reserved_credits_;
+}
+
+std::vector<std::shared_ptr<Connection>> Worker::Connections() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::shared_ptr<Connection>> out;
+  for (auto& [id, c] : registry_) out.push_back(c);
+  return out;
+}
+
+std::shared_ptr<Connection> Worker::Find(uint64_t connection_id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = registry_.find(connection_id);
+  return it == registry_.end() ? nullptr : it->second;
+}
+
+// ---- ThreadPool --------------------------------------------------------------------------------
+
+ThreadPool::ThreadPool(int threads) {
+  for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { Run(); });
+}
+
+ThreadPool::~ThreadPool() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  for (std::thread& t : threads_) t.join();
+}
+
+void ThreadPool::Schedule(absl::AnyInvocable<void()> task) {
+  absl::MutexLock lock(&mu_);
+  tasks_.push_back(std::move(task));
+}
+
+void ThreadPool::Run() {
+  for (;;) {
+    absl::AnyInvocable<void()> task;
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(
+          +[](ThreadPool* p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu_) {
+            return p->stop_ || !p->tasks_.empty();
+          },
+          this));
+      if (tasks_.empty()) return;
+      task = std::move(tasks_.front());
+      tasks_.pop_front();
+    }
+    task();
+  }
+}
+
+}  // namespace swirl::internal
+
+namespace swirl {
+
+bool ServerContext::IsCancelled() const {
+  return cancelled_ != nullptr && cancelled_->load(std::memory_order_acquire);
+}
+uint64_t ServerContext::connection_id() const { return connection_->id(); }
+const std::string& ServerContext::peer() const { return connection_->peer(); }
+std::shared_ptr<CallTarget> ServerContext::caller() const { return connection_->AsCallTarget(); }
+
+}  // namespace swirl
