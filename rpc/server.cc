@@ -171,11 +171,12 @@ class Server::Impl final : public control::Control::Service {
         return absl::UnauthenticatedError("missing or wrong token");
       }
     }
-    auto client_address = internal::FromProto(request.address());
-    if (!client_address.ok()) return client_address.status();
+    // The version first: an incompatible client is told so before anything else is parsed.
     internal::LocalConfig local = LocalConfig();
     auto negotiated = internal::Negotiate(request, caps_, local);
     if (!negotiated.ok()) return negotiated.status();
+    auto client_address = internal::FromProto(request.address());
+    if (!client_address.ok()) return client_address.status();
     const std::string client_key = internal::ClientKey(context->peer());
     uint64_t id;
     {

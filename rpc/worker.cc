@@ -1064,6 +1064,14 @@ void Worker::FailConnection(Connection* c, const absl::Status& why) {
   if (absl::Status s = c->qp_->ToError(); !s.ok()) {
     SWIRL_LOG(WARNING, "%s: %s", options_.name, s.ToString());
   }
+  // Unsignaled sends that completed before the error never report. A signaled WR posted now is
+  // flushed behind them; its completion retires everything before it.
+  ibv_send_wr marker{};
+  marker.wr_id = c->next_seq_++;
+  marker.opcode = IBV_WR_SEND;
+  marker.send_flags = IBV_SEND_SIGNALED;
+  ibv_send_wr* bad = nullptr;
+  if (ibv_post_send(c->qp_->get(), &marker, &bad) != 0) --c->next_seq_;
   c->closing_since_ = absl::Now();
   closing_.push_back(c);
 }

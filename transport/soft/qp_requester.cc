@@ -271,13 +271,14 @@ bool Transmit(SoftQp* qp) {
 
 void NoteAck(SoftQp* qp, uint32_t ack) {
   if (ack == qp->peer_acked) return;
-  // A peer may only acknowledge what we sent: peer_acked <= ack <= next_msn.
-  if (ack > wire::kMsnMask || wire::MsnBefore(ack, qp->peer_acked) ||
-      wire::MsnBefore(qp->next_msn, ack)) {
-    ProtocolError(qp, "acknowledgement outside the send window");
+  // Acks ride on both of the peer's rings and in its control block; those are not ordered with
+  // each other, so an older one can arrive after a newer one: keep the newest. But a peer may
+  // never acknowledge what was not sent.
+  if (ack > wire::kMsnMask || wire::MsnBefore(qp->next_msn, ack)) {
+    ProtocolError(qp, "acknowledgement of requests never sent");
     return;
   }
-  qp->peer_acked = ack;
+  if (wire::MsnBefore(qp->peer_acked, ack)) qp->peer_acked = ack;
 }
 
 bool ProcessResponses(SoftQp* qp) {

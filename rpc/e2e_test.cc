@@ -1,0 +1,419 @@
+// End-to-end tests of the RPC engine over the soft device with the server in a separate process
+// (rpc/testing/test_server).
+
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <atomic>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "absl/random/random.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "proto/control.grpc.pb.h"
+#include "rpc/channel.h"
+#include "rpc/handshake.h"
+#include "rpc/testing/process.h"
+#include "rpc/wire.h"
+#include "transport/device.h"
+#include "transport/verbs/verbs.h"
+
+namespace swirl {
+namespace {
+
+constexpr char kServer[] = "rpc/testing/test_server";
+
+uint32_t Id(const char* method) { return rpc_wire::MethodId(method); }
+
+absl::StatusOr<std::shared_ptr<Channel>> Connect(int port, const std::string& token = "e2e",
+                                                 ChannelOptions options = {}) {
+  options.auth_token = token;
+  options.client_name = "e2e_test";
+  return Channel::Create(absl::StrCat("127.0.0.1:", port), options);
+}
+
+std::string Echo(Channel& channel, const std::string& request) {
+  std::string response;
+  absl::Status s = CallRaw(channel, Id("/test.E2E/Echo"), request, &response, {});
+  return s.ok() ? response : s.ToString();
+}
+
+absl::StatusOr<control::StatsResponse> Stats(int port) {
+  auto channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", port),
+                                     grpc::InsecureChannelCredentials());
+  auto stub = control::Control::NewStub(channel);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+  control::StatsRequest request;
+  control::StatsResponse response;
+  grpc::Status s = stub->Stats(&ctx, request, &response);
+  if (!s.ok()) return absl::UnavailableError(s.error_message());
+  return response;
+}
+
+class E2ETest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    auto server = testing::SpawnServer(kServer, {});
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = new testing::ChildProcess(std::move(server->first));
+    port_ = server->second;
+  }
+  static void TearDownTestSuite() {
+    delete server_;
+    server_ = nullptr;
+  }
+  static testing::ChildProcess* server_;
+  static int port_;
+};
+testing::ChildProcess* E2ETest::server_ = nullptr;
+int E2ETest::port_ = 0;
+
+TEST_F(E2ETest, ManyConcurrentCallsFromSeveralThreads) {
+  for (auto driver : {ChannelOptions::Driver::kBackgroundThread, ChannelOptions::Driver::kCaller}) {
+    ChannelOptions options;
+    options.driver = driver;
+    auto channel = Connect(port_, "e2e", options);
+    ASSERT_TRUE(channel.ok()) << channel.status();
+    std::atomic<int> good{0};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 4; ++t) {
+      threads.emplace_back([&, t] {
+        for (int i = 0; i < 400; ++i) {
+          const std::string request = absl::StrCat("t", t, "#", i);
+          if (Echo(**channel, request) == request) good.fetch_add(1);
+        }
+      });
+    }
+    // Meanwhile, pipelined asynchronous calls with callbacks from this thread.
+    constexpr int kAsync = 256;
+    std::vector<ClientCall> calls(kAsync);
+    std::vector<std::string> responses(kAsync);
+    std::atomic<int> async_good{0};
+    for (int i = 0; i < kAsync; ++i) {
+      calls[i].SetMethod(Id("/test.E2E/Echo"));
+      static std::vector<std::string>* requests = new std::vector<std::string>(kAsync);
+      (*requests)[i] = absl::StrCat("async", i);
+      calls[i].SetRequestBytes((*requests)[i]);
+      calls[i].SetResponseBytes(&responses[i]);
+      calls[i].SetCallback([&, i](absl::Status s) {
+        if (s.ok() && responses[i] == absl::StrCat("async", i)) async_good.fetch_add(1);
+      });
+      (*channel)->Start(&calls[i]);
+    }
+    for (auto& call : calls) EXPECT_TRUE(call.Wait().ok()) << call.status();
+    for (auto& th : threads) th.join();
+    EXPECT_EQ(good.load(), 1600);
+    EXPECT_EQ(async_good.load(), kAsync);
+  }
+}
+
+TEST_F(E2ETest, ErrorsCarryCodeAndMessage) {
+  auto channel = Connect(port_);
+  ASSERT_TRUE(channel.ok()) << channel.status();
+  std::string response;
+  absl::Status s = CallRaw(**channel, Id("/test.E2E/Fail"), "5", &response, {});
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(s.message(), "failed as asked");
+  s = CallRaw(**channel, Id("/test.E2E/NoSuchMethod"), "", &response, {});
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
+  // Too large for one message: refused locally with a clear status, connection unharmed.
+  std::string huge((*channel)->negotiated().max_message_size() + 1, 'x');
+  s = CallRaw(**channel, Id("/test.E2E/Echo"), huge, &response, {});
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_EQ(Echo(**channel, "still fine"), "still fine");
+}
+
+TEST_F(E2ETest, DeadlineExceededAndTheServerHearsOfIt) {
+  auto channel = Connect(port_);
+  ASSERT_TRUE(channel.ok()) << channel.status();
+  std::string response;
+  CallOptions options;
+  options.timeout = absl::Milliseconds(100);
+  const absl::Time start = absl::Now();
+  absl::Status s = CallRaw(**channel, Id("/test.E2E/Sleep"), "3000", &response, options);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+  // The caller told the server; its handler stops early and counts it.
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  int cancelled = 0;
+  while (cancelled < 1 && absl::Now() < deadline) {
+    std::string count;
+    ASSERT_TRUE(CallRaw(**channel, Id("/test.E2E/Cancelled"), "", &count, {}).ok());
+    ASSERT_TRUE(absl::SimpleAtoi(count, &cancelled));
+  }
+  EXPECT_GE(cancelled, 1);
+  EXPECT_EQ(Echo(**channel, "after"), "after");
+}
+
+TEST_F(E2ETest, CancelCompletesACallInFlight) {
+  auto channel = Connect(port_);
+  ASSERT_TRUE(channel.ok()) << channel.status();
+  ClientCall call;
+  std::string response;
+  call.SetMethod(Id("/test.E2E/Sleep"));
+  call.SetRequestBytes("5000");
+  call.SetResponseBytes(&response);
+  (*channel)->Start(&call);
+  const absl::Time start = absl::Now();
+  call.Cancel();
+  EXPECT_EQ(call.Wait().code(), absl::StatusCode::kCancelled);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(1));
+  EXPECT_EQ(Echo(**channel, "next"), "next");
+}
+
+TEST_F(E2ETest, ServerCallsTheClientBackOverTheSameConnection) {
+  class ClientService : public Service {
+   public:
+    ClientService() : Service("test.Client") {
+      AddRawMethod("Ping", [](ServerContext&, absl::string_view in, ResponseWriter& out) {
+        out.Append(absl::StrCat("pong:", in));
+        return absl::OkStatus();
+      });
+    }
+  } client_service;
+  ChannelOptions options;
+  options.services = {&client_service};
+  auto channel = Connect(port_, "e2e", options);
+  ASSERT_TRUE(channel.ok()) << channel.status();
+  std::string response;
+  absl::Status s = CallRaw(**channel, Id("/test.E2E/CallBack"), "hi", &response, {});
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(response, "pong:hi");
+}
+
+TEST_F(E2ETest, AuthenticationFailuresAreRefusedBeforeAnyQueuePair) {
+  auto before = Stats(port_);
+  ASSERT_TRUE(before.ok()) << before.status();
+  for (const char* token : {"wrong", ""}) {
+    auto channel = Connect(port_, token);
+    ASSERT_FALSE(channel.ok());
+    EXPECT_EQ(channel.status().code(), absl::StatusCode::kUnauthenticated) << channel.status();
+  }
+  auto after = Stats(port_);
+  ASSERT_TRUE(after.ok());
+  EXPECT_EQ(after->server().connections_accepted(), before->server().connections_accepted());
+  EXPECT_EQ(after->server().connections_refused(), before->server().connections_refused() + 2);
+}
+
+TEST_F(E2ETest, ProtocolVersionMismatchIsRefused) {
+  auto grpc_channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", port_),
+                                          grpc::InsecureChannelCredentials());
+  auto stub = control::Control::NewStub(grpc_channel);
+  grpc::ClientContext ctx;
+  ctx.AddMetadata("authorization", "Bearer e2e");
+  control::ConnectRequest request;
+  request.set_protocol_version(99);
+  control::ConnectResponse response;
+  grpc::Status s = stub->Connect(&ctx, request, &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(s.error_message().find("version 99"), std::string::npos) << s.error_message();
+}
+
+// A hand-rolled client that completes the real handshake and then puts garbage on the wire.
+class RogueClient {
+ public:
+  absl::Status Connect(int port) {
+    auto ctx = OpenDevice("");
+    if (!ctx.ok()) return ctx.status();
+    ctx_ = *ctx;
+    pd_ = *verbs::ProtectionDomain::Create(ctx_);
+    cq_ = *verbs::CompletionQueue::Create(ctx_, 256);
+    verbs::QueuePairConfig config;
+    config.send_cq = cq_;
+    config.recv_cq = cq_;
+    config.max_send_wr = 64;
+    config.max_recv_wr = 64;
+    config.max_inline_data = 256;
+    qp_ = *verbs::QueuePair::Create(pd_, config);
+    buffer_.resize(64 * 4096);
+    mr_ = *verbs::MemoryRegion::Register(pd_, buffer_.data(), buffer_.size(),
+                                         IBV_ACCESS_LOCAL_WRITE);
+    for (int i = 0; i < 32; ++i) {
+      ibv_sge sge{reinterpret_cast<uint64_t>(buffer_.data() + i * 4096), 4096, mr_->lkey()};
+      ibv_recv_wr wr{};
+      wr.wr_id = i;
+      wr.sg_list = &sge;
+      wr.num_sge = 1;
+      ibv_recv_wr* bad;
+      ibv_post_recv(qp_->get(), &wr, &bad);
+    }
+    verbs::ConnectOptions co;
+    auto local = qp_->LocalAddress(7, co);
+    if (!local.ok()) return local.status();
+    auto grpc_channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", port),
+                                            grpc::InsecureChannelCredentials());
+    auto stub = control::Control::NewStub(grpc_channel);
+    grpc::ClientContext gctx;
+    gctx.AddMetadata("authorization", "Bearer e2e");
+    control::ConnectRequest request;
+    request.set_protocol_version(internal::kControlProtocolVersion);
+    *request.mutable_address() = internal::ToProto(*local);
+    control::Capabilities* caps = request.mutable_capabilities();
+    caps->set_recv_credits(32);
+    caps->set_recv_buffer_size(4096);
+    caps->set_max_message_size(4096 - 32);
+    caps->set_remote_invalidation(true);
+    control::ConnectResponse response;
+    grpc::Status s = stub->Connect(&gctx, request, &response);
+    if (!s.ok()) return absl::UnavailableError(s.error_message());
+    auto server = internal::FromProto(response.address());
+    if (!server.ok()) return server.status();
+    if (auto st = qp_->Connect(*server, 7, co); !st.ok()) return st;
+    return absl::OkStatus();
+  }
+
+  // Sends `bytes` as one message (inline).
+  void Send(const std::string& bytes) {
+    ibv_sge sge{reinterpret_cast<uint64_t>(bytes.data()), static_cast<uint32_t>(bytes.size()), 0};
+    ibv_send_wr wr{};
+    wr.opcode = IBV_WR_SEND;
+    wr.send_flags = IBV_SEND_INLINE | IBV_SEND_SIGNALED;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    ibv_send_wr* bad;
+    ibv_post_send(qp_->get(), &wr, &bad);
+  }
+
+  // True once our QP went to the error state (the server cut us off).
+  bool CutOff(absl::Duration timeout) {
+    const absl::Time deadline = absl::Now() + timeout;
+    ibv_wc wc[8];
+    while (absl::Now() < deadline) {
+      cq_->Poll(8, wc);
+      Send(std::string(32, '\0'));  // keep poking: a dead link fails our sends
+      auto state = qp_->QueryState();
+      if (state.ok() && *state == IBV_QPS_ERR) return true;
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    return false;
+  }
+
+ private:
+  std::shared_ptr<verbs::Context> ctx_;
+  std::shared_ptr<verbs::ProtectionDomain> pd_;
+  std::shared_ptr<verbs::CompletionQueue> cq_;
+  std::unique_ptr<verbs::QueuePair> qp_;
+  std::string buffer_;
+  std::unique_ptr<verbs::MemoryRegion> mr_;
+};
+
+std::string Header(rpc_wire::MessageHeader h, const std::string& payload = "") {
+  std::string out(reinterpret_cast<const char*>(&h), sizeof(h));
+  return out + payload;
+}
+
+TEST_F(E2ETest, MalformedHeadersFailOnlyTheirOwnConnection) {
+  auto good = Connect(port_);
+  ASSERT_TRUE(good.ok()) << good.status();
+  ASSERT_EQ(Echo(**good, "before"), "before");
+  auto before = Stats(port_);
+  ASSERT_TRUE(before.ok());
+
+  const uint32_t echo = Id("/test.E2E/Echo");
+  const std::vector<std::pair<const char*, std::string>> attacks = {
+      {"short message", std::string(7, 'x')},
+      {"bad version", Header({9, rpc_wire::kRequest, 0, echo, 1, 0, 0, 0, 0})},
+      {"unknown type", Header({1, 77, 0, echo, 1, 0, 0, 0, 0})},
+      {"payload_len lies", Header({1, rpc_wire::kRequest, 0, echo, 1, 0, 4000, 0, 0}, "abc")},
+      {"credits from nowhere", Header({1, rpc_wire::kRequest, 0, echo, 1, 0, 0, 1000, 0})},
+      {"unknown flags", Header({1, rpc_wire::kRequest, 0x80, echo, 1, 0, 0, 0, 0})},
+      {"status on a request", Header({1, rpc_wire::kRequest, 0, echo, 1, 3, 0, 0, 0})},
+  };
+  for (const auto& [name, bytes] : attacks) {
+    SCOPED_TRACE(name);
+    RogueClient rogue;
+    ASSERT_TRUE(rogue.Connect(port_).ok());
+    rogue.Send(bytes);
+    EXPECT_TRUE(rogue.CutOff(absl::Seconds(10)));
+    EXPECT_EQ(Echo(**good, name), name) << "another client's connection must be unaffected";
+  }
+  auto after = Stats(port_);
+  ASSERT_TRUE(after.ok());
+  EXPECT_EQ(after->server().protocol_errors(),
+            before->server().protocol_errors() + attacks.size());
+  EXPECT_EQ(Echo(**good, "after"), "after");
+}
+
+TEST(E2EShutdown, GracefulShutdownLetsAcceptedCallsFinish) {
+  auto server = testing::SpawnServer(kServer, {"--shutdown_ms=5000"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto& [process, port] = *server;
+  auto channel = Connect(port);
+  ASSERT_TRUE(channel.ok()) << channel.status();
+  constexpr int kCalls = 4;
+  std::vector<ClientCall> calls(kCalls);
+  std::vector<std::string> responses(kCalls);
+  for (int i = 0; i < kCalls; ++i) {
+    calls[i].SetMethod(Id("/test.E2E/Sleep"));
+    calls[i].SetRequestBytes("400");
+    calls[i].SetResponseBytes(&responses[i]);
+    (*channel)->Start(&calls[i]);
+  }
+  // Wait until the server has them all, then ask it to stop.
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  uint64_t seen = 0;
+  while (seen < kCalls && absl::Now() < deadline) {
+    auto stats = Stats(port);
+    if (stats.ok()) seen = stats->server().requests();
+  }
+  ASSERT_GE(seen, static_cast<uint64_t>(kCalls));
+  process.Signal(SIGTERM);
+  for (int i = 0; i < kCalls; ++i) {
+    EXPECT_TRUE(calls[i].Wait().ok()) << calls[i].status();
+    EXPECT_EQ(responses[i], "done");
+  }
+  auto exit_code = process.Wait(absl::Seconds(20));
+  ASSERT_TRUE(exit_code.ok()) << exit_code.status();
+  EXPECT_EQ(*exit_code, 0);
+  // After the server is gone, calls fail cleanly instead of hanging.
+  std::string response;
+  CallOptions options;
+  options.timeout = absl::Seconds(10);
+  absl::Status s = CallRaw(**channel, Id("/test.E2E/Echo"), "x", &response, options);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+}
+
+TEST(E2EChurn, ThousandsOfConnectsDoNotLeak) {
+  auto server = testing::SpawnServer(kServer, {"--max_per_client=8"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto& [process, port] = *server;
+  constexpr int kWarmup = 200;
+  constexpr int kTotal = 2000;
+  int64_t rss_after_warmup = 0;
+  int fds_after_warmup = 0;
+  for (int i = 0; i < kTotal; ++i) {
+    {
+      auto channel = Connect(port);
+      ASSERT_TRUE(channel.ok()) << "connect " << i << ": " << channel.status();
+      ASSERT_EQ(Echo(**channel, "x"), "x") << "connect " << i;
+    }
+    if (i + 1 == kWarmup) {
+      absl::SleepFor(absl::Milliseconds(100));  // let the server finish the last teardown
+      rss_after_warmup = process.RssKb();
+      fds_after_warmup = process.OpenFds();
+    }
+  }
+  // Every connection must be gone on the server side, its buffers back in the pool.
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  absl::StatusOr<control::StatsResponse> stats;
+  do {
+    stats = Stats(port);
+  } while ((!stats.ok() || stats->server().connections_active() != 0) && absl::Now() < deadline);
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(stats->server().connections_active(), 0u);
+  EXPECT_EQ(stats->server().queue_pairs_live(), 0u);
+  EXPECT_EQ(stats->server().connections_accepted(), static_cast<uint64_t>(kTotal));
+  EXPECT_EQ(stats->server().connections_closed(), static_cast<uint64_t>(kTotal));
+  EXPECT_EQ(stats->server().recv_buffers_free(), 0u) << "receive buffers not all re-posted";
+  const int64_t rss = process.RssKb();
+  const int fds = process.OpenFds();
+  EXPECT_LT(rss - rss_after_warmup, 16 * 1024) << "RSS grew from " << rss_after_warmup << " KiB";
+  EXPECT_LE(fds, fds_after_warmup + 4) << "descriptors leak";
+}
+
+}  // namespace
+}  // namespace swirl

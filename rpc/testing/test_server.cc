@@ -1,0 +1,108 @@
+// A server for rpc/e2e_test.cc, run as a separate process. Raw methods of service "test.E2E":
+//   Echo      returns the request
+//   Sleep     (blocking) sleeps the number of milliseconds in the request, stops early when the
+//             caller cancels, returns "done" or "cancelled"
+//   Cancelled returns how many Sleep calls saw a cancellation so far
+//   Fail      fails with the absl::StatusCode number in the request
+//   CallBack  (blocking) calls "test.Client/Ping" on the caller's side of the same connection
+//             and returns its answer (server-to-client calls)
+// Prints nothing; writes its port to --port_file. SIGTERM: graceful shutdown, exit 0.
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <fstream>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/numbers.h"
+#include "rpc/server.h"
+#include "rpc/service.h"
+#include "rpc/wire.h"
+
+ABSL_FLAG(std::string, port_file, "", "where to write the control-plane port");
+ABSL_FLAG(std::string, token, "e2e", "authentication token");
+ABSL_FLAG(int, max_per_client, 64, "connections per client address");
+ABSL_FLAG(int, shutdown_ms, 3000, "graceful shutdown deadline");
+
+namespace {
+
+std::atomic<bool> g_stop{false};
+std::atomic<int> g_cancelled{0};
+
+class E2E : public swirl::Service {
+ public:
+  E2E() : Service("test.E2E") {
+    AddRawMethod("Echo", [](swirl::ServerContext&, absl::string_view in,
+                            swirl::ResponseWriter& out) {
+      return out.Append(in) ? absl::OkStatus() : absl::ResourceExhaustedError("too big");
+    });
+    AddRawMethod(
+        "Sleep",
+        [](swirl::ServerContext& ctx, absl::string_view in, swirl::ResponseWriter& out) {
+          int ms = 0;
+          (void)absl::SimpleAtoi(in, &ms);
+          const absl::Time until = absl::Now() + absl::Milliseconds(ms);
+          while (absl::Now() < until) {
+            if (ctx.IsCancelled()) {
+              g_cancelled.fetch_add(1);
+              out.Append("cancelled");
+              return absl::OkStatus();
+            }
+            absl::SleepFor(absl::Milliseconds(1));
+          }
+          out.Append("done");
+          return absl::OkStatus();
+        },
+        swirl::MethodOptions{swirl::Execution::kThreadPool, false});
+    AddRawMethod("Cancelled", [](swirl::ServerContext&, absl::string_view,
+                                 swirl::ResponseWriter& out) {
+      out.Append(std::to_string(g_cancelled.load()));
+      return absl::OkStatus();
+    });
+    AddRawMethod("Fail", [](swirl::ServerContext&, absl::string_view in, swirl::ResponseWriter&) {
+      int code = 2;
+      (void)absl::SimpleAtoi(in, &code);
+      return absl::Status(static_cast<absl::StatusCode>(code), "failed as asked");
+    });
+    AddRawMethod(
+        "CallBack",
+        [](swirl::ServerContext& ctx, absl::string_view in, swirl::ResponseWriter& out) {
+          std::string answer;
+          absl::Status s = swirl::CallRaw(*ctx.caller(),
+                                          swirl::rpc_wire::MethodId("/test.Client/Ping"), in,
+                                          &answer, swirl::CallOptions{absl::Seconds(5)});
+          if (!s.ok()) return s;
+          out.Append(answer);
+          return absl::OkStatus();
+        },
+        swirl::MethodOptions{swirl::Execution::kThreadPool, false});
+  }
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  swirl::ServerOptions options;
+  options.address = "127.0.0.1:0";
+  options.auth_token = absl::GetFlag(FLAGS_token);
+  options.max_connections_per_client = absl::GetFlag(FLAGS_max_per_client);
+  options.keepalive = absl::Seconds(1);
+  E2E service;
+  swirl::Server server(options);
+  if (!server.RegisterService(&service).ok() || !server.Start().ok()) return 1;
+  {
+    const std::string path = absl::GetFlag(FLAGS_port_file);
+    std::ofstream(path + ".tmp") << server.port() << "\n";
+    std::rename((path + ".tmp").c_str(), path.c_str());
+  }
+  struct sigaction sa {};
+  sa.sa_handler = [](int) { g_stop.store(true); };
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+  while (!g_stop.load()) pause();
+  server.Shutdown(absl::Milliseconds(absl::GetFlag(FLAGS_shutdown_ms)));
+  return 0;
+}
