@@ -132,11 +132,15 @@ void TeardownLink(SoftQp* qp) {
   qp->linked = false;
   qp->req_rx = RingReader();
   qp->resp_rx = RingReader();
+  std::vector<PeerSegment> pending;
   {
     absl::MutexLock lock(&qp->incoming_mu);
-    for (PeerSegment& c : qp->incoming) c.Close(qp->hca);
-    qp->incoming.clear();
+    pending.swap(qp->incoming);
   }
+  for (PeerSegment& c : pending) c.Close(qp->hca);  // takes watch_mu: not under incoming_mu
+  // A later link starts with a clean slate.
+  qp->peer_gone.store(false, std::memory_order_release);
+  qp->link_event.store(false, std::memory_order_release);
   if (qp->own_base != nullptr) {
     {
       // The HCA thread reads our control block under hca->mu; unpublish it first.
@@ -559,6 +563,9 @@ bool ProgressLocked(SoftQp* qp) {
     if (qp->pending_nak.active) FlushPendingNak(qp);
     did |= ProcessResponses(qp);
     did |= ProcessRequests(qp);
+    // Completions first: a NAK just processed puts the QP in error with its own status, which
+    // must not be mistaken for the peer going silent below.
+    CompleteSq(qp);
     const uint64_t peer_state = qp->peer.control()->state.value.load(std::memory_order_acquire);
     const bool gone = qp->peer_gone.load(std::memory_order_acquire);
     if ((peer_state != wire::kLinkActive || gone) && qp->qstate != IBV_QPS_ERR) {

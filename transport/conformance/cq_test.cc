@@ -1,0 +1,153 @@
+// Completion queues: overflow is reported (IBV_EVENT_CQ_ERR and/or a failing ibv_poll_cq), and a
+// CQ armed with ibv_req_notify_cq wakes a thread blocked on its completion channel even though
+// nobody polls: the device makes the progress itself.
+
+#include <gtest/gtest.h>
+#include <infiniband/verbs.h>
+
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "transport/conformance/conformance.h"
+#include "transport/device.h"
+#include "transport/verbs/verbs.h"
+
+namespace swirl::conformance {
+namespace {
+
+using verbs::CompletionChannel;
+
+class CqTest : public DeviceTest {
+ protected:
+  // b_'s receive CQ reports to channel_; b_'s CQs are not progressed by this thread's waits.
+  void ConnectWithChannel() {
+    auto ctx = OpenDevice(device());
+    ASSERT_TRUE(ctx.ok()) << ctx.status().ToString();
+    auto pd = verbs::ProtectionDomain::Create(*ctx);
+    ASSERT_TRUE(pd.ok()) << pd.status().ToString();
+    auto channel = CompletionChannel::Create(*ctx);
+    ASSERT_TRUE(channel.ok()) << channel.status().ToString();
+    channel_ = *channel;
+    EndpointOptions b_options;
+    b_options.recv_channel = channel_;
+    auto b = Endpoint::Create(*pd, b_options);
+    ASSERT_TRUE(b.ok()) << b.status().ToString();
+    auto a = Endpoint::Create(device());
+    ASSERT_TRUE(a.ok()) << a.status().ToString();
+    a_ = std::move(*a);
+    b_ = std::move(*b);
+    SWIRL_ASSERT_OK(ConnectPair(*a_, *b_));
+    ASSERT_NO_FATAL_FAILURE(WarmUp(*a_, *b_));
+    Untrack(&b_->send_cq());
+    Untrack(&b_->recv_cq());
+  }
+
+  std::shared_ptr<CompletionChannel> channel_;
+};
+
+TEST_P(CqTest, OverflowIsReported) {
+  EndpointOptions a_options;
+  a_options.cq_entries = 4;
+  a_options.max_send_wr = 128;
+  ASSERT_NO_FATAL_FAILURE(Connect(a_options));
+  const int capacity = a_->send_cq().capacity();
+  const int count = capacity + 2;
+  ASSERT_GE(capacity, 4);
+  if (count > static_cast<int>(a_->qp().cap().max_send_wr)) {
+    GTEST_SKIP() << "CQ capacity " << capacity << " exceeds the send queue";
+  }
+  for (int i = 0; i < count; ++i) {
+    ASSERT_EQ(SendWr(i, IBV_WR_RDMA_WRITE)
+                  .Local(*a_, 64 * i, 64)
+                  .Remote(b_->addr(64 * i), b_->rkey())
+                  .Post(a_->ibqp()),
+              0)
+        << "WRITE " << i;
+  }
+  // Nobody takes completions off the small CQ; everything is progressed (poll_cq with 0
+  // entries) until the device reports the overflow.
+  bool cq_error_event = false;
+  std::vector<std::string> other_events;
+  const absl::Time deadline = absl::Now() + kTimeout;
+  while (!cq_error_event && absl::Now() < deadline) {
+    ProgressAll();
+    absl::StatusOr<ibv_event_type> event = a_->context().WaitAsyncEvent(absl::ZeroDuration());
+    if (!event.ok()) continue;
+    if (*event == IBV_EVENT_CQ_ERR) {
+      cq_error_event = true;
+    } else {
+      other_events.push_back(ibv_event_type_str(*event));
+    }
+  }
+  ibv_wc wc[1];
+  const int polled = ibv_poll_cq(a_->send_cq().get(), 1, wc);
+  std::printf("CQ overflow on %s: IBV_EVENT_CQ_ERR %s, ibv_poll_cq returned %d\n", device().c_str(),
+              cq_error_event ? "raised" : "not raised", polled);
+  EXPECT_TRUE(cq_error_event || polled < 0)
+      << "neither IBV_EVENT_CQ_ERR nor a failing ibv_poll_cq after " << count
+      << " completions into a CQ of " << capacity;
+  for (const std::string& event : other_events)
+    std::printf("  other async event: %s\n", event.c_str());
+}
+
+TEST_P(CqTest, CompletionChannelWakesAWaiterThatDoesNotPoll) {
+  ASSERT_NO_FATAL_FAILURE(ConnectWithChannel());
+  ASSERT_EQ(b_->PostRecv(0xb0, 0, 4096), 0);
+  SWIRL_ASSERT_OK(b_->recv_cq().RequestNotify());
+  absl::StatusOr<ibv_cq*> fired = absl::UnknownError("never waited");
+  std::thread waiter([&] { fired = channel_->WaitEvent(kTimeout); });
+
+  FillPattern(a_->data(), 128, 1);
+  ASSERT_EQ(SendWr(1, IBV_WR_SEND).Local(*a_, 0, 128).Post(a_->ibqp()), 0);
+  // a_'s SEND completes only once b_ has taken it, which nobody here makes happen.
+  ExpectWc(Poll(a_->send_cq()), {.wr_id = 1, .qp_num = a_->qpn(), .opcode = IBV_WC_SEND});
+  waiter.join();
+  ASSERT_TRUE(fired.ok()) << fired.status().ToString();
+  EXPECT_EQ(*fired, b_->recv_cq().get());
+
+  ExpectWc(Poll(b_->recv_cq()), {.wr_id = 0xb0,
+                                 .qp_num = b_->qpn(),
+                                 .opcode = IBV_WC_RECV,
+                                 .byte_len = 128,
+                                 .src_qp = a_->qpn()});
+  EXPECT_EQ(FindPatternMismatch(b_->data(), 128, 1), -1);
+}
+
+TEST_P(CqTest, SolicitedOnlyNotificationWaitsForASolicitedMessage) {
+  ASSERT_NO_FATAL_FAILURE(ConnectWithChannel());
+  ASSERT_EQ(b_->PostRecv(0xb0, 0, 4096), 0);
+  ASSERT_EQ(b_->PostRecv(0xb1, 4096, 4096), 0);
+  SWIRL_ASSERT_OK(b_->recv_cq().RequestNotify(/*solicited_only=*/true));
+
+  // An unsolicited SEND: delivered (a_'s completion proves it) but no event.
+  ASSERT_EQ(SendWr(1, IBV_WR_SEND).Local(*a_, 0, 16).Post(a_->ibqp()), 0);
+  ExpectWc(Poll(a_->send_cq()), {.wr_id = 1, .qp_num = a_->qpn(), .opcode = IBV_WC_SEND});
+  absl::StatusOr<ibv_cq*> early = channel_->WaitEvent(absl::Milliseconds(100));
+  EXPECT_EQ(early.status().code(), absl::StatusCode::kDeadlineExceeded)
+      << "an unsolicited message fired a solicited-only CQ";
+
+  // A solicited one fires it.
+  absl::StatusOr<ibv_cq*> fired = absl::UnknownError("never waited");
+  std::thread waiter([&] { fired = channel_->WaitEvent(kTimeout); });
+  ASSERT_EQ(SendWr(2, IBV_WR_SEND, IBV_SEND_SIGNALED | IBV_SEND_SOLICITED)
+                .Local(*a_, 0, 16)
+                .Post(a_->ibqp()),
+            0);
+  ExpectWc(Poll(a_->send_cq()), {.wr_id = 2, .qp_num = a_->qpn(), .opcode = IBV_WC_SEND});
+  waiter.join();
+  ASSERT_TRUE(fired.ok()) << fired.status().ToString();
+  EXPECT_EQ(*fired, b_->recv_cq().get());
+  std::vector<ibv_wc> recvs = PollN(b_->recv_cq(), 2);
+  ASSERT_EQ(recvs.size(), 2u);
+  EXPECT_EQ(recvs[0].wr_id, 0xb0u);
+  EXPECT_EQ(recvs[1].wr_id, 0xb1u);
+}
+
+SWIRL_INSTANTIATE_FOR_EVERY_DEVICE(CqTest);
+
+}  // namespace
+}  // namespace swirl::conformance

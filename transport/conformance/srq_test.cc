@@ -1,0 +1,108 @@
+// A shared receive queue: several QPs take their receives from one SRQ, and every message lands
+// whole in one of its buffers, reported with the right QP and source QP.
+
+#include <gtest/gtest.h>
+#include <infiniband/verbs.h>
+
+#include <map>
+#include <memory>
+#include <set>
+#include <vector>
+
+#include "transport/conformance/conformance.h"
+#include "transport/device.h"
+#include "transport/verbs/verbs.h"
+
+namespace swirl::conformance {
+namespace {
+
+constexpr int kQps = 3;
+constexpr int kMessagesPerQp = 4;
+constexpr uint32_t kSlot = 4096;
+
+class SrqTest : public DeviceTest {};
+
+TEST_P(SrqTest, SeveralQpsShareOneSrq) {
+  auto ctx = OpenDevice(device());
+  ASSERT_TRUE(ctx.ok()) << ctx.status().ToString();
+  auto pd = verbs::ProtectionDomain::Create(*ctx);
+  ASSERT_TRUE(pd.ok()) << pd.status().ToString();
+  auto srq = verbs::SharedReceiveQueue::Create(*pd, 64, 1);
+  ASSERT_TRUE(srq.ok()) << srq.status().ToString();
+  auto recv_cq = verbs::CompletionQueue::Create(*ctx, 256);
+  ASSERT_TRUE(recv_cq.ok()) << recv_cq.status().ToString();
+
+  EndpointOptions shared;
+  shared.srq = *srq;
+  shared.recv_cq = *recv_cq;
+  std::vector<std::unique_ptr<Endpoint>> senders, receivers;
+  for (int i = 0; i < kQps; ++i) {
+    auto receiver = Endpoint::Create(*pd, shared);
+    ASSERT_TRUE(receiver.ok()) << receiver.status().ToString();
+    auto sender = Endpoint::Create(device());
+    ASSERT_TRUE(sender.ok()) << sender.status().ToString();
+    SWIRL_ASSERT_OK(ConnectPair(**sender, **receiver));
+    senders.push_back(std::move(*sender));
+    receivers.push_back(std::move(*receiver));
+  }
+  Track(*recv_cq);
+
+  // The SRQ's buffers all live in the first receiver's region (same PD as the SRQ).
+  Endpoint& pool = *receivers[0];
+  const int total = kQps * kMessagesPerQp;
+  for (int slot = 0; slot < total + 2; ++slot) {
+    ibv_sge sge{pool.addr(slot * kSlot), kSlot, pool.lkey()};
+    ibv_recv_wr wr{};
+    wr.wr_id = 0x5000 + slot;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    ibv_recv_wr* bad = nullptr;
+    ASSERT_EQ(ibv_post_srq_recv((*srq)->get(), &wr, &bad), 0) << slot;
+  }
+
+  // Message m from sender i: 100 + 10 * i + m bytes of pattern 16 * i + m.
+  for (int m = 0; m < kMessagesPerQp; ++m) {
+    for (int i = 0; i < kQps; ++i) {
+      Endpoint& sender = *senders[i];
+      const uint32_t length = 100 + 10 * i + m;
+      FillPattern(sender.data(m * kSlot), length, 16 * i + m);
+      ASSERT_EQ(SendWr(m, IBV_WR_SEND).Local(sender, m * kSlot, length).Post(sender.ibqp()), 0);
+    }
+  }
+
+  std::map<uint32_t, int> index_of_qpn;
+  for (int i = 0; i < kQps; ++i) index_of_qpn[receivers[i]->qpn()] = i;
+  std::set<uint64_t> slots_used;
+  std::vector<int> next_message(kQps, 0);
+  for (const ibv_wc& wc : PollN(**recv_cq, total)) {
+    SCOPED_TRACE(Describe(wc));
+    ASSERT_EQ(wc.status, IBV_WC_SUCCESS);
+    EXPECT_EQ(wc.opcode, IBV_WC_RECV);
+    ASSERT_EQ(index_of_qpn.count(wc.qp_num), 1u) << "qp_num is none of the receiving QPs";
+    const int i = index_of_qpn[wc.qp_num];
+    EXPECT_EQ(wc.src_qp, senders[i]->qpn());
+    // Each QP's messages arrive in order.
+    const int m = next_message[i]++;
+    EXPECT_EQ(wc.byte_len, 100u + 10 * i + m);
+    ASSERT_GE(wc.wr_id, 0x5000u);
+    const uint64_t slot = wc.wr_id - 0x5000;
+    ASSERT_LT(slot, static_cast<uint64_t>(total + 2));
+    EXPECT_TRUE(slots_used.insert(slot).second) << "receive " << slot << " completed twice";
+    EXPECT_EQ(FindPatternMismatch(pool.data(slot * kSlot), wc.byte_len, 16 * i + m), -1);
+  }
+  for (int i = 0; i < kQps; ++i) {
+    std::vector<ibv_wc> sends = PollN(senders[i]->send_cq(), kMessagesPerQp);
+    ASSERT_EQ(sends.size(), static_cast<size_t>(kMessagesPerQp));
+    for (int m = 0; m < kMessagesPerQp; ++m) {
+      ExpectWc(
+          sends[m],
+          {.wr_id = static_cast<uint64_t>(m), .qp_num = senders[i]->qpn(), .opcode = IBV_WC_SEND});
+    }
+  }
+  EXPECT_TRUE(Observe(**recv_cq, absl::Milliseconds(10)).empty()) << "extra receives";
+}
+
+SWIRL_INSTANTIATE_FOR_EVERY_DEVICE(SrqTest);
+
+}  // namespace
+}  // namespace swirl::conformance
