@@ -24,6 +24,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "base/notifier.h"
+#include "rpc/bulk.h"
 
 namespace google::protobuf {
 class MessageLite;
@@ -41,6 +42,12 @@ struct CallOptions {
   // is earlier). The server is told, best effort, that the caller gave up.
   absl::Duration timeout = absl::InfiniteDuration();
   absl::Time deadline = absl::InfiniteFuture();
+
+  // Zero-copy bulk (docs/BULK.md). `request_bulk`: data sent by RDMA alongside the request
+  // (from Channel::AllocateBulk; must outlive the call). `response_bulk`: where the response's
+  // bulk data lands (capacity must suffice); if unset, the call allocates one (response_bulk()).
+  const BulkBuffer* request_bulk = nullptr;
+  BulkBuffer* response_bulk = nullptr;
 
   absl::Time EffectiveDeadline() const;
 };
@@ -76,7 +83,13 @@ class ClientCall {
   void SetResponse(google::protobuf::MessageLite* response) { response_ = response; }
   void SetResponseBytes(std::string* bytes) { response_bytes_ = bytes; }
   void SetOneWay(bool one_way) { one_way_ = one_way; }
-  void SetOptions(const CallOptions& options) { deadline_ = options.EffectiveDeadline(); }
+  void SetOptions(const CallOptions& options) {
+    deadline_ = options.EffectiveDeadline();
+    request_bulk_ = options.request_bulk;
+    response_bulk_ = options.response_bulk;
+  }
+  // The response's bulk data when CallOptions::response_bulk was not given (else empty).
+  BulkBuffer& response_bulk() { return owned_response_bulk_; }
   // Runs on completion (on the worker thread). Optional.
   void SetCallback(absl::AnyInvocable<void(absl::Status)> callback) {
     callback_ = std::move(callback);
@@ -104,7 +117,13 @@ class ClientCall {
   std::atomic<bool> cancel_requested_{false};
   absl::Status status_;
   Notifier notifier_;
+  const BulkBuffer* request_bulk_ = nullptr;
+  BulkBuffer* response_bulk_ = nullptr;
+  BulkBuffer owned_response_bulk_;
   // Worker bookkeeping.
+  BulkBuffer scratch_;             // a large request serialized into registered memory
+  int32_t request_window_ = -1;    // mirror mode: the window exposing the request
+  int32_t reply_window_ = -1;      // mirror mode: the window exposing the response buffer
   internal::Worker* worker_ = nullptr;
   internal::Connection* connection_ = nullptr;
   uint64_t connection_id_ = 0;

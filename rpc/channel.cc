@@ -72,6 +72,8 @@ absl::StatusOr<std::shared_ptr<ClientRuntime>> NewRuntime(const ChannelOptions& 
   wo.credits = options.credits;
   wo.buffer_size = options.buffer_size;
   wo.keepalive = options.keepalive;
+  wo.bulk_pool_bytes = options.bulk_pool_bytes;
+  wo.window_lease = options.window_lease;
   auto worker = Worker::Create(runtime->context, runtime->pd, runtime->caps, wo, nullptr);
   if (!worker.ok()) return worker.status();
   runtime->worker = std::move(*worker);
@@ -85,7 +87,7 @@ absl::StatusOr<std::shared_ptr<ClientRuntime>> GetRuntime(const ChannelOptions& 
   if (!shared) return NewRuntime(options, false);
   static auto* runtimes = new std::map<std::string, std::weak_ptr<ClientRuntime>>();
   const std::string key = absl::StrCat(options.device, "/", options.credits, "/",
-                                       options.buffer_size);
+                                       options.buffer_size, "/", options.bulk_pool_bytes);
   {
     absl::MutexLock lock(&g_mu);
     if (auto existing = (*runtimes)[key].lock()) return existing;
@@ -159,6 +161,13 @@ class Channel::Impl {
     local.buffer_size = options.buffer_size;
     local.max_inline = std::min<uint32_t>(runtime->caps.max_inline_data, 1024);
     local.require_remote_invalidation = options.require_remote_invalidation;
+    local.bulk_mode = options.bulk_mode == BulkMode::kMirror ? control::BULK_MIRROR
+                      : options.bulk_mode == BulkMode::kUnsafeStaticRkeyBenchmarkOnly
+                          ? control::BULK_UNSAFE_STATIC_RKEY_BENCHMARK_ONLY
+                          : control::BULK_SERVER_EXPOSES;
+    local.max_bulk_size = runtime->worker->bulk_pool() == nullptr
+                              ? 0
+                              : runtime->worker->bulk_pool()->max_allocation();
 
     verbs::ConnectOptions co;
     const uint64_t local_id = absl::Uniform<uint64_t>(absl::BitGen());
@@ -196,8 +205,9 @@ class Channel::Impl {
     (*c)->Configure(negotiated, /*is_server=*/false, address, options.client_name);
     connection = *c;
     worker->Activate(connection);
-    SWIRL_LOG(INFO, "connected to %s as connection %u: invalidation %s", address, connection_id,
-              control::InvalidationMode_Name(negotiated.invalidation()));
+    SWIRL_LOG(INFO, "connected to %s as connection %u: invalidation %s, bulk %s", address,
+              connection_id, control::InvalidationMode_Name(negotiated.invalidation()),
+              control::BulkMode_Name(negotiated.bulk_mode()));
     return absl::OkStatus();
   }
 
@@ -272,5 +282,33 @@ absl::StatusOr<control::StatsResponse> Channel::ServerStats() {
 }
 
 void Channel::Close() { impl_->Close(); }
+
+absl::StatusOr<BulkBuffer> Channel::AllocateBulk(size_t size) {
+  if (impl_->runtime == nullptr || impl_->runtime->worker->bulk_pool() == nullptr) {
+    return absl::FailedPreconditionError("this channel has no bulk pool");
+  }
+  return impl_->runtime->worker->bulk_pool()->Allocate(size);
+}
+
+control::ConnectionStats Channel::LocalStats() const {
+  control::ConnectionStats out;
+  out.set_connection_id(impl_->connection_id);
+  *out.mutable_negotiated() = impl_->negotiated;
+  if (impl_->connection == nullptr) return out;
+  internal::ConnectionCounters& k = impl_->connection->counters();
+  out.set_requests_sent(k.requests_sent.load());
+  out.set_responses_received(k.responses_received.load());
+  out.set_requests_received(k.requests_received.load());
+  out.set_responses_sent(k.responses_sent.load());
+  out.set_bytes_sent(k.bytes_sent.load());
+  out.set_bytes_received(k.bytes_received.load());
+  out.set_protocol_errors(k.protocol_errors.load());
+  out.set_windows_granted(k.windows_granted.load());
+  out.set_windows_remote_invalidated(k.windows_remote_invalidated.load());
+  out.set_windows_locally_invalidated(k.windows_locally_invalidated.load());
+  out.set_windows_lease_expired(k.windows_lease_expired.load());
+  out.set_invalidation_violations(k.invalidation_violations.load());
+  return out;
+}
 
 }  // namespace swirl

@@ -26,6 +26,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "proto/control.pb.h"
+#include "rpc/bulk.h"
 #include "rpc/call.h"
 #include "rpc/service.h"
 
@@ -52,11 +53,12 @@ struct ChannelOptions {
   // Services this side offers to the server (server-to-client calls). Must outlive the channel.
   std::vector<Service*> services;
 
-  // Bulk transfers (docs/BULK.md).
-  uint32_t bulk_pool_bytes = 64 << 20;
+  // Bulk transfers (docs/BULK.md). 0 bytes: no bulk pool (large payloads then fail).
+  size_t bulk_pool_bytes = 64 << 20;
+  BulkMode bulk_mode = BulkMode::kServerExposes;
+  // Refuse to connect unless remote invalidation works end to end (no local fallback).
   bool require_remote_invalidation = false;
-  bool mirror_bulk = false;  // client exposes windows; the server's reply is the SEND_WITH_INV
-  absl::Duration window_lease = absl::Seconds(5);
+  absl::Duration window_lease = absl::Seconds(5);  // mirror mode: our windows' lease
 };
 
 class Channel : public CallTarget {
@@ -75,6 +77,11 @@ class Channel : public CallTarget {
 
   // The server's view, through the control plane.
   absl::StatusOr<control::StatsResponse> ServerStats();
+  // This side's view of the connection (counters, bulk window accounting).
+  control::ConnectionStats LocalStats() const;
+
+  // Registered memory for zero-copy bulk payloads on this channel.
+  absl::StatusOr<BulkBuffer> AllocateBulk(size_t size);
 
   // Disconnects now (also done by the destructor). Pending calls fail with UNAVAILABLE.
   void Close();

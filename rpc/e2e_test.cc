@@ -120,8 +120,13 @@ TEST_F(E2ETest, ErrorsCarryCodeAndMessage) {
   EXPECT_EQ(s.message(), "failed as asked");
   s = CallRaw(**channel, Id("/test.E2E/NoSuchMethod"), "", &response, {});
   EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
-  // Too large for one message: refused locally with a clear status, connection unharmed.
-  std::string huge((*channel)->negotiated().max_message_size() + 1, 'x');
+  // Larger than one message: it travels as bulk data, both ways.
+  std::string large(3 * (*channel)->negotiated().max_message_size() + 17, 'L');
+  s = CallRaw(**channel, Id("/test.E2E/Echo"), large, &response, {});
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(response, large);
+  // Larger than the negotiated bulk maximum: refused locally, connection unharmed.
+  std::string huge((*channel)->negotiated().max_bulk_size() + 1, 'x');
   s = CallRaw(**channel, Id("/test.E2E/Echo"), huge, &response, {});
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
   EXPECT_EQ(Echo(**channel, "still fine"), "still fine");

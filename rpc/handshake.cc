@@ -21,6 +21,9 @@ control::Capabilities DescribeLocal(const verbs::Capabilities& caps, const Local
   out.set_eager_threshold(config.eager_threshold);
   out.set_window_credits(config.window_credits);
   out.set_require_remote_invalidation(config.require_remote_invalidation);
+  out.set_bulk_mode(config.bulk_mode);
+  out.set_max_bulk_size(config.max_bulk_size);
+  out.set_allow_unsafe_static_rkey(config.allow_unsafe_static_rkey);
   return out;
 }
 
@@ -91,6 +94,17 @@ absl::StatusOr<control::Negotiated> Negotiate(const control::ConnectRequest& req
   if (!mode.ok()) return mode.status();
   n.set_invalidation(*mode == verbs::InvalidationMode::kRemote ? control::INVALIDATION_REMOTE
                                                                : control::INVALIDATION_LOCAL);
+  if (!control::BulkMode_IsValid(client.bulk_mode())) {
+    return absl::InvalidArgumentError("unknown bulk mode");
+  }
+  if (client.bulk_mode() == control::BULK_UNSAFE_STATIC_RKEY_BENCHMARK_ONLY &&
+      !server.allow_unsafe_static_rkey) {
+    return absl::FailedPreconditionError(
+        "the unsafe static-rkey bulk mode is for benchmarks; this server does not allow it");
+  }
+  n.set_bulk_mode(client.bulk_mode());
+  n.set_max_bulk_size(std::min<uint64_t>(server.max_bulk_size, client.max_bulk_size()));
+  if (n.eager_threshold() > n.max_message_size()) n.set_eager_threshold(n.max_message_size());
   return n;
 }
 
@@ -120,6 +134,13 @@ absl::Status CheckNegotiated(const control::Negotiated& n, const LocalConfig& cl
   if (n.invalidation() != control::INVALIDATION_REMOTE &&
       n.invalidation() != control::INVALIDATION_LOCAL) {
     return absl::InvalidArgumentError("server chose no invalidation mode");
+  }
+  if (n.bulk_mode() != client.bulk_mode) {
+    return absl::InvalidArgumentError("server changed the bulk mode we asked for");
+  }
+  if (n.max_bulk_size() > client.max_bulk_size || n.eager_threshold() > n.max_message_size() ||
+      n.window_credits() > kMaxCredits) {
+    return absl::InvalidArgumentError("server's bulk parameters are out of range");
   }
   return absl::OkStatus();
 }

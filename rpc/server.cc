@@ -87,6 +87,9 @@ class Server::Impl final : public control::Control::Service {
       wo.credits = options_.credits;
       wo.buffer_size = options_.buffer_size;
       wo.keepalive = options_.keepalive;
+      wo.bulk_pool_bytes = options_.bulk_pool_bytes;
+      wo.unsafe_static_rkey = options_.allow_unsafe_static_rkey_for_benchmarks;
+      wo.window_lease = options_.window_lease;
       wo.on_closed = [this](uint64_t id) { OnClosed(id); };
       auto worker = internal::Worker::Create(context_, pd_, caps_, wo, pool_.get());
       if (!worker.ok()) return worker.status();
@@ -273,6 +276,17 @@ class Server::Impl final : public control::Control::Service {
       s->set_recv_buffers_free(s->recv_buffers_free() + ws.recv_buffers_total -
                                ws.recv_buffers_posted);
       s->set_recv_buffers_total(s->recv_buffers_total() + ws.recv_buffers_total);
+      internal::ConnectionCounters& t = w->totals();
+      s->set_windows_remote_invalidated(s->windows_remote_invalidated() +
+                                        t.windows_remote_invalidated.load());
+      s->set_windows_locally_invalidated(s->windows_locally_invalidated() +
+                                         t.windows_locally_invalidated.load());
+      s->set_windows_lease_expired(s->windows_lease_expired() + t.windows_lease_expired.load());
+      s->set_invalidation_violations(s->invalidation_violations() +
+                                     t.invalidation_violations.load());
+      if (w->bulk_pool() != nullptr) {
+        s->set_windows_outstanding(s->windows_outstanding() + w->bulk_pool()->bytes_in_use());
+      }
       for (auto& c : w->Connections()) {
         if (c->state() != internal::Connection::State::kNew) ++live;
         if (only != 0 && c->id() != only) continue;
@@ -289,6 +303,11 @@ class Server::Impl final : public control::Control::Service {
         cs->set_bytes_received(k.bytes_received.load());
         cs->set_bytes_sent(k.bytes_sent.load());
         cs->set_protocol_errors(k.protocol_errors.load());
+        cs->set_windows_granted(k.windows_granted.load());
+        cs->set_windows_remote_invalidated(k.windows_remote_invalidated.load());
+        cs->set_windows_locally_invalidated(k.windows_locally_invalidated.load());
+        cs->set_windows_lease_expired(k.windows_lease_expired.load());
+        cs->set_invalidation_violations(k.invalidation_violations.load());
         cs->set_state(StateName(c->state()));
       }
     }
@@ -319,6 +338,9 @@ class Server::Impl final : public control::Control::Service {
     local.window_credits = options_.window_credits;
     local.require_remote_invalidation = options_.require_remote_invalidation;
     local.allow_local_fallback = options_.allow_local_invalidation_fallback;
+    local.max_bulk_size =
+        options_.bulk_pool_bytes == 0 ? 0 : std::min(options_.max_bulk_size, options_.bulk_pool_bytes);
+    local.allow_unsafe_static_rkey = options_.allow_unsafe_static_rkey_for_benchmarks;
     return local;
   }
 

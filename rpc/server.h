@@ -56,13 +56,19 @@ struct ServerOptions {
   uint32_t buffer_size = 4096 + 32;           // per message, header included
   absl::Duration keepalive = absl::Seconds(5);
 
-  // Bulk transfers (docs/BULK.md).
+  // Bulk transfers (docs/BULK.md). Payloads above eager_threshold move by RDMA through a
+  // memory window made for that one request.
   uint32_t eager_threshold = 2048;
-  uint32_t window_credits = 16;
-  uint32_t bulk_pool_bytes = 64 << 20;
+  uint32_t window_credits = 8;           // upload windows granted ahead of need, per connection
+  size_t bulk_pool_bytes = 128 << 20;    // per worker; 0: no bulk
+  size_t max_bulk_size = 16 << 20;       // per transfer
+  // Refuse clients whose device cannot do remote invalidation (no local fallback).
   bool require_remote_invalidation = false;
   bool allow_local_invalidation_fallback = true;
+  // A window not acknowledged within its lease is revoked by the server itself.
   absl::Duration window_lease = absl::Seconds(5);
+  // Allow BulkMode::kUnsafeStaticRkeyBenchmarkOnly (one long-lived rkey for the whole pool).
+  bool allow_unsafe_static_rkey_for_benchmarks = false;
 };
 
 class Server {

@@ -21,6 +21,8 @@
 #include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "absl/status/statusor.h"
+#include "rpc/bulk.h"
 #include "rpc/call.h"
 
 namespace google::protobuf {
@@ -53,13 +55,24 @@ class ServerContext {
   // Calls fail with UNAVAILABLE once the connection is gone.
   std::shared_ptr<CallTarget> caller() const;
 
+  // Bulk data that came with the request (already in registered memory, its window already
+  // revoked), or nullptr. Valid during the handler; a handler may move it out.
+  BulkBuffer* request_bulk() { return request_bulk_.data() ? &request_bulk_ : nullptr; }
+  // Registered memory for bulk data to send with the response (zero copy: fill it directly).
+  // It goes out if the handler returns OK. At most one per call.
+  absl::StatusOr<BulkBuffer*> AllocateResponseBulk(size_t size);
+
   // Internal.
   ServerContext(internal::Connection* connection, const std::atomic<bool>* cancelled)
       : connection_(connection), cancelled_(cancelled) {}
+  BulkBuffer& mutable_request_bulk() { return request_bulk_; }
+  BulkBuffer& mutable_response_bulk() { return response_bulk_; }
 
  private:
   internal::Connection* connection_;
   const std::atomic<bool>* cancelled_;
+  BulkBuffer request_bulk_;
+  BulkBuffer response_bulk_;
 };
 
 // Where a handler writes its response bytes: straight into the message that will be sent.

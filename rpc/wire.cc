@@ -47,6 +47,27 @@ absl::Status ValidateHeader(const MessageHeader& h, size_t received_bytes, const
       h.payload_len != 0) {
     return absl::InvalidArgumentError("control message with a payload");
   }
+  if (h.flags != 0 && h.type != kRequest && h.type != kResponse) {
+    return absl::InvalidArgumentError("bulk flags on a message that carries no data");
+  }
+  if ((h.flags & kFlagReplyChunk) && h.type != kRequest) {
+    return absl::InvalidArgumentError("a reply chunk on a non-request");
+  }
+  const size_t descriptors =
+      ((h.flags & kFlagBulk) ? 1 : 0) + ((h.flags & kFlagReplyChunk) ? 1 : 0);
+  if (h.payload_len < descriptors * sizeof(BulkDescriptor)) {
+    return absl::DataLossError("bulk descriptors cut short");
+  }
+  if ((h.aux & ~kAuxBulkIsMessage) != 0 && h.type != kWindowGrant) {
+    return absl::InvalidArgumentError("unknown aux bits");
+  }
+  if ((h.aux & kAuxBulkIsMessage) && !(h.flags & kFlagBulk) && h.type != kWindowGrant) {
+    return absl::InvalidArgumentError("bulk message flag without bulk data");
+  }
+  if ((h.aux & kAuxBulkIsMessage) && (h.flags & kFlagBulk) &&
+      h.payload_len != descriptors * sizeof(BulkDescriptor)) {
+    return absl::InvalidArgumentError("a message carried in bulk has no eager part");
+  }
   return absl::OkStatus();
 }
 

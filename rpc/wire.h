@@ -30,9 +30,24 @@ enum MessageType : uint8_t {
 };
 
 enum MessageFlags : uint16_t {
-  kFlagBulk = 1 << 0,  // the payload is a bulk descriptor, not the data (docs/BULK.md)
-  kAllFlags = kFlagBulk,
+  kFlagBulk = 1 << 0,        // the payload starts with a BulkDescriptor of the data (docs/BULK.md)
+  kFlagReplyChunk = 1 << 1,  // mirror mode: then a BulkDescriptor of the caller's reply window
+  kAllFlags = kFlagBulk | kFlagReplyChunk,
 };
+
+// aux bits of a request or response with kFlagBulk.
+enum BulkAux : uint32_t {
+  kAuxBulkIsMessage = 1 << 0,  // the bulk data is the serialized message (no eager part)
+};
+
+// Where bulk data is, as the exposing side grants it: exactly one window (or, in the unsafe
+// benchmark mode, one range of the static pool).
+struct BulkDescriptor {
+  uint64_t addr;
+  uint32_t length;
+  uint32_t rkey;
+};
+static_assert(sizeof(BulkDescriptor) == 16);
 
 // Little-endian on the wire (swirl runs on little-endian hosts; a big-endian port byte-swaps).
 struct MessageHeader {

@@ -1,5 +1,7 @@
 #include "rpc/worker.h"
 
+#include "rpc/writer.h"
+
 #include <poll.h>
 #include <sched.h>
 #include <sys/eventfd.h>
@@ -75,59 +77,6 @@ class StringWriter final : public ResponseWriter {
 
 }  // namespace
 
-// ResponseWriter straight into the outgoing message: the inline arena while it fits, else a
-// send-pool buffer. Nothing is copied twice for small responses.
-class Worker::Writer final : public ResponseWriter {
- public:
-  Writer(Worker* worker, Connection* c) : worker_(worker), c_(c) {}
-  ~Writer() override { Abandon(); }
-
-  char* Reserve(size_t size) override {
-    if (length_ + size > c_->max_payload_) return nullptr;
-    const uint32_t needed = static_cast<uint32_t>(kHeader + length_ + size);
-    if (data_ == nullptr) {
-      data_ = worker_->AllocMessage(c_, needed, &buffer_);
-      if (data_ == nullptr) return nullptr;
-      capacity_ = buffer_ < 0 ? worker_->max_inline_ : worker_->send_pool_->size();
-    } else if (needed > capacity_) {
-      if (buffer_ >= 0 || worker_->send_pool_->empty()) return nullptr;
-      // Outgrew the inline slot: move to a send buffer.
-      uint32_t index = worker_->send_pool_->Take();
-      char* bigger = worker_->send_pool_->at(index);
-      std::memcpy(bigger, data_, kHeader + length_);
-      data_ = bigger;
-      buffer_ = static_cast<int32_t>(index);
-      capacity_ = worker_->send_pool_->size();
-      if (needed > capacity_) return nullptr;
-    }
-    return data_ + kHeader + length_;
-  }
-  void Commit(size_t size) override { length_ += static_cast<uint32_t>(size); }
-
-  // Releases the space without sending (one-way methods, failures).
-  void Abandon() {
-    if (buffer_ >= 0) worker_->send_pool_->Give(static_cast<uint32_t>(buffer_));
-    buffer_ = -1;
-    data_ = nullptr;
-  }
-  // Hands the message over to the send path.
-  void Release() {
-    data_ = nullptr;
-    buffer_ = -1;
-  }
-  char* data() const { return data_; }
-  int32_t buffer() const { return buffer_; }
-  uint32_t length() const { return length_; }
-
- private:
-  Worker* worker_;
-  Connection* c_;
-  char* data_ = nullptr;
-  int32_t buffer_ = -1;
-  uint32_t capacity_ = 0;
-  uint32_t length_ = 0;
-};
-
 // ---- MethodTable -------------------------------------------------------------------------------
 
 absl::Status MethodTable::Add(const Service& service) {
@@ -161,6 +110,7 @@ void Connection::Configure(const control::Negotiated& negotiated, bool is_server
   peer_available_ = local_credits_;
   max_payload_ = negotiated.max_message_size();
   max_inline_ = is_server ? negotiated.server_max_inline() : negotiated.client_max_inline();
+  max_windows_ = 2 * std::max(peer_credits_, local_credits_) + negotiated.window_credits() + 4;
   const uint32_t slots = RoundUpPow2(std::max<uint32_t>(peer_credits_, 1));
   pending_.assign(slots, nullptr);
   generation_.assign(slots, 0);
@@ -226,6 +176,11 @@ absl::Status Worker::Init() {
   inline_arena_.resize(static_cast<size_t>(kArenaSlots) * std::max<uint32_t>(max_inline_, 64));
   wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (wake_fd_ < 0) return absl::ResourceExhaustedError("eventfd failed");
+  if (options_.bulk_pool_bytes > 0) {
+    auto bulk = BulkPool::Create(pd_, options_.bulk_pool_bytes, options_.unsafe_static_rkey);
+    if (!bulk.ok()) return bulk.status();
+    bulk_pool_ = std::move(*bulk);
+  }
   for (uint32_t i = 0; i < recv_total; ++i) repost_.push_back(recv_pool_->Take());
   RepostRecvs();
   return absl::OkStatus();
@@ -298,6 +253,7 @@ absl::StatusOr<std::shared_ptr<Connection>> Worker::CreateConnection(
   auto c = std::make_shared<Connection>(this, id, std::move(*qp), methods);
   c->sq_depth_ = config.max_send_wr;
   c->sent_buffer_.assign(RoundUpPow2(config.max_send_wr), -1);
+  c->op_at_seq_.assign(c->sent_buffer_.size(), -1);
   {
     absl::MutexLock lock(&mu_);
     registry_[id] = c;
@@ -340,6 +296,9 @@ void Worker::RunInLoop(absl::AnyInvocable<void()> fn) {
 void Worker::StartCall(uint64_t connection_id, ClientCall* call) {
   call->worker_ = this;
   call->connection_id_ = connection_id;
+  call->scratch_.Release();
+  call->request_window_ = -1;
+  call->reply_window_ = -1;
   call->status_ = absl::OkStatus();
   call->cancel_requested_.store(false, std::memory_order_relaxed);
   call->notifier_.Reset();
@@ -502,7 +461,7 @@ void Worker::HandleItem(WorkItem& item) {
         const uint64_t request_id = (uint64_t{c->generation_[slot]} << 32) | slot;
         ReleaseSlot(c, request_id);
         SendControl(c, rpc_wire::kCancel, request_id);
-        CompleteLocally(item.call, absl::CancelledError("cancelled by the caller"));
+        FinishCall(c, item.call, absl::CancelledError("cancelled by the caller"));
         return;
       }
       for (ClientCall** p = &c->backlog_head_; *p != nullptr; p = &(*p)->next_) {
@@ -513,7 +472,7 @@ void Worker::HandleItem(WorkItem& item) {
           c->backlog_tail_ = nullptr;
           for (ClientCall* q = c->backlog_head_; q != nullptr; q = q->next_) c->backlog_tail_ = q;
         }
-        CompleteLocally(call, absl::CancelledError("cancelled by the caller"));
+        FinishCall(c, call, absl::CancelledError("cancelled by the caller"));
         return;
       }
       break;
@@ -627,14 +586,36 @@ void Worker::HandleRecv(const ibv_wc& wc) {
   ++c->credits_to_return_;
   c->received_ = true;
   Bump(c->counters_.bytes_received, wc.byte_len);
-  Dispatch(c, h, buffer + kHeader);
+  const bool bulk = (h.flags & (rpc_wire::kFlagBulk | rpc_wire::kFlagReplyChunk)) != 0;
+  if (bulk || h.type == rpc_wire::kBulkAck || h.type == rpc_wire::kWindowGrant) {
+    if (bulk && bulk_pool_ == nullptr) {
+      ProtocolError(c, absl::FailedPreconditionError("bulk data but no bulk pool here"));
+    } else if (h.type == rpc_wire::kBulkAck) {
+      HandleBulkAck(c, h, wc);
+    } else if (h.type == rpc_wire::kWindowGrant) {
+      HandleWindowGrant(c, h, buffer + kHeader);
+    } else if (h.type == rpc_wire::kRequest) {
+      HandleBulkRequest(c, h, buffer + kHeader, wc);
+    } else {
+      HandleBulkResponse(c, h, buffer + kHeader, wc);
+    }
+  } else if (wc.wc_flags & IBV_WC_WITH_INV) {
+    // Only bulk messages may revoke a window; anything else that does is a violation.
+    Bump(c->counters_.invalidation_violations);
+    Bump(totals_.invalidation_violations);
+    ProtocolError(c, absl::PermissionDeniedError(absl::StrFormat(
+                         "message type %u invalidated rkey 0x%x", h.type, wc.invalidated_rkey)));
+  } else {
+    Dispatch(c, h, buffer + kHeader);
+  }
   if (c->state_.load(std::memory_order_relaxed) >= Connection::State::kClosing) return;
   // Return credits when there is nothing to piggyback them on.
   if (c->credits_to_return_ >= std::max<uint32_t>(1, c->local_credits_ / 2) &&
       c->batch_size_ == 0) {
     SendControl(c, rpc_wire::kCredit, 0);
   }
-  if (c->send_credits_ > 1 && (c->backlog_head_ != nullptr || !c->response_backlog_.empty())) {
+  if (c->send_credits_ > 0 && (c->backlog_head_ != nullptr || !c->response_backlog_.empty() ||
+                                !c->pending_acks_.empty())) {
     PumpBacklog(c);
   }
 }
@@ -643,40 +624,10 @@ void Worker::Dispatch(Connection* c, const MessageHeader& h, const char* payload
   switch (h.type) {
     case rpc_wire::kRequest:
     case rpc_wire::kOneWay: {
-      Bump(c->counters_.requests_received);
-      Bump(requests_);
-      const bool one_way = h.type == rpc_wire::kOneWay;
-      if (draining_ || c->state_.load(std::memory_order_relaxed) != Connection::State::kActive) {
-        if (!one_way) {
-          SendResponseBytes(c, h.request_id, absl::UnavailableError("server is shutting down"),
-                            {});
-        }
-        return;
-      }
-      const Service::Method* method = c->methods_ ? c->methods_->Find(h.method_id) : nullptr;
-      if (method == nullptr) {
-        if (!one_way) {
-          SendResponseBytes(
-              c, h.request_id,
-              absl::UnimplementedError(absl::StrFormat("no method with id 0x%08x", h.method_id)),
-              {});
-        }
-        return;
-      }
-      if (method->options.execution == Execution::kThreadPool && pool_ != nullptr) {
-        RunOnPool(c, h, payload, method);
-        return;
-      }
-      std::unique_ptr<Service::Invoker>& invoker = invokers_[method];
-      if (invoker == nullptr) invoker = const_cast<Service::Method*>(method)->new_invoker();
-      ServerContext ctx(c, nullptr);
-      Writer writer(this, c);
-      absl::Status status = invoker->Invoke(ctx, absl::string_view(payload, h.payload_len), writer);
-      if (one_way) {
-        writer.Abandon();
-      } else {
-        SendResponse(c, h.request_id, status, &writer);
-      }
+      Incoming in;
+      in.header = h;
+      in.eager = absl::string_view(payload, h.payload_len);
+      DispatchCall(c, in);
       return;
     }
     case rpc_wire::kResponse:
@@ -699,6 +650,59 @@ void Worker::Dispatch(Connection* c, const MessageHeader& h, const char* payload
   }
 }
 
+void Worker::DispatchCall(Connection* c, Incoming& in) {
+  const MessageHeader& h = in.header;
+  Bump(c->counters_.requests_received);
+  Bump(requests_);
+  const bool one_way = h.type == rpc_wire::kOneWay;
+  if (draining_ || c->state_.load(std::memory_order_relaxed) != Connection::State::kActive) {
+    if (!one_way) {
+      SendResponseBytes(c, h.request_id, absl::UnavailableError("server is shutting down"), {});
+    }
+    return;
+  }
+  const Service::Method* method = c->methods_ ? c->methods_->Find(h.method_id) : nullptr;
+  if (method == nullptr) {
+    if (!one_way) {
+      SendResponseBytes(
+          c, h.request_id,
+          absl::UnimplementedError(absl::StrFormat("no method with id 0x%08x", h.method_id)), {});
+    }
+    return;
+  }
+  if (method->options.execution == Execution::kThreadPool && pool_ != nullptr) {
+    RunOnPool(c, in, method);
+    return;
+  }
+  std::unique_ptr<Service::Invoker>& invoker = invokers_[method];
+  if (invoker == nullptr) invoker = const_cast<Service::Method*>(method)->new_invoker();
+  // A message carried in bulk is parsed straight out of registered memory.
+  const bool message_in_bulk = (h.aux & rpc_wire::kAuxBulkIsMessage) != 0;
+  BulkBuffer message_holder;
+  absl::string_view message = in.eager;
+  ServerContext ctx(c, nullptr);
+  if (message_in_bulk) {
+    message_holder = std::move(in.bulk);
+    message = message_holder.view();
+  } else {
+    ctx.mutable_request_bulk() = std::move(in.bulk);
+  }
+  Writer writer(this, c);
+  absl::Status status = invoker->Invoke(ctx, message, writer);
+  if (one_way) {
+    writer.Abandon();
+    return;
+  }
+  if (status.ok() && writer.in_bulk()) {
+    SendBulkResponse(c, in, &writer, writer.TakeBulk(), /*is_message=*/true);
+  } else if (status.ok() && ctx.mutable_response_bulk()) {
+    SendBulkResponse(c, in, &writer, std::move(ctx.mutable_response_bulk()),
+                     /*is_message=*/false);
+  } else {
+    SendResponse(c, h.request_id, status, &writer);
+  }
+}
+
 void Worker::CompleteCall(Connection* c, const MessageHeader& h, const char* payload) {
   ClientCall* call = ReleaseSlot(c, h.request_id);
   if (call == nullptr) return;  // cancelled or timed out already; the late response is dropped
@@ -716,32 +720,71 @@ void Worker::CompleteCall(Connection* c, const MessageHeader& h, const char* pay
     status = absl::Status(static_cast<absl::StatusCode>(h.status),
                           absl::string_view(payload, h.payload_len));
   }
-  CompleteLocally(call, std::move(status));
+  FinishCall(c, call, std::move(status));
 }
 
-void Worker::RunOnPool(Connection* c, const MessageHeader& h, const char* payload,
-                       const Service::Method* method) {
+void Worker::RunOnPool(Connection* c, Incoming& in, const Service::Method* method) {
+  const MessageHeader& h = in.header;
   ++c->pool_handlers_;
   auto cancelled = std::make_shared<std::atomic<bool>>(false);
   const bool one_way = h.type == rpc_wire::kOneWay;
   if (!one_way) c->running_[h.request_id] = cancelled;
-  pool_->Schedule([this, connection = c->shared_from_this(), method, request_id = h.request_id,
-                   one_way, request = std::string(payload, h.payload_len), cancelled]() {
+  const bool message_in_bulk = (h.aux & rpc_wire::kAuxBulkIsMessage) != 0;
+  // The pool path copies the (eager) message: blocking handlers are not the zero-copy path.
+  std::string request = message_in_bulk ? std::string(in.bulk.view()) : std::string(in.eager);
+  BulkBuffer attachment = message_in_bulk ? BulkBuffer() : std::move(in.bulk);
+  if (message_in_bulk) in.bulk.Release();
+  const bool has_chunk = in.has_chunk;
+  const rpc_wire::BulkDescriptor chunk = in.chunk;
+  pool_->Schedule([this, connection = c->shared_from_this(), method, header = h, one_way,
+                   request = std::move(request), attachment = std::move(attachment), cancelled,
+                   has_chunk, chunk]() mutable {
     thread_local absl::flat_hash_map<const Service::Method*, std::unique_ptr<Service::Invoker>>
         invokers;
     std::unique_ptr<Service::Invoker>& invoker = invokers[method];
     if (invoker == nullptr) invoker = const_cast<Service::Method*>(method)->new_invoker();
     ServerContext ctx(connection.get(), cancelled.get());
-    StringWriter writer(connection->max_payload_);
+    ctx.mutable_request_bulk() = std::move(attachment);
+    StringWriter writer(connection->negotiated().max_bulk_size() > 0
+                            ? connection->negotiated().max_bulk_size()
+                            : connection->max_payload_);
     absl::Status status = invoker->Invoke(ctx, request, writer);
-    RunInLoop([this, connection, request_id, one_way, status = std::move(status),
-               response = writer.Take()]() {
+    RunInLoop([this, connection, header, one_way, status = std::move(status),
+               response = writer.Take(), bulk = std::move(ctx.mutable_response_bulk()),
+               has_chunk, chunk]() mutable {
       Connection* c = connection.get();
       --c->pool_handlers_;
-      c->running_.erase(request_id);
-      if (!one_way && c->state_.load() < Connection::State::kClosing) {
-        SendResponseBytes(c, request_id, status, response);
+      c->running_.erase(header.request_id);
+      if (one_way || c->state_.load() >= Connection::State::kClosing) return;
+      Incoming in;
+      in.header = header;
+      in.has_chunk = has_chunk;
+      in.chunk = chunk;
+      if (status.ok() && (bulk || response.size() > c->negotiated_.eager_threshold())) {
+        // Large or zero-copy responses leave through a window, like inline handlers' do.
+        Writer writer(this, c);
+        BulkBuffer data;
+        bool is_message = false;
+        if (bulk) {
+          data = std::move(bulk);
+          if (!writer.Append(response)) status = absl::ResourceExhaustedError("response too big");
+        } else if (bulk_pool_ != nullptr) {
+          auto buffer = bulk_pool_->Allocate(response.size());
+          if (buffer.ok()) {
+            std::memcpy(buffer->data(), response.data(), response.size());
+            data = std::move(*buffer);
+            is_message = true;
+          } else {
+            status = buffer.status();
+          }
+        }
+        if (status.ok() && data) {
+          SendBulkResponse(c, in, &writer, std::move(data), is_message);
+          return;
+        }
+        writer.Abandon();
       }
+      SendResponseBytes(c, header.request_id, status, response);
     });
   });
 }
@@ -813,8 +856,13 @@ void Worker::EmitResponse(Connection* c, Writer* writer, uint64_t request_id, ui
   const uint32_t length = kHeader + writer->length();
   writer->Release();
   Bump(c->counters_.responses_sent);
+  EmitMessage(c, data, length, buffer, 0);
+}
+
+void Worker::EmitMessage(Connection* c, char* data, uint32_t length, int32_t buffer,
+                         uint32_t invalidate_rkey) {
   if (c->send_credits_ > 0 && c->response_backlog_.empty()) {
-    QueueWr(c, data, length, buffer);
+    QueueWr(c, data, length, buffer, invalidate_rkey);
     return;
   }
   // No credit now: park it in a send buffer until the peer returns some.
@@ -827,7 +875,7 @@ void Worker::EmitResponse(Connection* c, Writer* writer, uint64_t request_id, ui
     std::memcpy(send_pool_->at(index), data, length);
     buffer = static_cast<int32_t>(index);
   }
-  c->response_backlog_.push_back({static_cast<uint32_t>(buffer), length});
+  c->response_backlog_.push_back({static_cast<uint32_t>(buffer), length, invalidate_rkey});
 }
 
 void Worker::SendControl(Connection* c, rpc_wire::MessageType type, uint64_t request_id) {
@@ -841,33 +889,51 @@ void Worker::SendControl(Connection* c, rpc_wire::MessageType type, uint64_t req
   QueueWr(c, data, kHeader, buffer);
 }
 
-void Worker::QueueWr(Connection* c, const char* data, uint32_t length, int32_t buffer) {
+void Worker::QueueWr(Connection* c, const char* data, uint32_t length, int32_t buffer,
+                     uint32_t invalidate_rkey, unsigned int extra_flags) {
   FillHeader(c, reinterpret_cast<MessageHeader*>(const_cast<char*>(data)));
   --c->send_credits_;
+  ibv_send_wr wr{};
+  wr.opcode = invalidate_rkey != 0 ? IBV_WR_SEND_WITH_INV : IBV_WR_SEND;
+  wr.invalidate_rkey = invalidate_rkey;
+  wr.send_flags = extra_flags | (buffer < 0 ? IBV_SEND_INLINE : 0);
+  ibv_sge sge{reinterpret_cast<uint64_t>(data), length, buffer >= 0 ? send_pool_->lkey() : 0};
+  QueueRawWr(c, wr, &sge, buffer, -1);
+  Bump(c->counters_.bytes_sent, length);
+}
+
+uint64_t Worker::QueueRawWr(Connection* c, ibv_send_wr& wr, const ibv_sge* sge, int32_t buffer,
+                            int32_t op) {
   const uint64_t seq = c->next_seq_++;
   const uint64_t outstanding = seq - c->completed_seq_;
-  const bool signal = buffer >= 0 || ++c->unsignaled_ >= kSignalInterval ||
+  // Signal when a resource waits on this WR, and often enough that unsignaled WRs never fill
+  // the send queue.
+  const bool signal = buffer >= 0 || op >= 0 || ++c->unsignaled_ >= kSignalInterval ||
                       outstanding + kSignalInterval >= c->sq_depth_;
   if (signal) c->unsignaled_ = 0;
-  c->sent_buffer_[seq & (c->sent_buffer_.size() - 1)] = buffer;
-  ibv_send_wr& wr = c->batch_wr_[c->batch_size_];
-  ibv_sge& sge = c->batch_sge_[c->batch_size_];
-  sge.addr = reinterpret_cast<uint64_t>(data);
-  sge.length = length;
-  sge.lkey = buffer >= 0 ? send_pool_->lkey() : 0;
-  wr.wr_id = seq;
-  wr.next = nullptr;
-  wr.sg_list = &sge;
-  wr.num_sge = 1;
-  wr.opcode = IBV_WR_SEND;
-  wr.send_flags = (signal ? IBV_SEND_SIGNALED : 0) | (buffer < 0 ? IBV_SEND_INLINE : 0);
+  const size_t slot = seq & (c->sent_buffer_.size() - 1);
+  c->sent_buffer_[slot] = buffer;
+  c->op_at_seq_[slot] = op;
+  ibv_send_wr& out = c->batch_wr_[c->batch_size_];
+  out = wr;
+  out.wr_id = seq;
+  out.next = nullptr;
+  if (signal) out.send_flags |= IBV_SEND_SIGNALED;
+  if (sge != nullptr) {
+    c->batch_sge_[c->batch_size_] = *sge;
+    out.sg_list = &c->batch_sge_[c->batch_size_];
+    out.num_sge = 1;
+  } else {
+    out.sg_list = nullptr;
+    out.num_sge = 0;
+  }
   ++c->batch_size_;
-  Bump(c->counters_.bytes_sent, length);
   if (!c->dirty_) {
     c->dirty_ = true;
     dirty_.push_back(c);
   }
   if (c->batch_size_ == Connection::kBatch) FlushConnection(c);
+  return seq;
 }
 
 void Worker::FlushConnection(Connection* c) {
@@ -902,12 +968,21 @@ void Worker::HandleSendCompletion(const ibv_wc& wc) {
     Bump(stray_);
     return;
   }
-  for (uint64_t s = c->completed_seq_ + 1; s <= seq; ++s) {
-    int32_t& b = c->sent_buffer_[s & (c->sent_buffer_.size() - 1)];
+  const uint64_t first = c->completed_seq_ + 1;
+  if (seq > c->completed_seq_) c->completed_seq_ = seq;
+  for (uint64_t s = first; s <= seq; ++s) {
+    const size_t slot = s & (c->sent_buffer_.size() - 1);
+    int32_t& b = c->sent_buffer_[slot];
     if (b >= 0) send_pool_->Give(static_cast<uint32_t>(b));
     b = -1;
+    const int32_t op = c->op_at_seq_[slot];
+    c->op_at_seq_[slot] = -1;
+    if (op >= 0) {
+      ibv_wc status = wc;
+      if (s != seq) status.status = IBV_WC_SUCCESS;  // retired by a later success
+      HandleBulkOp(c, op, status);
+    }
   }
-  if (seq > c->completed_seq_) c->completed_seq_ = seq;
   if (wc.status != IBV_WC_SUCCESS &&
       c->state_.load(std::memory_order_relaxed) < Connection::State::kClosing) {
     FailConnection(c, absl::UnavailableError(
@@ -940,8 +1015,28 @@ bool Worker::TrySendCall(Connection* c, ClientCall* call) {
   if (!call->one_way_ && c->free_slots_.empty()) return false;
   const size_t size =
       call->request_ != nullptr ? call->request_->ByteSizeLong() : call->request_bytes_.size();
+  const bool message_in_bulk = size > c->negotiated_.eager_threshold() && bulk_pool_ != nullptr &&
+                               c->negotiated_.max_bulk_size() > 0;
+  if ((message_in_bulk || call->request_bulk_ != nullptr) && !call->one_way_) {
+    if (message_in_bulk && !call->scratch_) {
+      // Serialize once, straight into registered memory; a retry reuses it.
+      auto scratch = bulk_pool_->Allocate(size);
+      if (!scratch.ok()) {
+        FinishCall(c, call, scratch.status());
+        return true;
+      }
+      call->scratch_ = std::move(*scratch);
+      if (call->request_ != nullptr) {
+        call->request_->SerializeWithCachedSizesToArray(
+            reinterpret_cast<uint8_t*>(call->scratch_.data()));
+      } else {
+        std::memcpy(call->scratch_.data(), call->request_bytes_.data(), size);
+      }
+    }
+    return SendBulkCall(c, call, size, message_in_bulk);
+  }
   if (size > c->max_payload_) {
-    CompleteLocally(call, absl::ResourceExhaustedError(absl::StrFormat(
+    FinishCall(c, call, absl::ResourceExhaustedError(absl::StrFormat(
                               "request of %u bytes exceeds the %u-byte maximum message size",
                               size, c->max_payload_)));
     return true;
@@ -980,8 +1075,10 @@ void Worker::PumpBacklog(Connection* c) {
   while (!c->response_backlog_.empty() && c->send_credits_ > 0) {
     const Connection::QueuedMessage m = c->response_backlog_.front();
     c->response_backlog_.pop_front();
-    QueueWr(c, send_pool_->at(m.buffer), m.length, static_cast<int32_t>(m.buffer));
+    QueueWr(c, send_pool_->at(m.buffer), m.length, static_cast<int32_t>(m.buffer),
+            m.invalidate_rkey);
   }
+  if (c->response_backlog_.empty()) FlushPendingAcks(c);
   while (c->backlog_head_ != nullptr && c->response_backlog_.empty()) {
     ClientCall* call = c->backlog_head_;
     if (!TrySendCall(c, call)) break;
@@ -1084,6 +1181,7 @@ void Worker::FinishClose(Connection* c) {
     b = -1;
   }
   c->completed_seq_ = c->next_seq_ - 1;
+  ReleaseBulk(c);  // windows are deallocated (and so revoked) before the QP goes
   by_qpn_.erase(c->qp_->qp_num());
   c->qp_.reset();  // no completion can name it any more: it is in ERR and fully flushed
   {
@@ -1110,9 +1208,10 @@ void Worker::Timers(absl::Time now) {
         const uint64_t request_id = (uint64_t{c->generation_[slot]} << 32) | slot;
         ReleaseSlot(c, request_id);
         SendControl(c, rpc_wire::kCancel, request_id);
-        CompleteLocally(call, absl::DeadlineExceededError("deadline exceeded"));
+        FinishCall(c, call, absl::DeadlineExceededError("deadline exceeded"));
       }
     }
+    if (!c->windows_.empty()) BulkTimers(c, now);
     for (ClientCall** p = &c->backlog_head_; *p != nullptr;) {
       ClientCall* call = *p;
       if (call->deadline_ > now) {
@@ -1120,7 +1219,7 @@ void Worker::Timers(absl::Time now) {
         continue;
       }
       *p = call->next_;
-      CompleteLocally(call, absl::DeadlineExceededError("deadline exceeded before sending"));
+      FinishCall(c, call, absl::DeadlineExceededError("deadline exceeded before sending"));
     }
     c->backlog_tail_ = nullptr;
     for (ClientCall* q = c->backlog_head_; q != nullptr; q = q->next_) c->backlog_tail_ = q;

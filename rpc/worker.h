@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/random/random.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -41,6 +42,8 @@
 #include "base/spinlock.h"
 #include "proto/control.pb.h"
 #include "rpc/buffer_pool.h"
+#include "rpc/bulk.h"
+#include "rpc/bulk_pool.h"
 #include "rpc/call.h"
 #include "rpc/service.h"
 #include "rpc/wire.h"
@@ -75,6 +78,12 @@ struct ConnectionCounters {
   std::atomic<uint64_t> bytes_received{0};
   std::atomic<uint64_t> bytes_sent{0};
   std::atomic<uint64_t> protocol_errors{0};
+  // Bulk windows (docs/BULK.md).
+  std::atomic<uint64_t> windows_granted{0};
+  std::atomic<uint64_t> windows_remote_invalidated{0};
+  std::atomic<uint64_t> windows_locally_invalidated{0};
+  std::atomic<uint64_t> windows_lease_expired{0};
+  std::atomic<uint64_t> invalidation_violations{0};
 };
 
 // One RC connection. Fields below "worker only" are touched by the driving thread alone.
@@ -138,6 +147,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   struct QueuedMessage {
     uint32_t buffer;
     uint32_t length;
+    uint32_t invalidate_rkey;
   };
   std::deque<QueuedMessage> response_backlog_;
 
@@ -155,6 +165,66 @@ class Connection : public std::enable_shared_from_this<Connection> {
   ibv_sge batch_sge_[kBatch];
   int batch_size_ = 0;
   bool dirty_ = false;
+
+  // ---- bulk (rpc/bulk.cc), worker only ----
+ public:
+  // A type 2 memory window this connection owns. Windows are allocated once and reused: a
+  // fresh rkey per bind, never an ibv_alloc_mw per request.
+  struct Window {
+    std::unique_ptr<verbs::MemoryWindow> mw;
+    uint32_t rkey = 0;  // the key of the current (or last) binding
+    enum class State : uint8_t { kFree, kExposed, kRevoking } state = State::kFree;
+    enum class Purpose : uint8_t { kDownload, kGrant, kMirrorRequest, kMirrorReply } purpose;
+    BulkBuffer buffer;  // what it exposes (when we own that memory)
+    uint64_t request_id = 0;
+    uint64_t addr = 0;
+    uint32_t length = 0;
+    absl::Time lease = absl::InfiniteFuture();
+  };
+  std::vector<Window> windows_;
+  std::vector<uint32_t> free_windows_;
+  uint32_t max_windows_ = 0;
+  // Upload windows the peer granted us (we are the client in kServerExposes mode).
+  std::vector<rpc_wire::BulkDescriptor> grants_;
+  bool grant_requested_ = false;
+  uint32_t grants_outstanding_ = 0;  // server: windows granted and not yet used
+  // Unsafe benchmark mode: buffers handed out under the static rkey, by address.
+  absl::flat_hash_map<uint64_t, BulkBuffer> static_exposed_;
+  absl::flat_hash_map<uint64_t, uint64_t> static_download_;  // request id -> address
+  // Operations waiting on a signaled completion, by send-queue seq.
+  struct BulkOp {
+    enum class Kind : uint8_t {
+      kNone,
+      kDownloadRead,    // client: READ of a response's bulk data
+      kMirrorRead,      // server: READ of a mirror request's bulk data, then dispatch
+      kRevoke,          // LOCAL_INV of a window (fallback, lease expiry)
+      kRevokeThenDispatch,  // server: LOCAL_INV of an upload window, then dispatch (fallback)
+      kRevokeThenComplete,  // client: LOCAL_INV of a mirror reply window, then complete
+      kHold,            // keep `buffer` until this WR is done (RDMA WRITE source)
+    } kind = Kind::kNone;
+    ClientCall* call = nullptr;
+    uint64_t request_id = 0;
+    int32_t window = -1;
+    bool lease_expired = false;
+    BulkBuffer buffer;
+    // A request whose dispatch waits for this op.
+    rpc_wire::MessageHeader header{};
+    std::string eager;
+    bool has_chunk = false;
+    rpc_wire::BulkDescriptor chunk{};
+    uint32_t length = 0;
+    uint32_t peer_rkey = 0;  // kMirrorRead: the caller's window to invalidate afterwards
+    absl::Status status;     // kRevokeThenComplete: how the call ends
+  };
+
+ private:
+  std::vector<int32_t> op_at_seq_;  // op index or -1, indexed like sent_buffer_
+  std::vector<BulkOp> ops_;
+  std::vector<int32_t> free_ops_;
+  // Bulk acks that found no credit, in order.
+  std::deque<std::pair<uint64_t, uint32_t>> pending_acks_;  // request id, rkey to invalidate
+  ClientCall* grant_wait_head_ = nullptr;  // calls waiting for an upload window
+  ClientCall* grant_wait_tail_ = nullptr;
 
   uint32_t peer_available_ = 0;         // credits the peer holds (it may send this many more)
   uint32_t pool_handlers_ = 0;          // blocking handlers still running
@@ -177,6 +247,10 @@ struct WorkerOptions {
   uint32_t buffer_size = 4096 + 32;  // receive/send buffer size, header included
   uint32_t send_buffers = 0;         // 0: max_connections * credits
   absl::Duration keepalive = absl::Seconds(5);
+  // Bulk (docs/BULK.md).
+  size_t bulk_pool_bytes = 0;        // 0: no bulk
+  bool unsafe_static_rkey = false;   // also register the pool for remote access (benchmarks)
+  absl::Duration window_lease = absl::Seconds(5);
   // Called on the loop thread when a connection is gone for good.
   std::function<void(uint64_t connection_id)> on_closed;
 };
@@ -241,6 +315,8 @@ class Worker {
   const verbs::Capabilities& capabilities() const { return caps_; }
   const WorkerOptions& options() const { return options_; }
   std::shared_ptr<verbs::ProtectionDomain> pd() const { return pd_; }
+  const std::shared_ptr<BulkPool>& bulk_pool() const { return bulk_pool_; }
+  ConnectionCounters& totals() { return totals_; }
 
   // For thread-pool handlers and internal tasks: runs `fn` on the loop thread.
   void RunInLoop(absl::AnyInvocable<void()> fn);
@@ -273,7 +349,17 @@ class Worker {
   // Receive side.
   void HandleRecv(const ibv_wc& wc);
   void HandleSendCompletion(const ibv_wc& wc);
+  // A request or response as it reaches the dispatcher: eager bytes plus, for bulk, the data
+  // already in registered memory with its window revoked.
+  struct Incoming {
+    rpc_wire::MessageHeader header;
+    absl::string_view eager;   // the message bytes (or the eager part next to an attachment)
+    BulkBuffer bulk;           // attachment or the message itself (kAuxBulkIsMessage)
+    bool has_chunk = false;    // mirror: the caller's reply window
+    rpc_wire::BulkDescriptor chunk{};
+  };
   void Dispatch(Connection* c, const rpc_wire::MessageHeader& h, const char* payload);
+  void DispatchCall(Connection* c, Incoming& in);
   void CompleteCall(Connection* c, const rpc_wire::MessageHeader& h, const char* payload);
   void RepostRecvs();
 
@@ -285,20 +371,58 @@ class Worker {
   void SendResponseBytes(Connection* c, uint64_t request_id, const absl::Status& status,
                          absl::string_view payload);
   void EmitResponse(Connection* c, Writer* writer, uint64_t request_id, uint32_t code);
-  void RunOnPool(Connection* c, const rpc_wire::MessageHeader& h, const char* payload,
-                 const Service::Method* method);
+  void RunOnPool(Connection* c, Incoming& in, const Service::Method* method);
   // Space for a message of `length` bytes: the inline arena or a send-pool buffer (then
   // *buffer >= 0). nullptr if the send pool is exhausted.
   char* AllocMessage(Connection* c, uint32_t length, int32_t* buffer);
   void SendControl(Connection* c, rpc_wire::MessageType type, uint64_t request_id);
   // Queues one message (header+payload already written at `data`) for the next doorbell.
   // `buffer` is its send-pool buffer or -1 for the inline arena.
-  void QueueWr(Connection* c, const char* data, uint32_t length, int32_t buffer);
+  void QueueWr(Connection* c, const char* data, uint32_t length, int32_t buffer,
+               uint32_t invalidate_rkey = 0, unsigned int extra_flags = 0);
+  // Queues any work request (its sge, if any, in `sge`) with seq accounting.
+  uint64_t QueueRawWr(Connection* c, ibv_send_wr& wr, const ibv_sge* sge, int32_t buffer,
+                      int32_t op);
   void FlushSends();
   void FlushConnection(Connection* c);
   void PumpBacklog(Connection* c);
   void FillHeader(Connection* c, rpc_wire::MessageHeader* h);
   char* InlineSlot();
+
+  // Bulk (rpc/bulk.cc).
+  bool SendBulkCall(Connection* c, ClientCall* call, size_t message_size, bool message_in_bulk);
+  void SendBulkResponse(Connection* c, const Incoming& request, Writer* writer,
+                        BulkBuffer data, bool is_message);
+  void HandleBulkRequest(Connection* c, const rpc_wire::MessageHeader& h, const char* payload,
+                         const ibv_wc& wc);
+  void HandleBulkResponse(Connection* c, const rpc_wire::MessageHeader& h, const char* payload,
+                          const ibv_wc& wc);
+  void HandleBulkAck(Connection* c, const rpc_wire::MessageHeader& h, const ibv_wc& wc);
+  void HandleWindowGrant(Connection* c, const rpc_wire::MessageHeader& h, const char* payload);
+  void GrantWindows(Connection* c, uint32_t count, uint32_t size);
+  void HandleBulkOp(Connection* c, int32_t op, const ibv_wc& wc);
+  int32_t AcquireWindow(Connection* c);
+  // Binds window `w` over [addr, addr+length) of the pool with `access`; returns the new rkey.
+  uint32_t BindWindow(Connection* c, int32_t w, uint64_t addr, uint32_t length, int access);
+  void RevokeWindow(Connection* c, int32_t w, Connection::BulkOp::Kind kind, bool lease_expired);
+  // Completes `call`, first revoking any window still exposing its buffers (mirror mode).
+  void FinishCall(Connection* c, ClientCall* call, absl::Status status);
+  // Sends a message already written at `data` now, or parks it until a credit comes back.
+  void EmitMessage(Connection* c, char* data, uint32_t length, int32_t buffer,
+                   uint32_t invalidate_rkey);
+  void FreeWindow(Connection* c, int32_t w);
+  int32_t NewOp(Connection* c);
+  void PostRdma(Connection* c, ibv_wr_opcode opcode, const BulkBuffer& local, uint32_t length,
+                uint64_t remote_addr, uint32_t rkey, int32_t op);
+  void PostLocalInv(Connection* c, uint32_t rkey, int32_t op);
+  void SendBulkAck(Connection* c, uint64_t request_id, uint32_t rkey);
+  void FlushPendingAcks(Connection* c);
+  void BulkViolation(Connection* c, const std::string& why);
+  void BulkTimers(Connection* c, absl::Time now);
+  void ReleaseBulk(Connection* c);
+  bool remote_invalidation(const Connection* c) const {
+    return c->negotiated_.invalidation() == control::INVALIDATION_REMOTE;
+  }
 
   // Failure and teardown.
   void ProtocolError(Connection* c, const absl::Status& why);
@@ -322,7 +446,10 @@ class Worker {
   std::shared_ptr<verbs::SharedReceiveQueue> srq_;
   std::unique_ptr<BufferPool> recv_pool_;
   std::unique_ptr<BufferPool> send_pool_;
+  std::shared_ptr<BulkPool> bulk_pool_;
   uint32_t max_inline_ = 0;
+  absl::BitGen bitgen_;  // loop thread only: rkey key bytes
+  ConnectionCounters totals_;  // bulk counters summed over connections, closed ones included
 
   MpscQueue<WorkItem> submissions_;
   std::atomic<bool> sleeping_{false};

@@ -1,0 +1,899 @@
+// Bulk transfers through per-request memory windows, revoked by the peer's SEND_WITH_INV.
+// docs/BULK.md describes the protocol; this file is the worker's half of it.
+//
+// Invariants worth keeping in mind while reading:
+//   * every window is type 2, bound to this connection's QP, over exactly one buffer, with a
+//     fresh random key byte per binding; a pool MR's own rkey never grants remote access;
+//   * a SEND_WITH_INV is only ever expected on (a) an upload request naming its grant, (b) a
+//     bulk ack naming a download window, (c) a mirror-mode response naming the caller's reply
+//     window. Any other invalidation, or a missing one, is a protocol violation and ends the
+//     connection (as iSER does);
+//   * memory a window exposed is reused only after the window is revoked: by the peer's
+//     SEND_WITH_INV (checked against the key we granted), by our LOCAL_INV's completion, or by
+//     deallocating the window when the connection is gone.
+
+#include <cstring>
+
+#include "absl/random/distributions.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "base/log.h"
+#include "google/protobuf/message_lite.h"
+#include "rpc/worker.h"
+#include "rpc/writer.h"
+
+namespace swirl {
+
+absl::StatusOr<BulkBuffer*> ServerContext::AllocateResponseBulk(size_t size) {
+  const std::shared_ptr<internal::BulkPool>& pool = connection_->worker()->bulk_pool();
+  if (pool == nullptr) return absl::FailedPreconditionError("this server has no bulk pool");
+  if (size > connection_->negotiated().max_bulk_size()) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("bulk response of ", size, " bytes exceeds the negotiated maximum ",
+                     connection_->negotiated().max_bulk_size()));
+  }
+  auto buffer = pool->Allocate(size);
+  if (!buffer.ok()) return buffer.status();
+  response_bulk_ = std::move(*buffer);
+  return &response_bulk_;
+}
+
+namespace internal {
+namespace {
+
+using rpc_wire::BulkDescriptor;
+using rpc_wire::MessageHeader;
+using Window = Connection::Window;
+using BulkOp = Connection::BulkOp;
+
+constexpr uint32_t kHeader = sizeof(MessageHeader);
+
+inline void Bump(std::atomic<uint64_t>& counter, uint64_t n = 1) {
+  counter.store(counter.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
+}
+
+uint64_t Addr(const void* p) { return reinterpret_cast<uint64_t>(p); }
+
+bool InvalidatedBy(const ibv_wc& wc, uint32_t rkey) {
+  return (wc.wc_flags & IBV_WC_WITH_INV) != 0 && wc.invalidated_rkey == rkey;
+}
+
+}  // namespace
+
+// ---- Windows and operations --------------------------------------------------------------------
+
+int32_t Worker::NewOp(Connection* c) {
+  if (!c->free_ops_.empty()) {
+    int32_t index = c->free_ops_.back();
+    c->free_ops_.pop_back();
+    return index;
+  }
+  c->ops_.emplace_back();
+  return static_cast<int32_t>(c->ops_.size() - 1);
+}
+
+int32_t Worker::AcquireWindow(Connection* c) {
+  if (!c->free_windows_.empty()) {
+    int32_t w = static_cast<int32_t>(c->free_windows_.back());
+    c->free_windows_.pop_back();
+    return w;
+  }
+  if (c->windows_.size() >= c->max_windows_) return -1;
+  // Windows are allocated once per connection and reused (ydb's lesson: ibv_alloc_mw per
+  // request is far too slow); each reuse gets a fresh key.
+  auto mw = verbs::MemoryWindow::Allocate(pd_, IBV_MW_TYPE_2);
+  if (!mw.ok()) {
+    SWIRL_LOG(WARNING, "%s: %s", options_.name, mw.status().ToString());
+    return -1;
+  }
+  Window window;
+  window.rkey = (*mw)->rkey();
+  window.mw = std::move(*mw);
+  c->windows_.push_back(std::move(window));
+  return static_cast<int32_t>(c->windows_.size() - 1);
+}
+
+uint32_t Worker::BindWindow(Connection* c, int32_t w, uint64_t addr, uint32_t length, int access) {
+  Window& window = c->windows_[w];
+  uint8_t key;
+  do {
+    key = absl::Uniform<uint8_t>(bitgen_);
+  } while (key == (window.rkey & 0xff));
+  const uint32_t rkey = (window.rkey & ~0xffu) | key;
+  ibv_send_wr wr{};
+  wr.opcode = IBV_WR_BIND_MW;
+  wr.bind_mw.mw = window.mw->get();
+  wr.bind_mw.rkey = rkey;
+  wr.bind_mw.bind_info.mr = bulk_pool_->mr();
+  wr.bind_mw.bind_info.addr = addr;
+  wr.bind_mw.bind_info.length = length;
+  wr.bind_mw.bind_info.mw_access_flags = static_cast<unsigned int>(access);
+  QueueRawWr(c, wr, nullptr, -1, -1);
+  window.rkey = rkey;
+  window.state = Window::State::kExposed;
+  window.addr = addr;
+  window.length = length;
+  window.lease = absl::InfiniteFuture();
+  return rkey;
+}
+
+void Worker::FreeWindow(Connection* c, int32_t w) {
+  Window& window = c->windows_[w];
+  window.state = Window::State::kFree;
+  window.buffer.Release();
+  window.request_id = 0;
+  window.lease = absl::InfiniteFuture();
+  c->free_windows_.push_back(static_cast<uint32_t>(w));
+}
+
+void Worker::PostLocalInv(Connection* c, uint32_t rkey, int32_t op) {
+  ibv_send_wr wr{};
+  wr.opcode = IBV_WR_LOCAL_INV;
+  wr.invalidate_rkey = rkey;
+  QueueRawWr(c, wr, nullptr, -1, op);
+}
+
+void Worker::RevokeWindow(Connection* c, int32_t w, BulkOp::Kind kind, bool lease_expired) {
+  Window& window = c->windows_[w];
+  window.state = Window::State::kRevoking;
+  const int32_t op = NewOp(c);
+  c->ops_[op].kind = kind;
+  c->ops_[op].window = w;
+  c->ops_[op].lease_expired = lease_expired;
+  PostLocalInv(c, window.rkey, op);
+}
+
+void Worker::PostRdma(Connection* c, ibv_wr_opcode opcode, const BulkBuffer& local,
+                      uint32_t length, uint64_t remote_addr, uint32_t rkey, int32_t op) {
+  ibv_sge sge{Addr(local.data()), length, bulk_pool_->lkey()};
+  ibv_send_wr wr{};
+  wr.opcode = opcode;
+  wr.wr.rdma.remote_addr = remote_addr;
+  wr.wr.rdma.rkey = rkey;
+  QueueRawWr(c, wr, &sge, -1, op);
+}
+
+void Worker::SendBulkAck(Connection* c, uint64_t request_id, uint32_t rkey) {
+  if (c->send_credits_ == 0 || !c->pending_acks_.empty() || !c->response_backlog_.empty()) {
+    c->pending_acks_.push_back({request_id, rkey});
+    return;
+  }
+  int32_t buffer;
+  char* data = AllocMessage(c, kHeader, &buffer);
+  if (data == nullptr) {
+    c->pending_acks_.push_back({request_id, rkey});
+    return;
+  }
+  *reinterpret_cast<MessageHeader*>(data) = MessageHeader{
+      rpc_wire::kProtocolVersion, rpc_wire::kBulkAck, 0, 0, request_id, 0, 0, 0, 0};
+  // Fenced: an RDMA READ just posted on this QP finishes before the window goes away.
+  QueueWr(c, data, kHeader, buffer, remote_invalidation(c) ? rkey : 0, IBV_SEND_FENCE);
+}
+
+void Worker::FlushPendingAcks(Connection* c) {
+  while (!c->pending_acks_.empty() && c->send_credits_ > 0) {
+    auto [request_id, rkey] = c->pending_acks_.front();
+    c->pending_acks_.pop_front();
+    int32_t buffer;
+    char* data = AllocMessage(c, kHeader, &buffer);
+    if (data == nullptr) {
+      c->pending_acks_.push_front({request_id, rkey});
+      return;
+    }
+    *reinterpret_cast<MessageHeader*>(data) = MessageHeader{
+        rpc_wire::kProtocolVersion, rpc_wire::kBulkAck, 0, 0, request_id, 0, 0, 0, 0};
+    QueueWr(c, data, kHeader, buffer, remote_invalidation(c) ? rkey : 0, IBV_SEND_FENCE);
+  }
+}
+
+void Worker::BulkViolation(Connection* c, const std::string& why) {
+  Bump(c->counters_.invalidation_violations);
+  Bump(totals_.invalidation_violations);
+  ProtocolError(c, absl::PermissionDeniedError(why));
+}
+
+// ---- Client side: sending a call with bulk data ----------------------------------------------
+
+bool Worker::SendBulkCall(Connection* c, ClientCall* call, size_t message_size,
+                          bool message_in_bulk) {
+  const BulkBuffer* data = message_in_bulk ? &call->scratch_ : call->request_bulk_;
+  if (bulk_pool_ == nullptr || !bulk_pool_->Contains(data->data(), data->size())) {
+    FinishCall(c, call, absl::InvalidArgumentError(
+                            "bulk data must be registered: use Channel::AllocateBulk"));
+    return true;
+  }
+  if (data->size() > c->negotiated_.max_bulk_size()) {
+    FinishCall(c, call, absl::ResourceExhaustedError(absl::StrFormat(
+                            "bulk request of %u bytes exceeds the negotiated maximum %u",
+                            data->size(), c->negotiated_.max_bulk_size())));
+    return true;
+  }
+  const control::BulkMode mode = c->negotiated_.bulk_mode();
+  const bool chunk = mode == control::BULK_MIRROR && call->response_bulk_ != nullptr &&
+                     *call->response_bulk_;
+  if (chunk && !bulk_pool_->Contains(call->response_bulk_->data(),
+                                     call->response_bulk_->capacity())) {
+    FinishCall(c, call, absl::InvalidArgumentError(
+                            "response_bulk must be registered: use Channel::AllocateBulk"));
+    return true;
+  }
+  const size_t eager = message_in_bulk ? 0 : message_size;
+  const uint32_t descriptors = chunk ? 2 : 1;
+  const uint32_t payload = static_cast<uint32_t>(descriptors * sizeof(BulkDescriptor) + eager);
+  if (payload > c->max_payload_) {
+    FinishCall(c, call, absl::ResourceExhaustedError(
+                            "the message sent next to bulk data exceeds the maximum message "
+                            "size"));
+    return true;
+  }
+  const uint32_t length = static_cast<uint32_t>(data->size());
+  // Resources first; nothing is posted until the call is sure to go.
+  int32_t grant = -1;
+  int32_t request_window = -1;
+  int32_t reply_window = -1;
+  if (mode == control::BULK_MIRROR) {
+    request_window = AcquireWindow(c);
+    if (request_window < 0) return false;
+    if (chunk) {
+      reply_window = AcquireWindow(c);
+      if (reply_window < 0) {
+        c->free_windows_.push_back(static_cast<uint32_t>(request_window));
+        return false;
+      }
+    }
+  } else {
+    for (size_t i = 0; i < c->grants_.size(); ++i) {
+      if (c->grants_[i].length >= length &&
+          (grant < 0 || c->grants_[i].length < c->grants_[grant].length)) {
+        grant = static_cast<int32_t>(i);
+      }
+    }
+    if (grant < 0) {
+      // No upload window big enough: ask for some (one round trip, only when they run out).
+      if (!c->grant_requested_ && c->send_credits_ >= 2) {
+        int32_t buffer;
+        char* msg = AllocMessage(c, kHeader, &buffer);
+        if (msg != nullptr) {
+          const uint32_t want = std::max<uint32_t>(
+              1, c->negotiated_.window_credits() - static_cast<uint32_t>(c->grants_.size()));
+          *reinterpret_cast<MessageHeader*>(msg) = MessageHeader{
+              rpc_wire::kProtocolVersion, rpc_wire::kWindowGrant, 0, 0, length, 0, 0, 0, want};
+          QueueWr(c, msg, kHeader, buffer);
+          c->grant_requested_ = true;
+        }
+      }
+      return false;
+    }
+  }
+  int32_t buffer;
+  char* msg = AllocMessage(c, kHeader + payload, &buffer);
+  if (msg == nullptr) {
+    if (request_window >= 0) c->free_windows_.push_back(static_cast<uint32_t>(request_window));
+    if (reply_window >= 0) c->free_windows_.push_back(static_cast<uint32_t>(reply_window));
+    return false;
+  }
+  const uint64_t request_id = AllocateSlot(c, call);
+  BulkDescriptor descriptor{};
+  uint32_t invalidate = 0;
+  if (mode == control::BULK_MIRROR) {
+    const uint32_t rkey =
+        BindWindow(c, request_window, Addr(data->data()), length, IBV_ACCESS_REMOTE_READ);
+    Window& w = c->windows_[request_window];
+    w.purpose = Window::Purpose::kMirrorRequest;
+    w.request_id = request_id;
+    w.lease = absl::Now() + options_.window_lease;
+    call->request_window_ = request_window;
+    descriptor = {Addr(data->data()), length, rkey};
+  } else {
+    const BulkDescriptor g = c->grants_[grant];
+    c->grants_.erase(c->grants_.begin() + grant);
+    // The payload goes straight into the server's window; the request that follows seals it.
+    PostRdma(c, IBV_WR_RDMA_WRITE, *data, length, g.addr, g.rkey, -1);
+    descriptor = {g.addr, length, g.rkey};
+    if (mode == control::BULK_SERVER_EXPOSES && remote_invalidation(c)) invalidate = g.rkey;
+  }
+  auto* h = reinterpret_cast<MessageHeader*>(msg);
+  *h = MessageHeader{rpc_wire::kProtocolVersion,
+                     rpc_wire::kRequest,
+                     static_cast<uint16_t>(rpc_wire::kFlagBulk |
+                                           (chunk ? rpc_wire::kFlagReplyChunk : 0)),
+                     call->method_id_,
+                     request_id,
+                     0,
+                     payload,
+                     0,
+                     message_in_bulk ? static_cast<uint32_t>(rpc_wire::kAuxBulkIsMessage) : 0u};
+  char* p = msg + kHeader;
+  std::memcpy(p, &descriptor, sizeof(descriptor));
+  p += sizeof(descriptor);
+  if (chunk) {
+    BulkBuffer* out = call->response_bulk_;
+    const uint32_t capacity = static_cast<uint32_t>(
+        std::min<size_t>(out->capacity(), c->negotiated_.max_bulk_size()));
+    const uint32_t rkey =
+        BindWindow(c, reply_window, Addr(out->data()), capacity, IBV_ACCESS_REMOTE_WRITE);
+    Window& w = c->windows_[reply_window];
+    w.purpose = Window::Purpose::kMirrorReply;
+    w.request_id = request_id;
+    w.lease = absl::Now() + options_.window_lease;
+    call->reply_window_ = reply_window;
+    const BulkDescriptor reply{Addr(out->data()), capacity, rkey};
+    std::memcpy(p, &reply, sizeof(reply));
+    p += sizeof(reply);
+  }
+  if (!message_in_bulk && eager > 0) {
+    if (call->request_ != nullptr) {
+      call->request_->SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(p));
+    } else {
+      std::memcpy(p, call->request_bytes_.data(), eager);
+    }
+  }
+  QueueWr(c, msg, kHeader + payload, buffer, invalidate);
+  Bump(c->counters_.requests_sent);
+  call->state_.store(ClientCall::kPending, std::memory_order_relaxed);
+  return true;
+}
+
+// ---- Server side: a request that arrived with bulk data ---------------------------------------
+
+void Worker::HandleBulkRequest(Connection* c, const MessageHeader& h, const char* payload,
+                               const ibv_wc& wc) {
+  BulkDescriptor d;
+  std::memcpy(&d, payload, sizeof(d));
+  const char* p = payload + sizeof(d);
+  Incoming in;
+  in.header = h;
+  if (h.flags & rpc_wire::kFlagReplyChunk) {
+    std::memcpy(&in.chunk, p, sizeof(in.chunk));
+    p += sizeof(in.chunk);
+    in.has_chunk = true;
+    if (c->negotiated_.bulk_mode() != control::BULK_MIRROR) {
+      return BulkViolation(c, "a reply window outside mirror mode");
+    }
+  }
+  in.eager = absl::string_view(p, h.payload_len - (p - payload));
+  if (d.length == 0 || d.length > c->negotiated_.max_bulk_size()) {
+    return BulkViolation(c, absl::StrCat("bulk request of ", d.length, " bytes"));
+  }
+  const bool with_inv = (wc.wc_flags & IBV_WC_WITH_INV) != 0;
+  switch (c->negotiated_.bulk_mode()) {
+    case control::BULK_SERVER_EXPOSES: {
+      int32_t w = -1;
+      for (size_t i = 0; i < c->windows_.size(); ++i) {
+        const Window& win = c->windows_[i];
+        if (win.state == Window::State::kExposed && win.purpose == Window::Purpose::kGrant &&
+            win.rkey == d.rkey && win.addr == d.addr) {
+          w = static_cast<int32_t>(i);
+          break;
+        }
+      }
+      if (w < 0 || d.length > c->windows_[w].length) {
+        return BulkViolation(c, "upload names no window granted to this connection");
+      }
+      Window& win = c->windows_[w];
+      const uint32_t grant_size = static_cast<uint32_t>(win.buffer.capacity());
+      --c->grants_outstanding_;
+      if (remote_invalidation(c)) {
+        // The window was revoked as this message arrived; the payload can no longer change.
+        if (!InvalidatedBy(wc, d.rkey)) {
+          return BulkViolation(c, absl::StrFormat(
+                                      "upload for request %u was not sealed by SEND_WITH_INV "
+                                      "of its window",
+                                      h.request_id));
+        }
+        Bump(c->counters_.windows_remote_invalidated);
+        Bump(totals_.windows_remote_invalidated);
+        in.bulk = std::move(win.buffer);
+        in.bulk.resize(d.length);
+        FreeWindow(c, w);
+        GrantWindows(c, 1, grant_size);  // replenish: steady state needs no grant round trip
+        DispatchCall(c, in);
+        return;
+      }
+      if (with_inv) return BulkViolation(c, "SEND_WITH_INV outside remote invalidation mode");
+      // Explicit fallback: revoke it ourselves and run the handler once the revocation is done.
+      const int32_t op = NewOp(c);
+      BulkOp& o = c->ops_[op];
+      o.kind = BulkOp::Kind::kRevokeThenDispatch;
+      o.window = w;
+      o.header = h;
+      o.eager.assign(in.eager.data(), in.eager.size());
+      o.has_chunk = false;
+      o.length = d.length;
+      win.state = Window::State::kRevoking;
+      PostLocalInv(c, win.rkey, op);
+      return;
+    }
+    case control::BULK_UNSAFE_STATIC_RKEY_BENCHMARK_ONLY: {
+      if (with_inv) return BulkViolation(c, "SEND_WITH_INV in the static-rkey mode");
+      auto it = c->static_exposed_.find(d.addr);
+      if (it == c->static_exposed_.end() || d.length > it->second.capacity() ||
+          d.rkey != bulk_pool_->unsafe_rkey()) {
+        return BulkViolation(c, "upload names no range granted to this connection");
+      }
+      const uint32_t grant_size = static_cast<uint32_t>(it->second.capacity());
+      in.bulk = std::move(it->second);
+      in.bulk.resize(d.length);
+      c->static_exposed_.erase(it);
+      --c->grants_outstanding_;
+      GrantWindows(c, 1, grant_size);
+      DispatchCall(c, in);
+      return;
+    }
+    case control::BULK_MIRROR: {
+      if (with_inv) return BulkViolation(c, "SEND_WITH_INV on a mirror-mode request");
+      auto buffer = bulk_pool_->Allocate(d.length);
+      if (!buffer.ok()) {
+        // Release the caller's window at once and answer with the reason.
+        SendBulkAck(c, h.request_id, d.rkey);
+        SendResponseBytes(c, h.request_id, buffer.status(), {});
+        return;
+      }
+      const int32_t op = NewOp(c);
+      BulkOp& o = c->ops_[op];
+      o.kind = BulkOp::Kind::kMirrorRead;
+      o.request_id = h.request_id;
+      o.header = h;
+      o.eager.assign(in.eager.data(), in.eager.size());
+      o.has_chunk = in.has_chunk;
+      o.chunk = in.chunk;
+      o.length = d.length;
+      o.peer_rkey = d.rkey;
+      o.buffer = std::move(*buffer);
+      PostRdma(c, IBV_WR_RDMA_READ, o.buffer, d.length, d.addr, d.rkey, op);
+      return;
+    }
+    default:
+      return BulkViolation(c, "unknown bulk mode");
+  }
+}
+
+// ---- Server side: answering with bulk data ---------------------------------------------------
+
+void Worker::SendBulkResponse(Connection* c, const Incoming& request, Writer* writer,
+                              BulkBuffer data, bool is_message) {
+  const uint64_t request_id = request.header.request_id;
+  if (bulk_pool_ == nullptr || !bulk_pool_->Contains(data.data(), data.size())) {
+    writer->Abandon();
+    SendResponseBytes(c, request_id,
+                      absl::InternalError("response bulk data is not in registered memory"), {});
+    return;
+  }
+  if (data.size() > c->negotiated_.max_bulk_size()) {
+    writer->Abandon();
+    SendResponseBytes(c, request_id,
+                      absl::ResourceExhaustedError(absl::StrFormat(
+                          "bulk response of %u bytes exceeds the negotiated maximum %u",
+                          data.size(), c->negotiated_.max_bulk_size())),
+                      {});
+    return;
+  }
+  const uint32_t eager = is_message ? 0 : writer->length();
+  const uint32_t payload = static_cast<uint32_t>(sizeof(BulkDescriptor) + eager);
+  if (payload > c->max_payload_) {
+    writer->Abandon();
+    SendResponseBytes(c, request_id,
+                      absl::ResourceExhaustedError("response message next to bulk data too big"),
+                      {});
+    return;
+  }
+  int32_t buffer;
+  char* msg = AllocMessage(c, kHeader + payload, &buffer);
+  if (msg == nullptr) {
+    writer->Abandon();
+    FailConnection(c, absl::ResourceExhaustedError("send buffers exhausted"));
+    return;
+  }
+  if (eager > 0) {
+    std::memcpy(msg + kHeader + sizeof(BulkDescriptor), writer->data() + kHeader, eager);
+  }
+  writer->Abandon();
+  const uint32_t length = static_cast<uint32_t>(data.size());
+  BulkDescriptor d{};
+  uint32_t invalidate = 0;
+  const control::BulkMode mode = c->negotiated_.bulk_mode();
+  if (mode == control::BULK_MIRROR && request.has_chunk && length <= request.chunk.length) {
+    // Mirror: write into the caller's reply window; the response then revokes it.
+    const int32_t op = NewOp(c);
+    c->ops_[op].kind = BulkOp::Kind::kHold;
+    c->ops_[op].buffer = std::move(data);
+    PostRdma(c, IBV_WR_RDMA_WRITE, c->ops_[op].buffer, length, request.chunk.addr,
+             request.chunk.rkey, op);
+    d = {request.chunk.addr, length, request.chunk.rkey};
+    if (remote_invalidation(c)) invalidate = request.chunk.rkey;
+  } else if (mode == control::BULK_UNSAFE_STATIC_RKEY_BENCHMARK_ONLY) {
+    d = {Addr(data.data()), length, bulk_pool_->unsafe_rkey()};
+    c->static_download_[request_id] = d.addr;
+    c->static_exposed_[d.addr] = std::move(data);
+  } else {
+    const int32_t w = AcquireWindow(c);
+    if (w < 0) {
+      if (buffer >= 0) send_pool_->Give(static_cast<uint32_t>(buffer));
+      SendResponseBytes(c, request_id,
+                        absl::ResourceExhaustedError("no memory window free for the response"),
+                        {});
+      return;
+    }
+    const uint32_t rkey =
+        BindWindow(c, w, Addr(data.data()), length, IBV_ACCESS_REMOTE_READ);
+    Window& win = c->windows_[w];
+    win.purpose = Window::Purpose::kDownload;
+    win.request_id = request_id;
+    win.lease = absl::Now() + options_.window_lease;
+    d = {win.addr, length, rkey};
+    win.buffer = std::move(data);
+  }
+  *reinterpret_cast<MessageHeader*>(msg) = MessageHeader{
+      rpc_wire::kProtocolVersion,
+      rpc_wire::kResponse,
+      rpc_wire::kFlagBulk,
+      0,
+      request_id,
+      0,
+      payload,
+      0,
+      is_message ? static_cast<uint32_t>(rpc_wire::kAuxBulkIsMessage) : 0u};
+  std::memcpy(msg + kHeader, &d, sizeof(d));
+  Bump(c->counters_.responses_sent);
+  EmitMessage(c, msg, kHeader + payload, buffer, invalidate);
+}
+
+// ---- Client side: a response with bulk data ----------------------------------------------------
+
+void Worker::HandleBulkResponse(Connection* c, const MessageHeader& h, const char* payload,
+                                const ibv_wc& wc) {
+  BulkDescriptor d;
+  std::memcpy(&d, payload, sizeof(d));
+  const absl::string_view eager(payload + sizeof(d), h.payload_len - sizeof(d));
+  const bool is_message = (h.aux & rpc_wire::kAuxBulkIsMessage) != 0;
+  const uint32_t slot = static_cast<uint32_t>(h.request_id);
+  ClientCall* call = slot < c->pending_.size() && c->generation_[slot] == (h.request_id >> 32)
+                         ? c->pending_[slot]
+                         : nullptr;
+  const bool with_inv = (wc.wc_flags & IBV_WC_WITH_INV) != 0;
+  if (d.length > c->negotiated_.max_bulk_size()) {
+    return BulkViolation(c, absl::StrCat("bulk response of ", d.length, " bytes"));
+  }
+  // Mirror mode, response written into our reply window.
+  if (call != nullptr && call->reply_window_ >= 0 &&
+      c->windows_[call->reply_window_].rkey == d.rkey) {
+    Window& win = c->windows_[call->reply_window_];
+    if (d.addr != win.addr || d.length > win.length) {
+      return BulkViolation(c, "response names our reply window with another range");
+    }
+    ReleaseSlot(c, h.request_id);
+    call->response_bulk_->resize(d.length);
+    absl::Status status;
+    if (call->response_ != nullptr && !call->response_->ParseFromArray(eager.data(),
+                                                                     static_cast<int>(eager.size()))) {
+      status = absl::DataLossError("response does not parse");
+    } else if (call->response_bytes_ != nullptr) {
+      call->response_bytes_->assign(eager.data(), eager.size());
+    }
+    Bump(c->counters_.responses_received);
+    if (remote_invalidation(c)) {
+      if (!InvalidatedBy(wc, win.rkey)) {
+        FinishCall(c, call, absl::DataLossError("the server did not revoke our reply window"));
+        return BulkViolation(c, "mirror response did not invalidate the reply window");
+      }
+      Bump(c->counters_.windows_remote_invalidated);
+      Bump(totals_.windows_remote_invalidated);
+      FreeWindow(c, call->reply_window_);
+      call->reply_window_ = -1;
+    } else if (with_inv) {
+      return BulkViolation(c, "SEND_WITH_INV outside remote invalidation mode");
+    }
+    FinishCall(c, call, std::move(status));
+    return;
+  }
+  if (with_inv) return BulkViolation(c, "unexpected SEND_WITH_INV on a response");
+  if (call == nullptr) {
+    // The call was cancelled or timed out: release the server's window without reading.
+    SendBulkAck(c, h.request_id, d.rkey);
+    return;
+  }
+  BulkBuffer* dest;
+  if (is_message) {
+    dest = &call->scratch_;
+  } else if (call->response_bulk_ != nullptr && *call->response_bulk_) {
+    dest = call->response_bulk_;
+  } else {
+    dest = &call->owned_response_bulk_;
+  }
+  if (!*dest || dest->capacity() < d.length) {
+    absl::StatusOr<BulkBuffer> fresh = bulk_pool_ != nullptr
+                                           ? bulk_pool_->Allocate(d.length)
+                                           : absl::StatusOr<BulkBuffer>(absl::FailedPreconditionError(
+                                                 "no bulk pool"));
+    if (!fresh.ok() || dest == call->response_bulk_) {
+      SendBulkAck(c, h.request_id, d.rkey);
+      ReleaseSlot(c, h.request_id);
+      FinishCall(c, call,
+                 fresh.ok() ? absl::ResourceExhaustedError("response_bulk is too small")
+                            : fresh.status());
+      return;
+    }
+    *dest = std::move(*fresh);
+  }
+  dest->resize(d.length);
+  const int32_t op = NewOp(c);
+  BulkOp& o = c->ops_[op];
+  o.kind = BulkOp::Kind::kDownloadRead;
+  o.call = call;
+  o.request_id = h.request_id;
+  o.header = h;
+  o.eager.assign(eager.data(), eager.size());
+  o.length = d.length;
+  PostRdma(c, IBV_WR_RDMA_READ, *dest, d.length, d.addr, d.rkey, op);
+  // The acknowledgement travels right behind the READ (fenced) and revokes the window.
+  SendBulkAck(c, h.request_id, d.rkey);
+}
+
+// ---- Either side: acknowledgements and grants -------------------------------------------------
+
+void Worker::HandleBulkAck(Connection* c, const MessageHeader& h, const ibv_wc& wc) {
+  if (c->negotiated_.bulk_mode() == control::BULK_UNSAFE_STATIC_RKEY_BENCHMARK_ONLY) {
+    auto it = c->static_download_.find(h.request_id);
+    if (it == c->static_download_.end()) return BulkViolation(c, "ack for no download");
+    c->static_exposed_.erase(it->second);
+    c->static_download_.erase(it);
+    return;
+  }
+  int32_t w = -1;
+  for (size_t i = 0; i < c->windows_.size(); ++i) {
+    const Window& win = c->windows_[i];
+    if (win.state == Window::State::kExposed && win.request_id == h.request_id &&
+        (win.purpose == Window::Purpose::kDownload ||
+         win.purpose == Window::Purpose::kMirrorRequest)) {
+      w = static_cast<int32_t>(i);
+      break;
+    }
+  }
+  if (w < 0) return BulkViolation(c, "bulk ack names no window exposed for that request");
+  Window& win = c->windows_[w];
+  if (remote_invalidation(c)) {
+    // iSER's rule: the invalidated key must be exactly the one granted for this request.
+    if (!InvalidatedBy(wc, win.rkey)) {
+      return BulkViolation(
+          c, absl::StrFormat("bulk ack for request %u invalidated %s instead of rkey 0x%x",
+                             h.request_id,
+                             (wc.wc_flags & IBV_WC_WITH_INV)
+                                 ? absl::StrFormat("rkey 0x%x", wc.invalidated_rkey)
+                                 : std::string("nothing"),
+                             win.rkey));
+    }
+    Bump(c->counters_.windows_remote_invalidated);
+    Bump(totals_.windows_remote_invalidated);
+    const bool mirror = win.purpose == Window::Purpose::kMirrorRequest;
+    FreeWindow(c, w);
+    if (mirror) {
+      // The caller's request buffer is ours again.
+      for (ClientCall* call : c->pending_) {
+        if (call != nullptr && call->request_window_ == w) call->request_window_ = -1;
+      }
+    }
+    return;
+  }
+  if (wc.wc_flags & IBV_WC_WITH_INV) {
+    return BulkViolation(c, "SEND_WITH_INV outside remote invalidation mode");
+  }
+  RevokeWindow(c, w, BulkOp::Kind::kRevoke, false);
+}
+
+void Worker::GrantWindows(Connection* c, uint32_t count, uint32_t size) {
+  if (bulk_pool_ == nullptr) return;
+  const bool unsafe =
+      c->negotiated_.bulk_mode() == control::BULK_UNSAFE_STATIC_RKEY_BENCHMARK_ONLY;
+  std::vector<BulkDescriptor> granted;
+  size = std::min<uint32_t>(size, static_cast<uint32_t>(c->negotiated_.max_bulk_size()));
+  while (granted.size() < count && size > 0 &&
+         c->grants_outstanding_ < c->negotiated_.window_credits()) {
+    auto buffer = bulk_pool_->Allocate(size);
+    if (!buffer.ok()) break;
+    BulkDescriptor d{Addr(buffer->data()), static_cast<uint32_t>(buffer->capacity()), 0};
+    if (unsafe) {
+      d.rkey = bulk_pool_->unsafe_rkey();
+      c->static_exposed_[d.addr] = std::move(*buffer);
+    } else {
+      const int32_t w = AcquireWindow(c);
+      if (w < 0) break;
+      d.rkey = BindWindow(c, w, d.addr, d.length,
+                          IBV_ACCESS_REMOTE_WRITE);
+      Window& win = c->windows_[w];
+      win.purpose = Window::Purpose::kGrant;
+      win.buffer = std::move(*buffer);
+    }
+    ++c->grants_outstanding_;
+    granted.push_back(d);
+    Bump(c->counters_.windows_granted);
+    Bump(totals_.windows_granted);
+  }
+  const uint32_t payload = static_cast<uint32_t>(granted.size() * sizeof(BulkDescriptor));
+  int32_t buffer;
+  char* msg = AllocMessage(c, kHeader + payload, &buffer);
+  if (msg == nullptr) return;  // the client asks again when it needs one
+  *reinterpret_cast<MessageHeader*>(msg) =
+      MessageHeader{rpc_wire::kProtocolVersion, rpc_wire::kWindowGrant, 0, 0, 0, 0, payload, 0,
+                    static_cast<uint32_t>(granted.size())};
+  if (payload > 0) std::memcpy(msg + kHeader, granted.data(), payload);
+  EmitMessage(c, msg, kHeader + payload, buffer, 0);
+}
+
+void Worker::HandleWindowGrant(Connection* c, const MessageHeader& h, const char* payload) {
+  if (c->is_server_) {
+    // A client asks for upload windows of h.request_id bytes.
+    if (h.payload_len != 0 || h.request_id == 0 ||
+        h.request_id > c->negotiated_.max_bulk_size()) {
+      return BulkViolation(c, "malformed window request");
+    }
+    if (c->negotiated_.bulk_mode() == control::BULK_MIRROR) {
+      return BulkViolation(c, "window request in mirror mode");
+    }
+    GrantWindows(c, std::min<uint32_t>(h.aux, c->negotiated_.window_credits()),
+                 static_cast<uint32_t>(h.request_id));
+    return;
+  }
+  if (h.payload_len != h.aux * sizeof(BulkDescriptor) ||
+      c->grants_.size() + h.aux > c->negotiated_.window_credits()) {
+    return BulkViolation(c, "malformed or excessive window grant");
+  }
+  for (uint32_t i = 0; i < h.aux; ++i) {
+    BulkDescriptor d;
+    std::memcpy(&d, payload + i * sizeof(d), sizeof(d));
+    if (d.length == 0 || d.length > c->negotiated_.max_bulk_size()) {
+      return BulkViolation(c, "window grant of a bad size");
+    }
+    c->grants_.push_back(d);
+  }
+  c->grant_requested_ = false;
+  if (h.aux == 0) {
+    // The server could not grant anything: calls waiting for a window fail rather than hang.
+    for (ClientCall** p = &c->backlog_head_; *p != nullptr;) {
+      ClientCall* call = *p;
+      const bool bulk = call->request_bulk_ != nullptr || call->scratch_;
+      if (!bulk) {
+        p = &call->next_;
+        continue;
+      }
+      *p = call->next_;
+      FinishCall(c, call,
+                 absl::ResourceExhaustedError("the server has no upload window to grant"));
+    }
+    c->backlog_tail_ = nullptr;
+    for (ClientCall* q = c->backlog_head_; q != nullptr; q = q->next_) c->backlog_tail_ = q;
+  }
+  PumpBacklog(c);
+}
+
+// ---- Completions of bulk operations -------------------------------------------------------------
+
+void Worker::HandleBulkOp(Connection* c, int32_t op, const ibv_wc& wc) {
+  BulkOp o = std::move(c->ops_[op]);
+  c->ops_[op] = BulkOp();
+  c->free_ops_.push_back(op);
+  if (wc.status != IBV_WC_SUCCESS) return;  // the connection is failing; its teardown cleans up
+  switch (o.kind) {
+    case BulkOp::Kind::kDownloadRead: {
+      ClientCall* call = ReleaseSlot(c, o.request_id);
+      if (call == nullptr) return;  // cancelled meanwhile
+      Bump(c->counters_.responses_received);
+      absl::Status status;
+      const bool is_message = (o.header.aux & rpc_wire::kAuxBulkIsMessage) != 0;
+      absl::string_view message =
+          is_message ? call->scratch_.view() : absl::string_view(o.eager);
+      if (call->response_ != nullptr &&
+          !call->response_->ParseFromArray(message.data(), static_cast<int>(message.size()))) {
+        status = absl::DataLossError("response does not parse");
+      } else if (call->response_bytes_ != nullptr) {
+        call->response_bytes_->assign(message.data(), message.size());
+      }
+      if (is_message) call->scratch_.Release();
+      FinishCall(c, call, std::move(status));
+      return;
+    }
+    case BulkOp::Kind::kMirrorRead: {
+      SendBulkAck(c, o.request_id, o.peer_rkey);
+      Incoming in;
+      in.header = o.header;
+      in.eager = o.eager;
+      in.bulk = std::move(o.buffer);
+      in.bulk.resize(o.length);
+      in.has_chunk = o.has_chunk;
+      in.chunk = o.chunk;
+      DispatchCall(c, in);
+      return;
+    }
+    case BulkOp::Kind::kRevoke:
+    case BulkOp::Kind::kRevokeThenComplete: {
+      Bump(o.lease_expired ? c->counters_.windows_lease_expired
+                           : c->counters_.windows_locally_invalidated);
+      Bump(o.lease_expired ? totals_.windows_lease_expired : totals_.windows_locally_invalidated);
+      FreeWindow(c, o.window);
+      if (o.kind == BulkOp::Kind::kRevokeThenComplete && o.call != nullptr) {
+        ClientCall* call = o.call;
+        if (call->request_window_ == o.window) call->request_window_ = -1;
+        if (call->reply_window_ == o.window) call->reply_window_ = -1;
+        if (call->request_window_ < 0 && call->reply_window_ < 0) {
+          CompleteLocally(call, std::move(o.status));
+        }
+      }
+      return;
+    }
+    case BulkOp::Kind::kRevokeThenDispatch: {
+      Bump(c->counters_.windows_locally_invalidated);
+      Bump(totals_.windows_locally_invalidated);
+      Window& win = c->windows_[o.window];
+      const uint32_t grant_size = static_cast<uint32_t>(win.buffer.capacity());
+      Incoming in;
+      in.header = o.header;
+      in.eager = o.eager;
+      in.bulk = std::move(win.buffer);
+      in.bulk.resize(o.length);
+      FreeWindow(c, o.window);
+      GrantWindows(c, 1, grant_size);
+      DispatchCall(c, in);
+      return;
+    }
+    case BulkOp::Kind::kHold:
+    case BulkOp::Kind::kNone:
+      return;
+  }
+}
+
+void Worker::FinishCall(Connection* c, ClientCall* call, absl::Status status) {
+  call->scratch_.Release();
+  // Mirror mode: buffers still exposed are revoked before the caller gets them back.
+  const int32_t windows[2] = {call->request_window_, call->reply_window_};
+  bool pending = false;
+  for (int32_t w : windows) {
+    if (w < 0) continue;
+    Window& win = c->windows_[w];
+    if (win.state != Window::State::kExposed) continue;
+    win.state = Window::State::kRevoking;
+    const int32_t op = NewOp(c);
+    BulkOp& o = c->ops_[op];
+    o.kind = BulkOp::Kind::kRevokeThenComplete;
+    o.window = w;
+    o.call = call;
+    o.status = status;
+    PostLocalInv(c, win.rkey, op);
+    pending = true;
+  }
+  if (!pending) {
+    call->request_window_ = -1;
+    call->reply_window_ = -1;
+    CompleteLocally(call, std::move(status));
+  }
+}
+
+void Worker::BulkTimers(Connection* c, absl::Time now) {
+  for (size_t i = 0; i < c->windows_.size(); ++i) {
+    Window& win = c->windows_[i];
+    if (win.state != Window::State::kExposed || win.lease > now) continue;
+    // Not acknowledged in time: the exposing side revokes it itself.
+    SWIRL_LOG(INFO, "%s: connection %u: window for request %u not acknowledged in %s; revoking",
+              options_.name, c->id_, win.request_id, absl::FormatDuration(options_.window_lease));
+    RevokeWindow(c, static_cast<int32_t>(i), BulkOp::Kind::kRevoke, true);
+  }
+}
+
+void Worker::ReleaseBulk(Connection* c) {
+  // The connection is gone: deallocating a window revokes it, whatever state it was in.
+  for (Window& win : c->windows_) {
+    if (win.state != Window::State::kFree) {
+      Bump(c->counters_.windows_locally_invalidated);
+      Bump(totals_.windows_locally_invalidated);
+    }
+  }
+  c->windows_.clear();
+  c->free_windows_.clear();
+  c->ops_.clear();
+  c->free_ops_.clear();
+  c->static_exposed_.clear();
+  c->static_download_.clear();
+  c->grants_.clear();
+  c->pending_acks_.clear();
+}
+
+}  // namespace internal
+}  // namespace swirl

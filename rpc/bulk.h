@@ -1,0 +1,85 @@
+// Zero-copy bulk payloads: registered memory that travels by RDMA through a memory window made
+// for one request (docs/BULK.md).
+//
+// A payload above the negotiated eager threshold never goes through the message path: the side
+// that holds it exposes exactly that buffer through a type 2 memory window with a fresh rkey,
+// the other side RDMA-reads or -writes it, and the last message for the request is a
+// SEND_WITH_INV carrying the rkey, so the window is revoked by the NIC as the message is
+// delivered. This happens on its own for large protobuf messages (serialized straight into
+// registered memory). For zero copy, attach a BulkBuffer: a storage server reads a block
+// straight into the buffer the client will RDMA-READ, and a client receives into a buffer it
+// chose.
+//
+//   auto block = channel->AllocateBulk(1 << 20);          // client side
+//   CallOptions options;
+//   options.response_bulk = &*block;                      // where Read's data lands
+//   stub.Read(request, &response, options);
+//
+//   absl::Status Read(ServerContext& ctx, ...) {           // server side
+//     auto out = ctx.AllocateResponseBulk(length);
+//     pread(fd, (*out)->data(), length, offset);
+//     ...
+
+#ifndef SWIRL_RPC_BULK_H_
+#define SWIRL_RPC_BULK_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "absl/strings/string_view.h"
+
+namespace swirl {
+
+namespace internal {
+class BulkPool;
+}  // namespace internal
+
+// A buffer in registered memory. Move-only; gives its memory back to its pool when destroyed
+// (from any thread). It must not outlive the Channel or Server it came from.
+class BulkBuffer {
+ public:
+  BulkBuffer() = default;
+  BulkBuffer(BulkBuffer&& other) noexcept { *this = std::move(other); }
+  BulkBuffer& operator=(BulkBuffer&& other) noexcept;
+  BulkBuffer(const BulkBuffer&) = delete;
+  BulkBuffer& operator=(const BulkBuffer&) = delete;
+  ~BulkBuffer() { Release(); }
+
+  char* data() const { return data_; }
+  size_t size() const { return size_; }
+  size_t capacity() const { return capacity_; }
+  // Sets the length of the payload (at most capacity()).
+  void resize(size_t size) { size_ = size <= capacity_ ? size : capacity_; }
+  absl::string_view view() const { return absl::string_view(data_, size_); }
+  explicit operator bool() const { return data_ != nullptr; }
+
+  void Release();
+
+ private:
+  friend class internal::BulkPool;
+  std::shared_ptr<internal::BulkPool> pool_;
+  int size_class_ = -1;
+  char* data_ = nullptr;
+  size_t size_ = 0;
+  size_t capacity_ = 0;
+};
+
+// How bulk payloads move on a channel.
+enum class BulkMode {
+  // The side holding the data exposes it; the other side's last message is SEND_WITH_INV
+  // (server-exposed downloads, server-granted upload windows). The default.
+  kServerExposes,
+  // NFS/RDMA and SMB Direct style: the client exposes its buffers through its own per-request
+  // windows and the server's reply is the SEND_WITH_INV.
+  kMirror,
+  // One long-lived rkey for the whole server pool, no windows, no invalidation. Exists only to
+  // measure what per-request windows cost; the server must opt in. Never use it otherwise.
+  kUnsafeStaticRkeyBenchmarkOnly,
+};
+
+const char* BulkModeName(BulkMode mode);
+
+}  // namespace swirl
+
+#endif  // SWIRL_RPC_BULK_H_

@@ -1,0 +1,138 @@
+#include "rpc/bulk_pool.h"
+
+#include <sys/mman.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace swirl {
+
+const char* BulkModeName(BulkMode mode) {
+  switch (mode) {
+    case BulkMode::kServerExposes: return "server-exposes";
+    case BulkMode::kMirror: return "mirror";
+    case BulkMode::kUnsafeStaticRkeyBenchmarkOnly: return "UNSAFE-static-rkey(benchmark only)";
+  }
+  return "?";
+}
+
+BulkBuffer& BulkBuffer::operator=(BulkBuffer&& other) noexcept {
+  if (this != &other) {
+    Release();
+    pool_ = std::move(other.pool_);
+    size_class_ = other.size_class_;
+    data_ = other.data_;
+    size_ = other.size_;
+    capacity_ = other.capacity_;
+    other.data_ = nullptr;
+    other.size_ = other.capacity_ = 0;
+    other.size_class_ = -1;
+  }
+  return *this;
+}
+
+void BulkBuffer::Release() {
+  if (data_ != nullptr && pool_ != nullptr) pool_->Free(size_class_, data_);
+  pool_.reset();
+  data_ = nullptr;
+  size_ = capacity_ = 0;
+  size_class_ = -1;
+}
+
+namespace internal {
+
+absl::StatusOr<std::shared_ptr<BulkPool>> BulkPool::Create(
+    std::shared_ptr<verbs::ProtectionDomain> pd, size_t bytes, bool unsafe_remote_access) {
+  std::shared_ptr<BulkPool> pool(new BulkPool());
+  pool->bytes_ = (bytes + kMinClass - 1) & ~(kMinClass - 1);
+  void* memory =
+      mmap(nullptr, pool->bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (memory == MAP_FAILED) {
+    return absl::ResourceExhaustedError(absl::StrCat("bulk pool: ", std::strerror(errno)));
+  }
+  pool->base_ = static_cast<char*>(memory);
+  // Remote access only through memory windows: the region's own rkey grants nothing remote.
+  auto mr = verbs::MemoryRegion::Register(pd, pool->base_, pool->bytes_,
+                                          IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND);
+  if (!mr.ok()) return mr.status();
+  pool->mr_ = std::move(*mr);
+  if (unsafe_remote_access) {
+    auto unsafe = verbs::MemoryRegion::Register(
+        pd, pool->base_, pool->bytes_,
+        IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE);
+    if (!unsafe.ok()) return unsafe.status();
+    pool->unsafe_mr_ = std::move(*unsafe);
+  }
+  absl::MutexLock lock(&pool->mu_);
+  int classes = 0;
+  for (size_t c = kMinClass; c <= pool->bytes_; c <<= 1) ++classes;
+  pool->free_.resize(classes);
+  return pool;
+}
+
+BulkPool::~BulkPool() {
+  unsafe_mr_.reset();
+  mr_.reset();
+  if (base_ != nullptr) munmap(base_, bytes_);
+}
+
+absl::StatusOr<BulkBuffer> BulkPool::Allocate(size_t size) {
+  int size_class = 0;
+  size_t class_bytes = kMinClass;
+  while (class_bytes < size) {
+    class_bytes <<= 1;
+    ++size_class;
+  }
+  absl::MutexLock lock(&mu_);
+  if (static_cast<size_t>(size_class) >= free_.size()) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("bulk payload of ", size, " bytes exceeds the ", bytes_, "-byte pool"));
+  }
+  char* data = nullptr;
+  if (!free_[size_class].empty()) {
+    data = free_[size_class].back();
+    free_[size_class].pop_back();
+  } else if (carved_ + class_bytes <= bytes_) {
+    data = base_ + carved_;
+    carved_ += class_bytes;
+  } else {
+    // Split a free buffer of a bigger class rather than fail.
+    for (size_t bigger = size_class + 1; bigger < free_.size() && data == nullptr; ++bigger) {
+      if (free_[bigger].empty()) continue;
+      char* block = free_[bigger].back();
+      free_[bigger].pop_back();
+      for (size_t c = bigger; c > static_cast<size_t>(size_class); --c) {
+        free_[c - 1].push_back(block + (kMinClass << (c - 1)));
+      }
+      data = block;
+    }
+    if (data == nullptr) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "bulk pool exhausted (", in_use_, " of ", bytes_, " bytes in use)"));
+    }
+  }
+  in_use_ += class_bytes;
+  BulkBuffer buffer;
+  buffer.pool_ = shared_from_this();
+  buffer.size_class_ = size_class;
+  buffer.data_ = data;
+  buffer.size_ = size;
+  buffer.capacity_ = class_bytes;
+  return buffer;
+}
+
+void BulkPool::Free(int size_class, char* data) {
+  absl::MutexLock lock(&mu_);
+  free_[size_class].push_back(data);
+  in_use_ -= kMinClass << size_class;
+}
+
+size_t BulkPool::bytes_in_use() const {
+  absl::MutexLock lock(&mu_);
+  return in_use_;
+}
+
+}  // namespace internal
+}  // namespace swirl

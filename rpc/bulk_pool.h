@@ -1,0 +1,62 @@
+// Internal: the registered memory behind BulkBuffers. One region, registered once with
+// LOCAL_WRITE | MW_BIND (remote access only ever through a memory window), carved into
+// power-of-two size classes with a free list each. Thread-safe (allocation is per bulk
+// transfer, not per message).
+
+#ifndef SWIRL_RPC_BULK_POOL_H_
+#define SWIRL_RPC_BULK_POOL_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "rpc/bulk.h"
+#include "transport/verbs/verbs.h"
+
+namespace swirl::internal {
+
+class BulkPool : public std::enable_shared_from_this<BulkPool> {
+ public:
+  static constexpr size_t kMinClass = 4096;
+
+  // `bytes` of registered memory. `unsafe_remote_access` additionally registers the region
+  // for remote read/write under one long-lived rkey (BulkMode::kUnsafeStaticRkeyBenchmarkOnly).
+  static absl::StatusOr<std::shared_ptr<BulkPool>> Create(
+      std::shared_ptr<verbs::ProtectionDomain> pd, size_t bytes, bool unsafe_remote_access);
+  ~BulkPool();
+
+  // A buffer of at least `size` bytes, or RESOURCE_EXHAUSTED.
+  absl::StatusOr<BulkBuffer> Allocate(size_t size);
+  size_t max_allocation() const { return bytes_; }
+
+  ibv_mr* mr() const { return mr_->get(); }
+  uint32_t lkey() const { return mr_->lkey(); }
+  // Only with unsafe_remote_access.
+  uint32_t unsafe_rkey() const { return unsafe_mr_ ? unsafe_mr_->rkey() : 0; }
+  bool Contains(const void* p, size_t n) const {
+    const char* c = static_cast<const char*>(p);
+    return c >= base_ && n <= bytes_ && c - base_ <= static_cast<ptrdiff_t>(bytes_ - n);
+  }
+  size_t bytes_in_use() const;
+
+ private:
+  friend class ::swirl::BulkBuffer;
+  BulkPool() = default;
+  void Free(int size_class, char* data);
+
+  char* base_ = nullptr;
+  size_t bytes_ = 0;
+  std::unique_ptr<verbs::MemoryRegion> mr_;
+  std::unique_ptr<verbs::MemoryRegion> unsafe_mr_;
+  mutable absl::Mutex mu_;
+  size_t carved_ ABSL_GUARDED_BY(mu_) = 0;
+  size_t in_use_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<std::vector<char*>> free_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace swirl::internal
+
+#endif  // SWIRL_RPC_BULK_POOL_H_
