@@ -110,6 +110,7 @@ uint32_t Worker::BindWindow(Connection* c, int32_t w, uint64_t addr, uint32_t le
   wr.bind_mw.bind_info.mw_access_flags = static_cast<unsigned int>(access);
   QueueRawWr(c, wr, nullptr, -1, -1);
   window.rkey = rkey;
+  if (window.state == Window::State::kFree) Bump(windows_exposed_);
   window.state = Window::State::kExposed;
   window.addr = addr;
   window.length = length;
@@ -119,6 +120,10 @@ uint32_t Worker::BindWindow(Connection* c, int32_t w, uint64_t addr, uint32_t le
 
 void Worker::FreeWindow(Connection* c, int32_t w) {
   Window& window = c->windows_[w];
+  if (window.state != Window::State::kFree) {
+    windows_exposed_.store(windows_exposed_.load(std::memory_order_relaxed) - 1,
+                           std::memory_order_relaxed);
+  }
   window.state = Window::State::kFree;
   window.buffer.Release();
   window.request_id = 0;
@@ -254,8 +259,7 @@ bool Worker::SendBulkCall(Connection* c, ClientCall* call, size_t message_size,
         int32_t buffer;
         char* msg = AllocMessage(c, kHeader, &buffer);
         if (msg != nullptr) {
-          const uint32_t want = std::max<uint32_t>(
-              1, c->negotiated_.window_credits() - static_cast<uint32_t>(c->grants_.size()));
+          const uint32_t want = c->negotiated_.window_credits();
           *reinterpret_cast<MessageHeader*>(msg) = MessageHeader{
               rpc_wire::kProtocolVersion, rpc_wire::kWindowGrant, 0, 0, length, 0, 0, 0, want};
           QueueWr(c, msg, kHeader, buffer);
@@ -372,7 +376,7 @@ void Worker::HandleBulkRequest(Connection* c, const MessageHeader& h, const char
       }
       Window& win = c->windows_[w];
       const uint32_t grant_size = static_cast<uint32_t>(win.buffer.capacity());
-      --c->grants_outstanding_;
+      --c->grants_by_size_[grant_size];
       if (remote_invalidation(c)) {
         // The window was revoked as this message arrived; the payload can no longer change.
         if (!InvalidatedBy(wc, d.rkey)) {
@@ -415,7 +419,7 @@ void Worker::HandleBulkRequest(Connection* c, const MessageHeader& h, const char
       in.bulk = std::move(it->second);
       in.bulk.resize(d.length);
       c->static_exposed_.erase(it);
-      --c->grants_outstanding_;
+      --c->grants_by_size_[grant_size];
       GrantWindows(c, 1, grant_size);
       DispatchCall(c, in);
       return;
@@ -677,6 +681,11 @@ void Worker::HandleBulkAck(Connection* c, const MessageHeader& h, const ibv_wc& 
   if (wc.wc_flags & IBV_WC_WITH_INV) {
     return BulkViolation(c, "SEND_WITH_INV outside remote invalidation mode");
   }
+  if (win.purpose == Window::Purpose::kMirrorRequest) {
+    for (ClientCall* call : c->pending_) {
+      if (call != nullptr && call->request_window_ == w) call->request_window_ = -1;
+    }
+  }
   RevokeWindow(c, w, BulkOp::Kind::kRevoke, false);
 }
 
@@ -686,8 +695,11 @@ void Worker::GrantWindows(Connection* c, uint32_t count, uint32_t size) {
       c->negotiated_.bulk_mode() == control::BULK_UNSAFE_STATIC_RKEY_BENCHMARK_ONLY;
   std::vector<BulkDescriptor> granted;
   size = std::min<uint32_t>(size, static_cast<uint32_t>(c->negotiated_.max_bulk_size()));
-  while (granted.size() < count && size > 0 &&
-         c->grants_outstanding_ < c->negotiated_.window_credits()) {
+  // Windows are granted per size class (the pool's), window_credits of each at most.
+  uint32_t class_size = BulkPool::kMinClass;
+  while (class_size < size) class_size <<= 1;
+  uint32_t& outstanding = c->grants_by_size_[class_size];
+  while (granted.size() < count && size > 0 && outstanding < c->negotiated_.window_credits()) {
     auto buffer = bulk_pool_->Allocate(size);
     if (!buffer.ok()) break;
     BulkDescriptor d{Addr(buffer->data()), static_cast<uint32_t>(buffer->capacity()), 0};
@@ -703,7 +715,7 @@ void Worker::GrantWindows(Connection* c, uint32_t count, uint32_t size) {
       win.purpose = Window::Purpose::kGrant;
       win.buffer = std::move(*buffer);
     }
-    ++c->grants_outstanding_;
+    ++outstanding;
     granted.push_back(d);
     Bump(c->counters_.windows_granted);
     Bump(totals_.windows_granted);
@@ -733,8 +745,9 @@ void Worker::HandleWindowGrant(Connection* c, const MessageHeader& h, const char
                  static_cast<uint32_t>(h.request_id));
     return;
   }
-  if (h.payload_len != h.aux * sizeof(BulkDescriptor) ||
-      c->grants_.size() + h.aux > c->negotiated_.window_credits()) {
+  // A server may grant window_credits windows of each size class; more is a violation.
+  const size_t limit = static_cast<size_t>(c->negotiated_.window_credits()) * 32;
+  if (h.payload_len != h.aux * sizeof(BulkDescriptor) || c->grants_.size() + h.aux > limit) {
     return BulkViolation(c, "malformed or excessive window grant");
   }
   for (uint32_t i = 0; i < h.aux; ++i) {
@@ -883,6 +896,8 @@ void Worker::ReleaseBulk(Connection* c) {
     if (win.state != Window::State::kFree) {
       Bump(c->counters_.windows_locally_invalidated);
       Bump(totals_.windows_locally_invalidated);
+      windows_exposed_.store(windows_exposed_.load(std::memory_order_relaxed) - 1,
+                             std::memory_order_relaxed);
     }
   }
   c->windows_.clear();

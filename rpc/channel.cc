@@ -183,13 +183,17 @@ class Channel::Impl {
     request.set_protocol_version(internal::kControlProtocolVersion);
     request.set_client_name(options.client_name);
     *request.mutable_address() = internal::ToProto(*local_address);
-    *request.mutable_capabilities() = internal::DescribeLocal(runtime->caps, local);
+    verbs::Capabilities declared = runtime->caps;
+    if (options.local_invalidation_only) {
+      declared.remote_invalidation_advertised = false;
+    }
+    *request.mutable_capabilities() = internal::DescribeLocal(declared, local);
     control::ConnectResponse response;
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + options.connect_timeout));
     AddAuth(&ctx);
     absl::Status s = internal::FromGrpc(stub->Connect(&ctx, request, &response));
-    if (s.ok()) s = internal::CheckNegotiated(response.negotiated(), local, runtime->caps);
+    if (s.ok()) s = internal::CheckNegotiated(response.negotiated(), local, declared);
     absl::StatusOr<verbs::PeerAddress> server_address =
         s.ok() ? internal::FromProto(response.address()) : absl::StatusOr<verbs::PeerAddress>(s);
     if (s.ok()) s = server_address.status();

@@ -58,6 +58,9 @@ struct ChannelOptions {
   BulkMode bulk_mode = BulkMode::kServerExposes;
   // Refuse to connect unless remote invalidation works end to end (no local fallback).
   bool require_remote_invalidation = false;
+  // Declare this side unable to do remote invalidation, so the explicit local-invalidation
+  // fallback is used (to test and measure the fallback; never needed otherwise).
+  bool local_invalidation_only = false;
   absl::Duration window_lease = absl::Seconds(5);  // mirror mode: our windows' lease
 };
 

@@ -284,8 +284,9 @@ class Server::Impl final : public control::Control::Service {
       s->set_windows_lease_expired(s->windows_lease_expired() + t.windows_lease_expired.load());
       s->set_invalidation_violations(s->invalidation_violations() +
                                      t.invalidation_violations.load());
+      s->set_windows_outstanding(s->windows_outstanding() + w->windows_exposed());
       if (w->bulk_pool() != nullptr) {
-        s->set_windows_outstanding(s->windows_outstanding() + w->bulk_pool()->bytes_in_use());
+        s->set_bulk_bytes_in_use(s->bulk_bytes_in_use() + w->bulk_pool()->bytes_in_use());
       }
       for (auto& c : w->Connections()) {
         if (c->state() != internal::Connection::State::kNew) ++live;

@@ -187,7 +187,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // Upload windows the peer granted us (we are the client in kServerExposes mode).
   std::vector<rpc_wire::BulkDescriptor> grants_;
   bool grant_requested_ = false;
-  uint32_t grants_outstanding_ = 0;  // server: windows granted and not yet used
+  // Server: upload windows granted and not yet used, per size (each size up to window_credits).
+  absl::flat_hash_map<uint32_t, uint32_t> grants_by_size_;
   // Unsafe benchmark mode: buffers handed out under the static rkey, by address.
   absl::flat_hash_map<uint64_t, BulkBuffer> static_exposed_;
   absl::flat_hash_map<uint64_t, uint64_t> static_download_;  // request id -> address
@@ -317,6 +318,7 @@ class Worker {
   std::shared_ptr<verbs::ProtectionDomain> pd() const { return pd_; }
   const std::shared_ptr<BulkPool>& bulk_pool() const { return bulk_pool_; }
   ConnectionCounters& totals() { return totals_; }
+  uint64_t windows_exposed() const { return windows_exposed_.load(std::memory_order_relaxed); }
 
   // For thread-pool handlers and internal tasks: runs `fn` on the loop thread.
   void RunInLoop(absl::AnyInvocable<void()> fn);
@@ -420,8 +422,11 @@ class Worker {
   void BulkViolation(Connection* c, const std::string& why);
   void BulkTimers(Connection* c, absl::Time now);
   void ReleaseBulk(Connection* c);
+  // Windows of this connection are revoked by the peer's SEND_WITH_INV (false for the local
+  // fallback, and for the unsafe static-rkey mode, which has no windows at all).
   bool remote_invalidation(const Connection* c) const {
-    return c->negotiated_.invalidation() == control::INVALIDATION_REMOTE;
+    return c->negotiated_.invalidation() == control::INVALIDATION_REMOTE &&
+           c->negotiated_.bulk_mode() != control::BULK_UNSAFE_STATIC_RKEY_BENCHMARK_ONLY;
   }
 
   // Failure and teardown.
@@ -450,6 +455,7 @@ class Worker {
   uint32_t max_inline_ = 0;
   absl::BitGen bitgen_;  // loop thread only: rkey key bytes
   ConnectionCounters totals_;  // bulk counters summed over connections, closed ones included
+  std::atomic<uint64_t> windows_exposed_{0};  // written by the loop thread only
 
   MpscQueue<WorkItem> submissions_;
   std::atomic<bool> sleeping_{false};

@@ -6,17 +6,23 @@
 //   Fail      fails with the absl::StatusCode number in the request
 //   CallBack  (blocking) calls "test.Client/Ping" on the caller's side of the same connection
 //             and returns its answer (server-to-client calls)
+//   Fill      returns a bulk attachment of N bytes (N in the request) of a known pattern
+//   Sum       returns "<bytes>:<FNV-1a hash>" of the request's bulk attachment
+//   BulkEcho  returns the request's bulk attachment as the response's, and the eager part
+//   Stats     returns "<granted> <remote> <local> <lease_expired> <violations>" for this server
 // Prints nothing; writes its port to --port_file. SIGTERM: graceful shutdown, exit 0.
 
 #include <signal.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cstring>
 #include <fstream>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "rpc/server.h"
 #include "rpc/service.h"
 #include "rpc/wire.h"
@@ -25,11 +31,27 @@ ABSL_FLAG(std::string, port_file, "", "where to write the control-plane port");
 ABSL_FLAG(std::string, token, "e2e", "authentication token");
 ABSL_FLAG(int, max_per_client, 64, "connections per client address");
 ABSL_FLAG(int, shutdown_ms, 3000, "graceful shutdown deadline");
+ABSL_FLAG(int, window_lease_ms, 5000, "bulk window lease");
+ABSL_FLAG(bool, allow_unsafe, false, "allow the unsafe static-rkey bulk mode");
+ABSL_FLAG(bool, no_local_fallback, false, "refuse clients without remote invalidation");
 
 namespace {
 
 std::atomic<bool> g_stop{false};
 std::atomic<int> g_cancelled{0};
+swirl::Server* g_server = nullptr;
+
+uint64_t Fnv(absl::string_view data) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : data) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+// The pattern Fill produces: byte i of a fill of n bytes.
+char Pattern(size_t i) { return static_cast<char>((i * 131 + 7) & 0xff); }
 
 class E2E : public swirl::Service {
  public:
@@ -78,6 +100,44 @@ class E2E : public swirl::Service {
           return absl::OkStatus();
         },
         swirl::MethodOptions{swirl::Execution::kThreadPool, false});
+    AddRawMethod("Fill", [](swirl::ServerContext& ctx, absl::string_view in,
+                            swirl::ResponseWriter& out) {
+      size_t n = 0;
+      if (!absl::SimpleAtoi(in, &n)) return absl::InvalidArgumentError("Fill wants a size");
+      auto bulk = ctx.AllocateResponseBulk(n);
+      if (!bulk.ok()) return bulk.status();
+      for (size_t i = 0; i < n; ++i) (*bulk)->data()[i] = Pattern(i);
+      (*bulk)->resize(n);
+      out.Append("filled");
+      return absl::OkStatus();
+    });
+    AddRawMethod("Sum", [](swirl::ServerContext& ctx, absl::string_view,
+                           swirl::ResponseWriter& out) {
+      swirl::BulkBuffer* in = ctx.request_bulk();
+      if (in == nullptr) return absl::InvalidArgumentError("Sum wants bulk data");
+      out.Append(absl::StrCat(in->size(), ":", Fnv(in->view())));
+      return absl::OkStatus();
+    });
+    AddRawMethod("BulkEcho", [](swirl::ServerContext& ctx, absl::string_view eager,
+                                swirl::ResponseWriter& out) {
+      swirl::BulkBuffer* in = ctx.request_bulk();
+      if (in != nullptr) {
+        auto bulk = ctx.AllocateResponseBulk(in->size());
+        if (!bulk.ok()) return bulk.status();
+        std::memcpy((*bulk)->data(), in->data(), in->size());
+        (*bulk)->resize(in->size());
+      }
+      out.Append(eager);
+      return absl::OkStatus();
+    });
+    AddRawMethod("Stats", [](swirl::ServerContext&, absl::string_view,
+                             swirl::ResponseWriter& out) {
+      const auto s = g_server->Stats().server();
+      out.Append(absl::StrCat(s.windows_outstanding(), " ", s.windows_remote_invalidated(), " ",
+                              s.windows_locally_invalidated(), " ", s.windows_lease_expired(),
+                              " ", s.invalidation_violations()));
+      return absl::OkStatus();
+    });
   }
 };
 
@@ -90,8 +150,12 @@ int main(int argc, char** argv) {
   options.auth_token = absl::GetFlag(FLAGS_token);
   options.max_connections_per_client = absl::GetFlag(FLAGS_max_per_client);
   options.keepalive = absl::Seconds(1);
+  options.window_lease = absl::Milliseconds(absl::GetFlag(FLAGS_window_lease_ms));
+  options.allow_unsafe_static_rkey_for_benchmarks = absl::GetFlag(FLAGS_allow_unsafe);
+  options.allow_local_invalidation_fallback = !absl::GetFlag(FLAGS_no_local_fallback);
   E2E service;
   swirl::Server server(options);
+  g_server = &server;
   if (!server.RegisterService(&service).ok() || !server.Start().ok()) return 1;
   {
     const std::string path = absl::GetFlag(FLAGS_port_file);

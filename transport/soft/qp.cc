@@ -560,14 +560,16 @@ bool ProgressLocked(SoftQp* qp) {
   const uint64_t req_head = qp->req_tx.head();
   const uint64_t resp_head = qp->resp_tx.head();
   if (qp->linked) {
+    // Read the peer's state before draining its rings: a peer publishes its error state only
+    // after the NAK that explains it, so whatever that state says, the drain below sees the NAK.
+    const uint64_t peer_state = qp->peer.control()->state.value.load(std::memory_order_acquire);
+    const bool gone = qp->peer_gone.load(std::memory_order_acquire);
     if (qp->pending_nak.active) FlushPendingNak(qp);
     did |= ProcessResponses(qp);
     did |= ProcessRequests(qp);
     // Completions first: a NAK just processed puts the QP in error with its own status, which
     // must not be mistaken for the peer going silent below.
     CompleteSq(qp);
-    const uint64_t peer_state = qp->peer.control()->state.value.load(std::memory_order_acquire);
-    const bool gone = qp->peer_gone.load(std::memory_order_acquire);
     if ((peer_state != wire::kLinkActive || gone) && qp->qstate != IBV_QPS_ERR) {
       // The peer stopped answering: the first request still outstanding fails as a real
       // requester's would after its retries; a peer that is gone for good takes us down too.

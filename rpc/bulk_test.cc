@@ -1,0 +1,423 @@
+// Bulk transfers end to end, against rpc/testing/test_server in another process: every mode
+// moves data correctly and is counted; and the security properties of per-request windows hold
+// against a client that misbehaves on purpose (rpc/testing/rogue.h).
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "rpc/channel.h"
+#include "rpc/testing/process.h"
+#include "rpc/testing/rogue.h"
+#include "rpc/wire.h"
+
+namespace swirl {
+namespace {
+
+constexpr char kServer[] = "rpc/testing/test_server";
+using rpc_wire::BulkDescriptor;
+using rpc_wire::MessageHeader;
+
+uint32_t Id(const char* m) { return rpc_wire::MethodId(m); }
+
+char Pattern(size_t i) { return static_cast<char>((i * 131 + 7) & 0xff); }
+
+uint64_t Fnv(absl::string_view data) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : data) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+std::string Payload(size_t n, int seed) {
+  std::string s(n, '\0');
+  for (size_t i = 0; i < n; ++i) s[i] = static_cast<char>((i * 7 + seed * 13) & 0xff);
+  return s;
+}
+
+struct ServerStats {
+  uint64_t exposed, remote, local, lease_expired, violations;
+};
+
+ServerStats Stats(Channel& channel) {
+  std::string out;
+  EXPECT_TRUE(CallRaw(channel, Id("/test.E2E/Stats"), "", &out, {}).ok());
+  std::vector<std::string> parts = absl::StrSplit(out, ' ');
+  ServerStats s{};
+  if (parts.size() == 5) {
+    EXPECT_TRUE(absl::SimpleAtoi(parts[0], &s.exposed) && absl::SimpleAtoi(parts[1], &s.remote) &&
+                absl::SimpleAtoi(parts[2], &s.local) &&
+                absl::SimpleAtoi(parts[3], &s.lease_expired) &&
+                absl::SimpleAtoi(parts[4], &s.violations));
+  }
+  return s;
+}
+
+// A verified bulk round trip: the check that "the server keeps serving its other clients and
+// loses no data".
+void ExpectHealthy(Channel& channel, int seed) {
+  std::string request = Payload(100000 + seed, seed);
+  std::string response;
+  absl::Status s = CallRaw(channel, Id("/test.E2E/Echo"), request, &response, {});
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_TRUE(response == request) << "echo of " << request.size() << " bytes came back wrong";
+}
+
+struct Mode {
+  const char* name;
+  BulkMode bulk;
+  bool local_only;
+};
+
+class BulkModesTest : public ::testing::TestWithParam<Mode> {
+ protected:
+  static void SetUpTestSuite() {
+    auto server = testing::SpawnServer(kServer, {"--allow_unsafe"});
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = new testing::ChildProcess(std::move(server->first));
+    port_ = server->second;
+  }
+  static void TearDownTestSuite() { delete server_; }
+  static testing::ChildProcess* server_;
+  static int port_;
+};
+testing::ChildProcess* BulkModesTest::server_ = nullptr;
+int BulkModesTest::port_ = 0;
+
+TEST_P(BulkModesTest, LargePayloadsMoveCorrectlyAndEveryWindowIsAccountedFor) {
+  const Mode mode = GetParam();
+  ChannelOptions options;
+  options.auth_token = "e2e";
+  options.bulk_mode = mode.bulk;
+  options.local_invalidation_only = mode.local_only;
+  auto channel = Channel::Create(absl::StrCat("127.0.0.1:", port_), options);
+  ASSERT_TRUE(channel.ok()) << channel.status();
+  EXPECT_EQ((*channel)->negotiated().invalidation(),
+            mode.local_only ? control::INVALIDATION_LOCAL : control::INVALIDATION_REMOTE);
+  const ServerStats before = Stats(**channel);
+
+  // Large messages (serialized into registered memory) both ways.
+  for (size_t size : {3000, 65536, (1 << 20) + 13}) {
+    std::string request = Payload(size, static_cast<int>(size));
+    std::string response;
+    absl::Status s = CallRaw(**channel, Id("/test.E2E/Echo"), request, &response, {});
+    ASSERT_TRUE(s.ok()) << size << ": " << s;
+    ASSERT_TRUE(response == request) << size;
+  }
+  // Zero-copy download into a buffer we chose, and into one the call allocates.
+  auto landing = (*channel)->AllocateBulk(1 << 20);
+  ASSERT_TRUE(landing.ok());
+  for (size_t size : {4096, 500000}) {
+    CallOptions call_options;
+    call_options.response_bulk = &*landing;
+    std::string response;
+    ASSERT_TRUE(CallRaw(**channel, Id("/test.E2E/Fill"), std::to_string(size), &response,
+                        call_options)
+                    .ok());
+    EXPECT_EQ(response, "filled");
+    ASSERT_EQ(landing->size(), size);
+    for (size_t i = 0; i < size; i += 997) ASSERT_EQ(landing->data()[i], Pattern(i)) << i;
+
+    ClientCall call;
+    call.SetMethod(Id("/test.E2E/Fill"));
+    std::string request = std::to_string(size);
+    call.SetRequestBytes(request);
+    call.SetResponseBytes(&response);
+    (*channel)->Start(&call);
+    ASSERT_TRUE(call.Wait().ok()) << call.status();
+    ASSERT_EQ(call.response_bulk().size(), size);
+    EXPECT_EQ(call.response_bulk().data()[size - 1], Pattern(size - 1));
+  }
+  // Zero-copy upload.
+  auto upload = (*channel)->AllocateBulk(300000);
+  ASSERT_TRUE(upload.ok());
+  const std::string data = Payload(300000, 5);
+  std::memcpy(upload->data(), data.data(), data.size());
+  upload->resize(data.size());
+  for (int i = 0; i < 3; ++i) {
+    CallOptions call_options;
+    call_options.request_bulk = &*upload;
+    std::string response;
+    ASSERT_TRUE(CallRaw(**channel, Id("/test.E2E/Sum"), "", &response, call_options).ok());
+    EXPECT_EQ(response, absl::StrCat(data.size(), ":", Fnv(data)));
+  }
+  // Both directions in one call, with a small eager message alongside.
+  CallOptions both;
+  both.request_bulk = &*upload;
+  both.response_bulk = &*landing;
+  std::string eager;
+  ASSERT_TRUE(CallRaw(**channel, Id("/test.E2E/BulkEcho"), "side note", &eager, both).ok());
+  EXPECT_EQ(eager, "side note");
+  EXPECT_TRUE(landing->view() == data);
+
+  // The bookkeeping: nothing left exposed, each path counted where it belongs.
+  const ServerStats after = Stats(**channel);
+  const control::ConnectionStats mine = (*channel)->LocalStats();
+  EXPECT_EQ(mine.invalidation_violations(), 0u);
+  EXPECT_EQ(after.violations, before.violations);
+  if (mode.bulk == BulkMode::kUnsafeStaticRkeyBenchmarkOnly) {
+    EXPECT_EQ(after.remote, before.remote);
+    EXPECT_EQ(after.local, before.local);
+  } else if (mode.local_only) {
+    EXPECT_EQ(after.remote + mine.windows_remote_invalidated(), before.remote);
+    EXPECT_GT(after.local + mine.windows_locally_invalidated(), before.local);
+  } else {
+    EXPECT_GT(after.remote + mine.windows_remote_invalidated(), before.remote);
+    EXPECT_EQ(after.local, before.local) << "remote invalidation must not fall back silently";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    AllModes, BulkModesTest,
+    ::testing::Values(Mode{"ServerExposesRemote", BulkMode::kServerExposes, false},
+                      Mode{"ServerExposesLocalFallback", BulkMode::kServerExposes, true},
+                      Mode{"MirrorRemote", BulkMode::kMirror, false},
+                      Mode{"MirrorLocalFallback", BulkMode::kMirror, true},
+                      Mode{"UnsafeStaticRkey", BulkMode::kUnsafeStaticRkeyBenchmarkOnly, false}),
+    [](const ::testing::TestParamInfo<Mode>& info) { return std::string(info.param.name); });
+
+TEST(BulkNegotiation, FallbackIsRefusedWhenRemoteInvalidationIsRequired) {
+  auto server = testing::SpawnServer(kServer, {"--no_local_fallback"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  ChannelOptions options;
+  options.auth_token = "e2e";
+  options.local_invalidation_only = true;
+  auto channel = Channel::Create(absl::StrCat("127.0.0.1:", server->second), options);
+  ASSERT_FALSE(channel.ok());
+  EXPECT_EQ(channel.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(channel.status().message().find("peer's device"), absl::string_view::npos)
+      << channel.status();
+}
+
+TEST(BulkNegotiation, UnsafeStaticRkeyNeedsTheServersOptIn) {
+  auto server = testing::SpawnServer(kServer, {});
+  ASSERT_TRUE(server.ok()) << server.status();
+  ChannelOptions options;
+  options.auth_token = "e2e";
+  options.bulk_mode = BulkMode::kUnsafeStaticRkeyBenchmarkOnly;
+  auto channel = Channel::Create(absl::StrCat("127.0.0.1:", server->second), options);
+  ASSERT_FALSE(channel.ok());
+  EXPECT_EQ(channel.status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// ---- Security: what a misbehaving client can and cannot do ------------------------------------
+
+class BulkSecurityTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto server = testing::SpawnServer(kServer, {"--window_lease_ms=400"});
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = std::make_unique<testing::ChildProcess>(std::move(server->first));
+    port_ = server->second;
+    ChannelOptions options;
+    options.auth_token = "e2e";
+    auto good = Channel::Create(absl::StrCat("127.0.0.1:", port_), options);
+    ASSERT_TRUE(good.ok()) << good.status();
+    good_ = *good;
+    ExpectHealthy(*good_, 1);
+  }
+
+  // Asks for a download of `size` bytes and returns the server's descriptor.
+  BulkDescriptor Download(testing::RogueConnection& rogue, size_t size, uint64_t* request_id) {
+    EXPECT_TRUE(rogue.Call("/test.E2E/Fill", std::to_string(size), 0, 0, request_id).ok());
+    auto response = rogue.Receive(rpc_wire::kResponse);
+    EXPECT_TRUE(response.ok()) << response.status();
+    BulkDescriptor d{};
+    if (!response.ok()) return d;
+    EXPECT_TRUE(response->header.flags & rpc_wire::kFlagBulk);
+    EXPECT_GE(response->payload.size(), sizeof(d));
+    std::memcpy(&d, response->payload.data(), sizeof(d));
+    EXPECT_EQ(d.length, size);
+    return d;
+  }
+
+  absl::Status Ack(testing::RogueConnection& rogue, uint64_t request_id, uint32_t rkey) {
+    MessageHeader h{rpc_wire::kProtocolVersion, rpc_wire::kBulkAck, 0, 0, request_id, 0, 0, 0, 0};
+    return rogue.Send(h, {}, rkey);
+  }
+
+  // Upload windows granted to this rogue.
+  std::vector<BulkDescriptor> Grants(testing::RogueConnection& rogue, uint32_t size) {
+    MessageHeader h{rpc_wire::kProtocolVersion, rpc_wire::kWindowGrant, 0, 0, size, 0, 0, 0, 2};
+    EXPECT_TRUE(rogue.Send(h).ok());
+    auto grant = rogue.Receive(rpc_wire::kWindowGrant);
+    EXPECT_TRUE(grant.ok()) << grant.status();
+    std::vector<BulkDescriptor> out;
+    if (!grant.ok()) return out;
+    for (size_t i = 0; i + sizeof(BulkDescriptor) <= grant->payload.size(); i += 16) {
+      BulkDescriptor d;
+      std::memcpy(&d, grant->payload.data() + i, sizeof(d));
+      out.push_back(d);
+    }
+    return out;
+  }
+
+  void TearDown() override {
+    if (good_ != nullptr) {
+      ExpectHealthy(*good_, 99);
+      const ServerStats stats = Stats(*good_);
+      last_stats_ = stats;
+    }
+  }
+
+  std::unique_ptr<testing::ChildProcess> server_;
+  int port_ = 0;
+  std::shared_ptr<Channel> good_;
+  ServerStats last_stats_{};
+};
+
+TEST_F(BulkSecurityTest, DownloadKeyIsDeadAfterTheAcknowledgement) {
+  testing::RogueConnection rogue;
+  ASSERT_TRUE(rogue.Connect(port_, "e2e").ok());
+  uint64_t id;
+  const BulkDescriptor d = Download(rogue, 65536, &id);
+  std::string data;
+  auto st = rogue.Read(d.addr, d.rkey, d.length, &data);
+  ASSERT_TRUE(st.ok());
+  ASSERT_EQ(*st, IBV_WC_SUCCESS);
+  for (size_t i = 0; i < data.size(); i += 4093) ASSERT_EQ(data[i], Pattern(i));
+  ASSERT_TRUE(Ack(rogue, id, d.rkey).ok());
+  // The same key, after the SEND_WITH_INV that carried it: refused by the NIC.
+  st = rogue.Read(d.addr, d.rkey, d.length, &data);
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(*st, IBV_WC_REM_ACCESS_ERR);
+  ExpectHealthy(*good_, 2);
+}
+
+TEST_F(BulkSecurityTest, UploadWindowIsSealedBeforeTheHandlerRuns) {
+  testing::RogueConnection rogue;
+  ASSERT_TRUE(rogue.Connect(port_, "e2e").ok());
+  std::vector<BulkDescriptor> grants = Grants(rogue, 8192);
+  ASSERT_FALSE(grants.empty());
+  const BulkDescriptor g = grants[0];
+  const std::string original = Payload(8192, 3);
+  auto st = rogue.Write(g.addr, g.rkey, original);
+  ASSERT_TRUE(st.ok());
+  ASSERT_EQ(*st, IBV_WC_SUCCESS);
+  const BulkDescriptor d{g.addr, 8192, g.rkey};
+  std::string payload(reinterpret_cast<const char*>(&d), sizeof(d));
+  ASSERT_TRUE(rogue.Call("/test.E2E/Sum", payload, rpc_wire::kFlagBulk, g.rkey).ok());
+  auto response = rogue.Receive(rpc_wire::kResponse);
+  ASSERT_TRUE(response.ok()) << response.status();
+  EXPECT_EQ(response->payload, absl::StrCat(original.size(), ":", Fnv(original)));
+  // Writing again through the sealed window fails, and changed nothing.
+  st = rogue.Write(g.addr, g.rkey, Payload(8192, 4));
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(*st, IBV_WC_REM_ACCESS_ERR);
+  ExpectHealthy(*good_, 3);
+}
+
+TEST_F(BulkSecurityTest, KeysOfAnotherConnectionFail) {
+  testing::RogueConnection owner;
+  testing::RogueConnection thief;
+  ASSERT_TRUE(owner.Connect(port_, "e2e").ok());
+  ASSERT_TRUE(thief.Connect(port_, "e2e").ok());
+  uint64_t id;
+  const BulkDescriptor d = Download(owner, 4096, &id);
+  std::string data;
+  auto st = thief.Read(d.addr, d.rkey, d.length, &data);
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(*st, IBV_WC_REM_ACCESS_ERR) << "a type 2 window answers only its own QP";
+  // The key itself was good: its owner can still use it.
+  st = owner.Read(d.addr, d.rkey, d.length, &data);
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(*st, IBV_WC_SUCCESS);
+  EXPECT_TRUE(Ack(owner, id, d.rkey).ok());
+  ExpectHealthy(*good_, 4);
+}
+
+TEST_F(BulkSecurityTest, GuessedKeysFail) {
+  // A wrong key byte on a real window address.
+  {
+    testing::RogueConnection rogue;
+    ASSERT_TRUE(rogue.Connect(port_, "e2e").ok());
+    uint64_t id;
+    const BulkDescriptor d = Download(rogue, 4096, &id);
+    std::string data;
+    auto st = rogue.Read(d.addr, d.rkey ^ 0x5a, d.length, &data);
+    ASSERT_TRUE(st.ok());
+    EXPECT_EQ(*st, IBV_WC_REM_ACCESS_ERR);
+  }
+  // Keys made up wholesale, each on a fresh connection (a failed access ends a connection).
+  for (uint32_t guess : {0x100u, 0x1234500u, 0xdeadbeefu, 0x7fffff00u}) {
+    testing::RogueConnection rogue;
+    ASSERT_TRUE(rogue.Connect(port_, "e2e").ok());
+    uint64_t id;
+    const BulkDescriptor d = Download(rogue, 4096, &id);
+    std::string data;
+    auto st = rogue.Read(d.addr, guess, 64, &data);
+    ASSERT_TRUE(st.ok());
+    EXPECT_EQ(*st, IBV_WC_REM_ACCESS_ERR) << std::hex << guess;
+  }
+  ExpectHealthy(*good_, 5);
+}
+
+TEST_F(BulkSecurityTest, OutOfBoundsAccessFails) {
+  for (int which = 0; which < 3; ++which) {
+    testing::RogueConnection rogue;
+    ASSERT_TRUE(rogue.Connect(port_, "e2e").ok());
+    uint64_t id;
+    const BulkDescriptor d = Download(rogue, 8192, &id);
+    std::string data;
+    absl::StatusOr<ibv_wc_status> st;
+    if (which == 0) st = rogue.Read(d.addr, d.rkey, d.length + 1, &data);
+    if (which == 1) st = rogue.Read(d.addr - 64, d.rkey, 64, &data);
+    if (which == 2) st = rogue.Write(d.addr, d.rkey, "read-only window");
+    ASSERT_TRUE(st.ok());
+    EXPECT_EQ(*st, IBV_WC_REM_ACCESS_ERR) << "case " << which;
+  }
+  ExpectHealthy(*good_, 6);
+}
+
+TEST_F(BulkSecurityTest, AWindowNeverAcknowledgedIsRevokedAtLeaseExpiry) {
+  testing::RogueConnection rogue;
+  ASSERT_TRUE(rogue.Connect(port_, "e2e").ok());
+  const ServerStats before = Stats(*good_);
+  uint64_t id;
+  const BulkDescriptor d = Download(rogue, 4096, &id);
+  // Never acknowledge. The server revokes it by itself once the 400 ms lease is over.
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  ServerStats now = before;
+  while (now.lease_expired == before.lease_expired && absl::Now() < deadline) {
+    now = Stats(*good_);
+  }
+  EXPECT_EQ(now.lease_expired, before.lease_expired + 1);
+  std::string data;
+  auto st = rogue.Read(d.addr, d.rkey, d.length, &data);
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(*st, IBV_WC_REM_ACCESS_ERR);
+  ExpectHealthy(*good_, 7);
+}
+
+TEST_F(BulkSecurityTest, AnAcknowledgementInvalidatingTheWrongKeyEndsTheConnection) {
+  testing::RogueConnection rogue;
+  ASSERT_TRUE(rogue.Connect(port_, "e2e").ok());
+  const ServerStats before = Stats(*good_);
+  std::vector<BulkDescriptor> grants = Grants(rogue, 4096);
+  ASSERT_FALSE(grants.empty());
+  uint64_t id;
+  const BulkDescriptor d = Download(rogue, 4096, &id);
+  // Acknowledge the download, but invalidate one of our upload windows instead (a key the
+  // NIC accepts: the check that catches it is the server's).
+  ASSERT_TRUE(Ack(rogue, id, grants[0].rkey).ok());
+  EXPECT_TRUE(rogue.CutOff(absl::Seconds(10)));
+  const ServerStats after = Stats(*good_);
+  EXPECT_EQ(after.violations, before.violations + 1);
+  // The download window went with the connection.
+  testing::RogueConnection other;
+  ASSERT_TRUE(other.Connect(port_, "e2e").ok());
+  std::string data;
+  auto st = other.Read(d.addr, d.rkey, d.length, &data);
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(*st, IBV_WC_REM_ACCESS_ERR);
+  ExpectHealthy(*good_, 8);
+}
+
+}  // namespace
+}  // namespace swirl

@@ -1,0 +1,267 @@
+#include "rpc/testing/rogue.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "proto/control.grpc.pb.h"
+#include "rpc/handshake.h"
+#include "transport/device.h"
+
+namespace swirl::testing {
+namespace {
+
+constexpr int kRecvs = 64;
+constexpr uint32_t kRecvSize = 8192;
+constexpr uint64_t kRecvTag = uint64_t{1} << 62;
+
+}  // namespace
+
+absl::Status RogueConnection::Connect(int port, const std::string& token,
+                                      control::BulkMode bulk_mode) {
+  auto ctx = OpenDevice("");
+  if (!ctx.ok()) return ctx.status();
+  ctx_ = *ctx;
+  auto pd = verbs::ProtectionDomain::Create(ctx_);
+  if (!pd.ok()) return pd.status();
+  pd_ = *pd;
+  auto cq = verbs::CompletionQueue::Create(ctx_, 512);
+  if (!cq.ok()) return cq.status();
+  cq_ = *cq;
+  verbs::QueuePairConfig config;
+  config.send_cq = cq_;
+  config.recv_cq = cq_;
+  config.max_send_wr = 128;
+  config.max_recv_wr = kRecvs;
+  config.max_inline_data = 256;
+  auto qp = verbs::QueuePair::Create(pd_, config);
+  if (!qp.ok()) return qp.status();
+  qp_ = std::move(*qp);
+  recv_area_.assign(kRecvs * kRecvSize, '\0');
+  scratch_.assign(32 << 20, '\0');
+  auto recv_mr = verbs::MemoryRegion::Register(pd_, recv_area_.data(), recv_area_.size(),
+                                               IBV_ACCESS_LOCAL_WRITE);
+  if (!recv_mr.ok()) return recv_mr.status();
+  recv_mr_ = std::move(*recv_mr);
+  auto scratch_mr = verbs::MemoryRegion::Register(pd_, scratch_.data(), scratch_.size(),
+                                                  IBV_ACCESS_LOCAL_WRITE);
+  if (!scratch_mr.ok()) return scratch_mr.status();
+  scratch_mr_ = std::move(*scratch_mr);
+  verbs::ConnectOptions co;
+  if (auto s = qp_->ToInit(co); !s.ok()) return s;
+  for (int i = 0; i < kRecvs; ++i) {
+    ibv_sge sge{reinterpret_cast<uint64_t>(recv_area_.data() + i * kRecvSize), kRecvSize,
+                recv_mr_->lkey()};
+    ibv_recv_wr wr{};
+    wr.wr_id = kRecvTag | i;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    ibv_recv_wr* bad;
+    if (int err = ibv_post_recv(qp_->get(), &wr, &bad); err != 0) {
+      return absl::InternalError("ibv_post_recv");
+    }
+  }
+  auto local = qp_->LocalAddress(77, co);
+  if (!local.ok()) return local.status();
+  auto channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", port),
+                                     grpc::InsecureChannelCredentials());
+  auto stub = control::Control::NewStub(channel);
+  grpc::ClientContext gctx;
+  gctx.AddMetadata("authorization", absl::StrCat("Bearer ", token));
+  gctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  control::ConnectRequest request;
+  request.set_protocol_version(internal::kControlProtocolVersion);
+  request.set_client_name("rogue");
+  *request.mutable_address() = internal::ToProto(*local);
+  control::Capabilities* caps = request.mutable_capabilities();
+  caps->set_recv_credits(kRecvs);
+  caps->set_recv_buffer_size(kRecvSize);
+  caps->set_max_message_size(kRecvSize - sizeof(rpc_wire::MessageHeader));
+  caps->set_remote_invalidation(true);
+  caps->set_mw_type2(true);
+  caps->set_eager_threshold(2048);
+  caps->set_window_credits(8);
+  caps->set_bulk_mode(bulk_mode);
+  caps->set_max_bulk_size(scratch_.size());
+  control::ConnectResponse response;
+  grpc::Status s = stub->Connect(&gctx, request, &response);
+  if (!s.ok()) {
+    return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+  }
+  negotiated_ = response.negotiated();
+  auto server = internal::FromProto(response.address());
+  if (!server.ok()) return server.status();
+  if (auto st = qp_->ToRtr(*server, co); !st.ok()) return st;
+  return qp_->ToRts(77, co);
+}
+
+absl::Status RogueConnection::Send(const rpc_wire::MessageHeader& header,
+                                   absl::string_view payload, uint32_t invalidate_rkey) {
+  std::string bytes(reinterpret_cast<const char*>(&header), sizeof(header));
+  bytes.append(payload.data(), payload.size());
+  ibv_sge sge{reinterpret_cast<uint64_t>(scratch_.data() + scratch_.size() - 65536),
+              static_cast<uint32_t>(bytes.size()), scratch_mr_->lkey()};
+  std::memcpy(scratch_.data() + scratch_.size() - 65536, bytes.data(), bytes.size());
+  ibv_send_wr wr{};
+  wr.wr_id = next_wr_++;
+  wr.opcode = invalidate_rkey != 0 ? IBV_WR_SEND_WITH_INV : IBV_WR_SEND;
+  wr.invalidate_rkey = invalidate_rkey;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  ibv_send_wr* bad;
+  if (int err = ibv_post_send(qp_->get(), &wr, &bad); err != 0) {
+    return absl::InternalError(absl::StrCat("ibv_post_send: ", err));
+  }
+  auto wc = WaitSend(wr.wr_id, absl::Seconds(10));
+  if (!wc.ok()) return wc.status();
+  if (wc->status != IBV_WC_SUCCESS) return absl::UnavailableError("send failed");
+  return absl::OkStatus();
+}
+
+absl::Status RogueConnection::SendRaw(absl::string_view bytes) {
+  std::memcpy(scratch_.data() + scratch_.size() - 65536, bytes.data(), bytes.size());
+  ibv_sge sge{reinterpret_cast<uint64_t>(scratch_.data() + scratch_.size() - 65536),
+              static_cast<uint32_t>(bytes.size()), scratch_mr_->lkey()};
+  ibv_send_wr wr{};
+  wr.wr_id = next_wr_++;
+  wr.opcode = IBV_WR_SEND;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  ibv_send_wr* bad;
+  if (ibv_post_send(qp_->get(), &wr, &bad) != 0) return absl::InternalError("ibv_post_send");
+  return absl::OkStatus();
+}
+
+absl::Status RogueConnection::Call(const char* method, absl::string_view payload, uint16_t flags,
+                                   uint32_t invalidate_rkey, uint64_t* request_id) {
+  const uint64_t id = next_request_++;
+  if (request_id != nullptr) *request_id = id;
+  rpc_wire::MessageHeader h{rpc_wire::kProtocolVersion,
+                            rpc_wire::kRequest,
+                            flags,
+                            rpc_wire::MethodId(method),
+                            id,
+                            0,
+                            static_cast<uint32_t>(payload.size()),
+                            0,
+                            0};
+  return Send(h, payload, invalidate_rkey);
+}
+
+void RogueConnection::PollOnce() {
+  ibv_wc wc[16];
+  int n = cq_->Poll(16, wc);
+  for (int i = 0; i < n; ++i) {
+    if (wc[i].wr_id & kRecvTag) {
+      const uint32_t index = static_cast<uint32_t>(wc[i].wr_id & ~kRecvTag);
+      if (wc[i].status == IBV_WC_SUCCESS && wc[i].byte_len >= sizeof(rpc_wire::MessageHeader)) {
+        Received r;
+        const char* buffer = recv_area_.data() + index * kRecvSize;
+        std::memcpy(&r.header, buffer, sizeof(r.header));
+        r.payload.assign(buffer + sizeof(r.header), wc[i].byte_len - sizeof(r.header));
+        r.wc_flags = wc[i].wc_flags;
+        r.invalidated_rkey = wc[i].invalidated_rkey;
+        inbox_.push_back(std::move(r));
+        ibv_sge sge{reinterpret_cast<uint64_t>(buffer), kRecvSize, recv_mr_->lkey()};
+        ibv_recv_wr wr{};
+        wr.wr_id = wc[i].wr_id;
+        wr.sg_list = &sge;
+        wr.num_sge = 1;
+        ibv_recv_wr* bad;
+        ibv_post_recv(qp_->get(), &wr, &bad);
+      }
+    } else {
+      send_done_.push_back(wc[i]);
+    }
+  }
+}
+
+absl::StatusOr<ibv_wc> RogueConnection::WaitSend(uint64_t wr_id, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    PollOnce();
+    for (size_t i = 0; i < send_done_.size(); ++i) {
+      if (send_done_[i].wr_id == wr_id) {
+        ibv_wc wc = send_done_[i];
+        send_done_.erase(send_done_.begin() + i);
+        return wc;
+      }
+    }
+  }
+  return absl::DeadlineExceededError("no completion");
+}
+
+absl::StatusOr<Received> RogueConnection::Receive(uint8_t type, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    PollOnce();
+    for (size_t i = 0; i < inbox_.size(); ++i) {
+      if (inbox_[i].header.type == type) {
+        Received r = std::move(inbox_[i]);
+        inbox_.erase(inbox_.begin() + i);
+        return r;
+      }
+    }
+  }
+  return absl::DeadlineExceededError(absl::StrCat("no message of type ", type));
+}
+
+absl::StatusOr<ibv_wc_status> RogueConnection::Read(uint64_t addr, uint32_t rkey,
+                                                    uint32_t length, std::string* out) {
+  ibv_sge sge{reinterpret_cast<uint64_t>(scratch_.data()), length, scratch_mr_->lkey()};
+  ibv_send_wr wr{};
+  wr.wr_id = next_wr_++;
+  wr.opcode = IBV_WR_RDMA_READ;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.wr.rdma.remote_addr = addr;
+  wr.wr.rdma.rkey = rkey;
+  ibv_send_wr* bad;
+  if (ibv_post_send(qp_->get(), &wr, &bad) != 0) return absl::InternalError("ibv_post_send");
+  auto wc = WaitSend(wr.wr_id, absl::Seconds(10));
+  if (!wc.ok()) return wc.status();
+  if (wc->status == IBV_WC_SUCCESS && out != nullptr) out->assign(scratch_.data(), length);
+  return wc->status;
+}
+
+absl::StatusOr<ibv_wc_status> RogueConnection::Write(uint64_t addr, uint32_t rkey,
+                                                     absl::string_view data) {
+  std::memcpy(scratch_.data(), data.data(), data.size());
+  ibv_sge sge{reinterpret_cast<uint64_t>(scratch_.data()), static_cast<uint32_t>(data.size()),
+              scratch_mr_->lkey()};
+  ibv_send_wr wr{};
+  wr.wr_id = next_wr_++;
+  wr.opcode = IBV_WR_RDMA_WRITE;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.wr.rdma.remote_addr = addr;
+  wr.wr.rdma.rkey = rkey;
+  ibv_send_wr* bad;
+  if (ibv_post_send(qp_->get(), &wr, &bad) != 0) return absl::InternalError("ibv_post_send");
+  auto wc = WaitSend(wr.wr_id, absl::Seconds(10));
+  if (!wc.ok()) return wc.status();
+  return wc->status;
+}
+
+bool RogueConnection::CutOff(absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    PollOnce();
+    auto state = qp_->QueryState();
+    if (state.ok() && *state == IBV_QPS_ERR) return true;
+    // A link the server dropped fails our next request; poke it.
+    rpc_wire::MessageHeader ping{rpc_wire::kProtocolVersion, rpc_wire::kPing, 0, 0, 0, 0, 0, 0, 0};
+    std::string bytes(reinterpret_cast<const char*>(&ping), sizeof(ping));
+    (void)SendRaw(bytes);
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+  return false;
+}
+
+}  // namespace swirl::testing

@@ -1,0 +1,80 @@
+// Test helper: a client that completes swirl's real handshake and then speaks the data-plane
+// protocol by hand over plain verbs, so tests can misbehave on purpose: reuse revoked rkeys,
+// guess keys, read out of bounds, never acknowledge, acknowledge with the wrong key, send
+// malformed headers.
+
+#ifndef SWIRL_RPC_TESTING_ROGUE_H_
+#define SWIRL_RPC_TESTING_ROGUE_H_
+
+#include <infiniband/verbs.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "proto/control.pb.h"
+#include "rpc/wire.h"
+#include "transport/verbs/verbs.h"
+
+namespace swirl::testing {
+
+struct Received {
+  rpc_wire::MessageHeader header;
+  std::string payload;
+  unsigned int wc_flags = 0;
+  uint32_t invalidated_rkey = 0;
+};
+
+class RogueConnection {
+ public:
+  // Completes Control.Connect with `token` and moves our QP to RTS.
+  absl::Status Connect(int port, const std::string& token,
+                       control::BulkMode bulk_mode = control::BULK_SERVER_EXPOSES);
+  const control::Negotiated& negotiated() const { return negotiated_; }
+
+  // Sends one message (inline when small): SEND, or SEND_WITH_INV when invalidate_rkey != 0.
+  absl::Status Send(const rpc_wire::MessageHeader& header, absl::string_view payload = {},
+                    uint32_t invalidate_rkey = 0);
+  // Sends raw bytes as one message.
+  absl::Status SendRaw(absl::string_view bytes);
+  // A well-formed call (request header for `method`, next request id).
+  absl::Status Call(const char* method, absl::string_view payload, uint16_t flags = 0,
+                    uint32_t invalidate_rkey = 0, uint64_t* request_id = nullptr);
+
+  // The next message of `type` (others are kept aside for later), within `timeout`.
+  absl::StatusOr<Received> Receive(uint8_t type, absl::Duration timeout = absl::Seconds(10));
+
+  // One-sided operations against the server through our registered scratch buffer. They return
+  // the completion status (IBV_WC_SUCCESS or the error).
+  absl::StatusOr<ibv_wc_status> Read(uint64_t addr, uint32_t rkey, uint32_t length,
+                                     std::string* out);
+  absl::StatusOr<ibv_wc_status> Write(uint64_t addr, uint32_t rkey, absl::string_view data);
+
+  // True once our QP is in the error state (the server cut us off), within `timeout`.
+  bool CutOff(absl::Duration timeout);
+
+ private:
+  absl::StatusOr<ibv_wc> WaitSend(uint64_t wr_id, absl::Duration timeout);
+  void PollOnce();
+
+  std::shared_ptr<verbs::Context> ctx_;
+  std::shared_ptr<verbs::ProtectionDomain> pd_;
+  std::shared_ptr<verbs::CompletionQueue> cq_;
+  std::unique_ptr<verbs::QueuePair> qp_;
+  std::string recv_area_;
+  std::string scratch_;
+  std::unique_ptr<verbs::MemoryRegion> recv_mr_;
+  std::unique_ptr<verbs::MemoryRegion> scratch_mr_;
+  control::Negotiated negotiated_;
+  uint64_t next_request_ = 1;
+  uint64_t next_wr_ = 1;
+  std::vector<Received> inbox_;
+  std::vector<ibv_wc> send_done_;
+};
+
+}  // namespace swirl::testing
+
+#endif  // SWIRL_RPC_TESTING_ROGUE_H_
