@@ -266,6 +266,11 @@ void Channel::Start(ClientCall* call) {
   impl_->runtime->worker->StartCall(impl_->connection->id(), call);
 }
 
+bool Channel::Poll() {
+  if (impl_->runtime == nullptr || !impl_->runtime->worker->caller_driven()) return false;
+  return impl_->runtime->worker->TryDrive();
+}
+
 const control::Negotiated& Channel::negotiated() const { return impl_->negotiated; }
 uint64_t Channel::connection_id() const { return impl_->connection_id; }
 

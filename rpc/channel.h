@@ -72,6 +72,11 @@ class Channel : public CallTarget {
 
   void Start(ClientCall* call) override;
 
+  // Caller-driven channels: makes progress once without waiting (completions, callbacks), for
+  // a thread that keeps many asynchronous calls in flight. Returns true if anything happened.
+  // A no-op returning false on background-driven channels.
+  bool Poll();
+
   // What the handshake settled on.
   const control::Negotiated& negotiated() const;
   uint64_t connection_id() const;

@@ -148,6 +148,15 @@ absl::Status Worker::Init() {
   if (options_.buffer_size < kHeader + 64 || options_.credits < 4) {
     return absl::InvalidArgumentError("worker: buffer_size >= 96 and credits >= 4 required");
   }
+  if (caps_.max_srq_wr > 0 &&
+      options_.max_connections * options_.credits + 2 * options_.credits > caps_.max_srq_wr) {
+    // The shared receive queue must hold every credit granted; fewer connections fit.
+    const uint32_t fit = (caps_.max_srq_wr - 2 * options_.credits) / options_.credits;
+    SWIRL_LOG(WARNING, "%s: %u connections x %u credits exceed the device's SRQ (%u); limiting "
+              "this worker to %u connections", options_.name, options_.max_connections,
+              options_.credits, caps_.max_srq_wr, fit);
+    const_cast<WorkerOptions&>(options_).max_connections = fit;
+  }
   const uint32_t recv_total = options_.max_connections * options_.credits + 2 * options_.credits;
   const uint32_t sq_depth = RoundUpPow2(options_.credits + kBulkSqReserve + kSignalInterval);
   if (options_.own_thread && options_.adaptive_idle) {
@@ -365,12 +374,13 @@ void Worker::Loop() {
   }
   std::lock_guard<SpinLock> guard(driver_);
   absl::Time idle_since = absl::InfiniteFuture();
+  uint64_t idle_spins = 0;
   while (running_.load(std::memory_order_relaxed)) {
     if (RunOnce()) {
       idle_since = absl::InfiniteFuture();
       continue;
     }
-    if (!options_.adaptive_idle) continue;
+    if (!options_.adaptive_idle || (++idle_spins & 63) != 0) continue;
     absl::Time now = absl::Now();
     if (idle_since == absl::InfiniteFuture()) {
       idle_since = now;
@@ -424,7 +434,8 @@ bool Worker::RunOnce() {
   did |= n > 0;
   if (!repost_.empty()) RepostRecvs();
   if (!dirty_.empty()) FlushSends();
-  if ((++iterations_ & 255) == 0 || !did) {
+  // Timers need the clock, which costs more than an idle iteration: look every 64th.
+  if ((++iterations_ & 63) == 0) {
     absl::Time now = absl::Now();
     if (now >= next_timer_) {
       Timers(now);
@@ -435,6 +446,7 @@ bool Worker::RunOnce() {
 }
 
 bool Worker::DrainSubmissions() {
+  if (submissions_.MaybeEmpty()) return false;
   bool did = false;
   WorkItem item;
   for (int i = 0; i < 256 && submissions_.TryPop(&item); ++i) {
@@ -674,8 +686,13 @@ void Worker::DispatchCall(Connection* c, Incoming& in) {
     RunOnPool(c, in, method);
     return;
   }
-  std::unique_ptr<Service::Invoker>& invoker = invokers_[method];
-  if (invoker == nullptr) invoker = const_cast<Service::Method*>(method)->new_invoker();
+  Service::Invoker* invoker = last_invoker_;
+  if (method != last_method_) {
+    std::unique_ptr<Service::Invoker>& slot = invokers_[method];
+    if (slot == nullptr) slot = const_cast<Service::Method*>(method)->new_invoker();
+    invoker = last_invoker_ = slot.get();
+    last_method_ = method;
+  }
   // A message carried in bulk is parsed straight out of registered memory.
   const bool message_in_bulk = (h.aux & rpc_wire::kAuxBulkIsMessage) != 0;
   BulkBuffer message_holder;

@@ -476,6 +476,8 @@ class Worker {
   absl::Time next_timer_ = absl::InfinitePast();
   bool draining_ = false;
   absl::flat_hash_map<const Service::Method*, std::unique_ptr<Service::Invoker>> invokers_;
+  const Service::Method* last_method_ = nullptr;  // most requests repeat the previous method
+  Service::Invoker* last_invoker_ = nullptr;
   std::vector<Connection*> closing_;
 
   // Shared with the control path.

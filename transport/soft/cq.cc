@@ -21,7 +21,7 @@ uint32_t RoundUpPow2(uint32_t v) {
 // Progress for every QP completing into `cq`, so that polling a CQ is what moves its traffic.
 // A QP another thread is working on right now is skipped; that thread makes the progress.
 void ProgressAttached(SoftCq* cq) {
-  absl::ReaderMutexLock lock(&cq->attach_mu);
+  std::lock_guard<SpinLock> lock(cq->attach_lock);
   for (SoftQp* qp : cq->qps) {
     if (!qp->lock.try_lock()) continue;
     ProgressLocked(qp);
@@ -198,13 +198,13 @@ void AckCqEvents(ibv_cq* ibcq, unsigned int count) {
 }
 
 void AttachQp(SoftCq* cq, SoftQp* qp) {
-  absl::MutexLock lock(&cq->attach_mu);
+  std::lock_guard<SpinLock> lock(cq->attach_lock);
   cq->qps.push_back(qp);
   cq->attached.fetch_add(1);
 }
 
 void DetachQp(SoftCq* cq, SoftQp* qp) {
-  absl::MutexLock lock(&cq->attach_mu);
+  std::lock_guard<SpinLock> lock(cq->attach_lock);
   cq->qps.erase(std::remove(cq->qps.begin(), cq->qps.end(), qp), cq->qps.end());
   cq->attached.fetch_sub(1);
 }

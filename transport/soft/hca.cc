@@ -5,6 +5,7 @@
 // channel, and passive targets of one-sided operations.
 
 #include <fcntl.h>
+#include <sched.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
@@ -45,7 +46,7 @@ constexpr uint64_t kListenId = ~uint64_t{0};
 constexpr uint64_t kWakeId = ~uint64_t{0} - 1;
 constexpr uint64_t kStopId = ~uint64_t{0} - 2;
 constexpr uint64_t kHelloMagic = 0x4f4c4c4548575331ull;  // "1SWHELLO"
-constexpr int64_t kStaleNs = 1000000;                     // a CQ unpolled for 1 ms needs help
+constexpr int64_t kStaleNs = 10 * 1000 * 1000;            // a CQ unpolled for 10 ms needs help
 
 // What a QP sends when it reaches RTR, with SCM_RIGHTS [segment memfd, HCA wake eventfd].
 struct Hello {
@@ -320,6 +321,14 @@ void SetSleeping(Hca* hca, uint64_t value) {
 }
 
 void HcaLoop(Hca* hca) {
+  // The thread was created by whichever application thread opened the device first, and would
+  // inherit its pinning: it must not compete with that thread for its core.
+  cpu_set_t all;
+  CPU_ZERO(&all);
+  for (int cpu = 0; cpu < CPU_SETSIZE && cpu < sysconf(_SC_NPROCESSORS_ONLN); ++cpu) {
+    CPU_SET(cpu, &all);
+  }
+  sched_setaffinity(0, sizeof(all), &all);
   epoll_event events[64];
   for (;;) {
     const int64_t now = NowNs();
@@ -327,7 +336,7 @@ void HcaLoop(Hca* hca) {
     int timeout_ms;
     {
       absl::ReaderMutexLock lock(&hca->mu);
-      timeout_ms = hca->cqs.empty() ? -1 : (assist ? 10 : 1);
+      timeout_ms = hca->cqs.empty() ? -1 : 10;
     }
     if (assist) {
       // Ask peers to kick our eventfd, then look once more: a frame published before a peer

@@ -23,7 +23,7 @@ uint32_t RoundUpPow2(uint32_t v) {
 
 uint64_t RingSize() {
   static const uint64_t size = [] {
-    uint64_t kb = 256;
+    uint64_t kb = 1024;
     if (const char* env = std::getenv("SWIRL_SOFT_RING_KB")) {
       uint64_t v;
       if (absl::SimpleAtoi(env, &v)) kb = v;
@@ -85,6 +85,9 @@ int CreateSegment(SoftQp* qp) {
 // Adopts a peer segment that the HCA thread validated, if it is the peer this QP was told about
 // at RTR. Candidates that arrive before RTR wait; wrong ones are closed.
 bool HandleLinkEvent(SoftQp* qp) {
+  // A plain load first: this runs on every progress call and an exchange would be a locked
+  // instruction each time.
+  if (!qp->link_event.load(std::memory_order_acquire)) return false;
   if (!qp->link_event.exchange(false, std::memory_order_acq_rel)) return false;
   std::vector<PeerSegment> candidates;
   {
@@ -546,7 +549,7 @@ void PublishAndWake(SoftQp* qp, bool wrote) {
   }
   if (!published || !qp->linked) return;
   // Pairs with the sleeper's fence between setting `sleeping` and re-checking our rings.
-  std::atomic_thread_fence(std::memory_order_seq_cst);
+  FullFence();
   if (qp->peer.control()->sleeping.value.load(std::memory_order_relaxed) != 0) {
     uint64_t one = 1;
     ssize_t ignored = write(qp->peer.wake_fd, &one, sizeof(one));
@@ -554,7 +557,31 @@ void PublishAndWake(SoftQp* qp, bool wrote) {
   }
 }
 
+// The steady state: linked, RTS, and nothing exceptional pending. Then progress only touches
+// what has work (a few loads when idle): this is the busy-polling hot path.
+bool Normal(const SoftQp* qp) {
+  return qp->linked && qp->qstate == IBV_QPS_RTS && !qp->pending_nak.active &&
+         !qp->cur_read.active && !qp->rnr_waiting && !qp->cq_overflow &&
+         !qp->link_event.load(std::memory_order_relaxed) &&
+         !qp->peer_gone.load(std::memory_order_relaxed) &&
+         qp->peer.control()->state.value.load(std::memory_order_relaxed) == wire::kLinkActive;
+}
+
+bool ProgressNormal(SoftQp* qp) {
+  const uint64_t req_head = qp->req_tx.head();
+  const uint64_t resp_head = qp->resp_tx.head();
+  bool did = false;
+  if (qp->resp_rx.Ready()) did |= ProcessResponses(qp);
+  if (qp->req_rx.Ready()) did |= ProcessRequests(qp);
+  if (qp->qstate == IBV_QPS_RTS && qp->sq_tx != qp->sq_tail) Transmit(qp);
+  if (qp->sq_head != qp->sq_tx || qp->qstate != IBV_QPS_RTS) CompleteSq(qp);
+  const bool wrote = qp->req_tx.head() != req_head || qp->resp_tx.head() != resp_head;
+  if (did || wrote) PublishAndWake(qp, wrote);
+  return did || wrote;
+}
+
 bool ProgressLocked(SoftQp* qp) {
+  if (Normal(qp)) return ProgressNormal(qp);
   bool did = HandleLinkEvent(qp);
   if (qp->qstate == IBV_QPS_RESET || qp->qstate == IBV_QPS_INIT) return did;
   const uint64_t req_head = qp->req_tx.head();
@@ -784,9 +811,96 @@ int DestroyQp(ibv_qp* ibqp) {
   return 0;
 }
 
+namespace {
+
+// The common case, kept short: one SEND (with immediate or invalidate) of at most one chunk,
+// inline or from one SGE, on an RTS QP with nothing queued ahead of it and room in the ring.
+// Returns false without side effects when the general path must handle the request.
+bool TryFastSend(SoftQp* qp, const ibv_send_wr* wr) {
+  if (qp->qstate != IBV_QPS_RTS || qp->sq_tx != qp->sq_tail || wr->num_sge != 1 ||
+      wr->sg_list == nullptr ||
+      (wr->send_flags & (IBV_SEND_FENCE | IBV_SEND_SOLICITED)) != 0) {
+    return false;
+  }
+  uint8_t flags = wire::kFlagFirst | wire::kFlagLast;
+  uint32_t imm_or_inv = 0;
+  switch (wr->opcode) {
+    case IBV_WR_SEND:
+      break;
+    case IBV_WR_SEND_WITH_IMM:
+      flags |= wire::kFlagWithImm;
+      imm_or_inv = wr->imm_data;
+      break;
+    case IBV_WR_SEND_WITH_INV:
+      flags |= wire::kFlagWithInv;
+      imm_or_inv = wr->invalidate_rkey;
+      break;
+    default:
+      return false;
+  }
+  const ibv_sge& sge = wr->sg_list[0];
+  const bool is_inline = (wr->send_flags & IBV_SEND_INLINE) != 0;
+  if (sge.length > wire::kMaxChunk || (is_inline && sge.length > qp->max_inline) ||
+      qp->sq_tail - qp->sq_released.load(std::memory_order_acquire) >= qp->max_send_wr) {
+    return false;
+  }
+  const uint64_t bytes = wire::FrameBytes(wire::kOpSend, sge.length);
+  uint64_t pos;
+  char* frame = qp->req_tx.Reserve(bytes, &pos, qp->expected_msn);
+  if (frame == nullptr) return false;
+  char* payload = frame + sizeof(wire::FrameHeader);
+  if (is_inline) {
+    std::memcpy(payload, reinterpret_cast<const void*>(sge.addr), sge.length);
+  } else if (sge.length > 0 && !GatherFromSges(qp->hca->keys, qp->pd, &sge, 1, 0, payload,
+                                                 sge.length)) {
+    return false;  // the general path reports the protection error
+  }
+  auto* h = reinterpret_cast<wire::FrameHeader*>(frame);
+  h->op = wire::kOpSend;
+  h->flags = flags;
+  h->rnr_retry = qp->attr.rnr_retry;
+  h->reserved = 0;
+  h->length = sge.length;
+  h->msn = qp->next_msn;
+  h->ack = qp->expected_msn;
+  h->imm_or_inv = imm_or_inv;
+  h->total_length = sge.length;
+  qp->req_tx.Commit(frame, pos, bytes);
+  SendWqe& w = qp->sq[qp->sq_tail & qp->sq_mask];
+  w.wr_id = wr->wr_id;
+  w.opcode = wr->opcode;
+  w.send_flags = wr->send_flags;
+  w.state = SendWqe::kAwaiting;
+  w.inline_copy = false;
+  w.has_msn = true;
+  w.status = IBV_WC_SUCCESS;
+  w.msn = qp->next_msn;
+  w.length = sge.length;
+  w.sent = sge.length;
+  w.num_sge = 0;
+  qp->next_msn = wire::NextMsn(qp->next_msn);
+  ++qp->sq_tail;
+  ++qp->sq_tx;
+  return true;
+}
+
+}  // namespace
+
 int PostSend(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad_wr) {
   SoftQp* qp = AsSoft(ibqp);
   std::lock_guard<SpinLock> lock(qp->lock);
+  // Common requests go straight to the ring, one doorbell (publish and wake) for the chain;
+  // the first one the fast path declines takes the general path with the rest.
+  bool posted = false;
+  while (wr != nullptr && TryFastSend(qp, wr)) {
+    wr = wr->next;
+    posted = true;
+  }
+  if (wr == nullptr) {
+    PublishAndWake(qp, true);
+    return 0;
+  }
+  if (posted) PublishAndWake(qp, true);
   return PostSendLocked(qp, wr, bad_wr, false);
 }
 

@@ -9,6 +9,16 @@ namespace swirl::soft {
 
 inline SoftQp* AsSoft(ibv_qp* qp) { return static_cast<SoftQp*>(qp); }
 
+// A full memory barrier (store-load ordering). On x86 a locked no-op on the stack does it
+// faster than mfence, as the Linux kernel's smp_mb() does.
+inline void FullFence() {
+#if defined(__x86_64__) && !defined(__SANITIZE_THREAD__)
+  asm volatile("lock orl $0, -8(%%rsp)" ::: "memory", "cc");
+#else
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+#endif
+}
+
 // Copies between a flat buffer and the memory an SGE list names, starting `offset` bytes into
 // the list, validating each lkey (MR of the same PD, range inside it, LOCAL_WRITE when `write`).
 // Returns false on a protection failure (nothing is copied past the failing SGE).

@@ -347,6 +347,19 @@ bool ProcessResponses(SoftQp* qp) {
 
 // ---- In-order completion ----------------------------------------------------------------------
 
+// Whether anyone is waiting for a send completion right now: a signaled request is
+// outstanding, or the send queue needs its slots back. Otherwise piggybacked acks are enough
+// and the peer's ack word (a cache line the peer writes on every message) is not read.
+bool CompletionWanted(const SoftQp* qp) {
+  if (qp->sig_all || qp->sq_tail - qp->sq_released.load(std::memory_order_relaxed) >
+                         qp->max_send_wr / 2) {
+    return true;
+  }
+  const SendWqe& oldest = qp->sq[qp->sq_head & qp->sq_mask];
+  const SendWqe& newest = qp->sq[(qp->sq_tx - 1) & qp->sq_mask];
+  return (oldest.send_flags & IBV_SEND_SIGNALED) || (newest.send_flags & IBV_SEND_SIGNALED);
+}
+
 void CompleteSq(SoftQp* qp) {
   bool read_ack_word = false;
   while (qp->sq_head != qp->sq_tx) {
@@ -354,8 +367,9 @@ void CompleteSq(SoftQp* qp) {
     SendWqe& w = qp->sq[index & qp->sq_mask];
     if (w.state == SendWqe::kAwaiting && IsSendOrWrite(w.opcode)) {
       if (!wire::MsnBefore(w.msn, qp->peer_acked)) {
-        // Piggybacked acks did not cover it; look at the responder's published ack, once.
-        if (read_ack_word || !qp->linked) break;
+        // Piggybacked acks did not cover it; look at the responder's published ack, once, and
+        // only if a completion is wanted now.
+        if (read_ack_word || !qp->linked || !CompletionWanted(qp)) break;
         read_ack_word = true;
         NoteAck(qp, static_cast<uint32_t>(
                         qp->peer.control()->acked.value.load(std::memory_order_acquire)));

@@ -7,10 +7,11 @@
 //
 // Progress: a real NIC moves data on its own; the soft device moves it when the application
 // calls into it (poll_cq, post_send, ...). Each device also runs one thread that takes over
-// for CQs nobody is polling: a CQ armed with ibv_req_notify_cq, or one not polled for 1 ms (a
+// for CQs nobody is polling: a CQ armed with ibv_req_notify_cq, or one not polled for 10 ms (a
 // passive target of RDMA reads and writes). SWIRL_SOFT_PROGRESS=off disables that help.
 //
-// Environment: SWIRL_SOFT_RING_KB (per-direction ring size, default 256), SWIRL_SOFT_PROGRESS.
+// Environment: SWIRL_SOFT_RING_KB (size of each of a QP's two rings, default 1024),
+// SWIRL_SOFT_PROGRESS.
 // The wire format between processes is in docs/SOFT_WIRE.md.
 
 #ifndef SWIRL_TRANSPORT_SOFT_SOFT_DEVICE_H_

@@ -97,8 +97,10 @@ struct SoftCq : ibv_cq {
   alignas(64) uint64_t last_polls_seen = 0;  // HCA thread only
   int64_t last_change_ns = 0;                // HCA thread only
 
-  absl::Mutex attach_mu;
-  std::vector<SoftQp*> qps ABSL_GUARDED_BY(attach_mu);  // QPs that complete into this CQ
+  // QPs that complete into this CQ. A spin lock, not absl::Mutex: every poll takes it, and
+  // Debian's Abseil keeps deadlock detection on, which costs tens of ns per acquisition.
+  SpinLock attach_lock;
+  std::vector<SoftQp*> qps;  // guarded by attach_lock
 
   absl::Mutex events_mu;
   absl::CondVar events_cv;

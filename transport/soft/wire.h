@@ -33,7 +33,7 @@ namespace swirl::soft::wire {
 inline constexpr uint64_t kSegmentMagic = 0x314c525749575331ull;  // "1SWIWRL1"
 inline constexpr uint32_t kWireVersion = 1;
 inline constexpr size_t kCacheLine = 64;
-inline constexpr size_t kFrameAlign = 64;
+inline constexpr size_t kFrameAlign = 128;
 inline constexpr uint64_t kStampValid = uint64_t{1} << 63;
 // Largest payload in one frame; larger messages are split into chunks, like MTU packets.
 inline constexpr uint32_t kMaxChunk = 32 * 1024;

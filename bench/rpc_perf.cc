@@ -1,0 +1,339 @@
+// rpc_perf: swirl RPC latency and throughput, in the conventions of bench/verbs_perf.
+//
+//   rpc_perf --test latency --size 64 --json          # 64-byte protobuf echo round trip
+//   rpc_perf --test throughput --depth 32 --json      # pipelined async echo calls per second
+//   rpc_perf --test bulk_read --size 1048576 --bulk_mode server-exposes --json
+//   rpc_perf --test bulk_write --size 65536 --bulk_mode mirror --local_invalidation_only
+//
+// With neither --server nor --connect it starts the server itself in a second process pinned
+// to --server_core (one worker) and runs the client on --client_core. --json prints one object
+// with the keys of verbs_perf (rtt_min_us, rtt_p50_us, rtt_avg_us, rtt_p99_us, rtt_p999_us;
+// ops_per_s, gbytes_per_s) plus the negotiated invalidation and bulk modes. docs/BENCHMARKS.md
+// has the commands behind the published numbers.
+
+#include <limits.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+extern char** environ;
+
+#include <atomic>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "bench/perf_common.h"
+#include "examples/echo/echo.swirl.h"
+#include "rpc/channel.h"
+#include "rpc/server.h"
+#include "rpc/wire.h"
+
+ABSL_FLAG(std::string, test, "latency", "latency|throughput|bulk_read|bulk_write");
+ABSL_FLAG(int, size, 64, "payload bytes (echo payload, or bulk transfer size)");
+ABSL_FLAG(int, iters, 100000, "latency: round trips to time");
+ABSL_FLAG(int, warmup, 5000, "latency: untimed round trips first");
+ABSL_FLAG(double, seconds, 2.0, "throughput and bulk tests: how long to run");
+ABSL_FLAG(int, depth, 16, "throughput and bulk tests: calls in flight");
+ABSL_FLAG(std::string, bulk_mode, "server-exposes",
+          "server-exposes|mirror|unsafe-static (the last is for comparison only)");
+ABSL_FLAG(bool, local_invalidation_only, false,
+          "force the explicit local-invalidation fallback (measure it)");
+ABSL_FLAG(int, client_core, 0, "CPU for the client (-1: don't pin)");
+ABSL_FLAG(int, server_core, 1, "CPU for the server worker (-1: don't pin)");
+ABSL_FLAG(bool, server, false, "run only the server (on --port)");
+ABSL_FLAG(std::string, connect, "", "run only the client, against this host:port");
+ABSL_FLAG(int, port, 0, "control-plane port for --server (0: pick)");
+ABSL_FLAG(std::string, port_file, "", "--server: write the chosen port here");
+ABSL_FLAG(std::string, device, "", "RDMA device (default: automatic)");
+ABSL_FLAG(bool, json, false, "print one JSON object");
+
+namespace {
+
+using swirl::bench::Ticks;
+using swirl::bench::TickClock;
+
+[[noreturn]] void Fail(const std::string& what) {
+  std::fprintf(stderr, "rpc_perf: %s\n", what.c_str());
+  std::exit(1);
+}
+
+class EchoImpl final : public swirl::examples::EchoService {
+ public:
+  absl::Status Echo(swirl::ServerContext&, const swirl::examples::EchoRequest& request,
+                    swirl::examples::EchoResponse* response) override {
+    response->set_payload(request.payload());
+    response->set_sequence(request.sequence());
+    return absl::OkStatus();
+  }
+};
+
+// Bulk endpoints: Read answers with a bulk attachment of the requested size, Write takes one.
+class BulkBench final : public swirl::Service {
+ public:
+  BulkBench() : Service("bench.Bulk") {
+    AddRawMethod("Read", [](swirl::ServerContext& ctx, absl::string_view in,
+                            swirl::ResponseWriter&) {
+      size_t n = 0;
+      if (!absl::SimpleAtoi(in, &n)) return absl::InvalidArgumentError("size");
+      auto bulk = ctx.AllocateResponseBulk(n);
+      if (!bulk.ok()) return bulk.status();
+      (*bulk)->resize(n);  // contents are whatever the pool holds: the transfer is what counts
+      return absl::OkStatus();
+    });
+    AddRawMethod("Write", [](swirl::ServerContext& ctx, absl::string_view,
+                             swirl::ResponseWriter& out) {
+      swirl::BulkBuffer* in = ctx.request_bulk();
+      if (in == nullptr) return absl::InvalidArgumentError("no bulk data");
+      out.Append(std::to_string(in->size()));
+      return absl::OkStatus();
+    });
+  }
+};
+
+int RunServer() {
+  if (int core = absl::GetFlag(FLAGS_server_core); core >= 0) {
+    std::string error;
+    swirl::bench::PinToCore(core, &error);
+  }
+  swirl::ServerOptions options;
+  options.address = absl::StrCat("127.0.0.1:", absl::GetFlag(FLAGS_port));
+  options.device = absl::GetFlag(FLAGS_device);
+  options.worker_cores = {absl::GetFlag(FLAGS_server_core)};
+  options.idle_spin = absl::Seconds(1);  // busy-poll: benchmarks measure the hot path
+  options.bulk_pool_bytes = 512 << 20;
+  options.max_bulk_size = 64 << 20;
+  options.window_credits = 32;
+  options.credits = 64;
+  options.max_connections = 16;
+  options.allow_unsafe_static_rkey_for_benchmarks = true;
+  EchoImpl echo;
+  BulkBench bulk;
+  swirl::Server server(options);
+  if (!server.RegisterService(&echo).ok() || !server.RegisterService(&bulk).ok()) return 1;
+  if (auto s = server.Start(); !s.ok()) Fail(s.ToString());
+  if (!absl::GetFlag(FLAGS_port_file).empty()) {
+    const std::string path = absl::GetFlag(FLAGS_port_file);
+    std::ofstream(path + ".tmp") << server.port() << "\n";
+    std::rename((path + ".tmp").c_str(), path.c_str());
+  } else {
+    std::printf("rpc_perf server on port %d\n", server.port());
+    std::fflush(stdout);
+  }
+  static std::atomic<bool> stop{false};
+  struct sigaction sa {};
+  sa.sa_handler = [](int) { stop.store(true); };
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+  while (!stop.load()) pause();
+  server.Shutdown(absl::Seconds(1));
+  return 0;
+}
+
+std::string SelfPath() {
+  char path[PATH_MAX];
+  ssize_t n = readlink("/proc/self/exe", path, sizeof(path) - 1);
+  if (n <= 0) Fail("cannot find /proc/self/exe");
+  path[n] = 0;
+  return path;
+}
+
+pid_t SpawnServer(int* port) {
+  const std::string port_file = absl::StrCat("/tmp/rpc_perf-port-", getpid());
+  std::remove(port_file.c_str());
+  std::vector<std::string> args = {SelfPath(),
+                                   "--server",
+                                   "--port_file=" + port_file,
+                                   absl::StrCat("--server_core=", absl::GetFlag(FLAGS_server_core)),
+                                   "--device=" + absl::GetFlag(FLAGS_device)};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t pid;
+  if (posix_spawn(&pid, argv[0], nullptr, nullptr, argv.data(), environ) != 0) {
+    Fail("cannot start the server");
+  }
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (absl::Now() < deadline) {
+    std::ifstream in(port_file);
+    if (in >> *port && *port > 0) {
+      std::remove(port_file.c_str());
+      return pid;
+    }
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  kill(pid, SIGKILL);
+  Fail("the server did not start");
+}
+
+struct Result {
+  std::vector<std::pair<std::string, std::string>> fields;
+  void Add(const std::string& k, double v) { fields.push_back({k, absl::StrFormat("%.4f", v)}); }
+  void Add(const std::string& k, const std::string& v) {
+    fields.push_back({k, absl::StrCat("\"", v, "\"")});
+  }
+  std::string Json() const {
+    std::string out = "{";
+    for (size_t i = 0; i < fields.size(); ++i) {
+      absl::StrAppend(&out, i ? "," : "", "\"", fields[i].first, "\":", fields[i].second);
+    }
+    return out + "}";
+  }
+};
+
+int RunClient(const std::string& address, Result& result) {
+  if (int core = absl::GetFlag(FLAGS_client_core); core >= 0) {
+    std::string error;
+    swirl::bench::PinToCore(core, &error);
+  }
+  TickClock::Init();
+  swirl::ChannelOptions options;
+  options.driver = swirl::ChannelOptions::Driver::kCaller;
+  options.device = absl::GetFlag(FLAGS_device);
+  options.credits = 64;
+  options.bulk_pool_bytes = 512 << 20;
+  options.local_invalidation_only = absl::GetFlag(FLAGS_local_invalidation_only);
+  const std::string mode = absl::GetFlag(FLAGS_bulk_mode);
+  options.bulk_mode = mode == "mirror"          ? swirl::BulkMode::kMirror
+                      : mode == "unsafe-static" ? swirl::BulkMode::kUnsafeStaticRkeyBenchmarkOnly
+                                                : swirl::BulkMode::kServerExposes;
+  auto channel = swirl::Channel::Create(address, options);
+  if (!channel.ok()) Fail(channel.status().ToString());
+  swirl::Channel& ch = **channel;
+  const std::string test = absl::GetFlag(FLAGS_test);
+  const int size = absl::GetFlag(FLAGS_size);
+  result.Add("test", test);
+  result.Add("size", size);
+  result.Add("invalidation", swirl::control::InvalidationMode_Name(ch.negotiated().invalidation()));
+  result.Add("bulk_mode", swirl::control::BulkMode_Name(ch.negotiated().bulk_mode()));
+  swirl::examples::EchoStub stub(ch);
+  swirl::examples::EchoRequest request;
+  request.set_payload(std::string(size, 'x'));
+  swirl::examples::EchoResponse response;
+
+  if (test == "latency") {
+    const int iters = absl::GetFlag(FLAGS_iters);
+    for (int i = 0; i < absl::GetFlag(FLAGS_warmup); ++i) {
+      if (auto s = stub.Echo(request, &response); !s.ok()) Fail(s.ToString());
+    }
+    std::vector<uint64_t> samples(iters);
+    for (int i = 0; i < iters; ++i) {
+      const uint64_t start = Ticks();
+      absl::Status s = stub.Echo(request, &response);
+      samples[i] = Ticks() - start;
+      if (!s.ok()) Fail(s.ToString());
+    }
+    auto stats = swirl::bench::ComputeLatency(samples, TickClock::TicksPerUs());
+    result.Add("iters", iters);
+    result.Add("rtt_min_us", stats.min_us);
+    result.Add("rtt_p50_us", stats.p50_us);
+    result.Add("rtt_avg_us", stats.avg_us);
+    result.Add("rtt_p99_us", stats.p99_us);
+    result.Add("rtt_p999_us", stats.p999_us);
+    return 0;
+  }
+
+  // Pipelined tests: `depth` calls in flight from this one thread, each restarted when done.
+  const int depth = absl::GetFlag(FLAGS_depth);
+  const bool read = test == "bulk_read";
+  const bool write = test == "bulk_write";
+  if (!read && !write && test != "throughput") Fail("unknown --test " + test);
+  std::vector<swirl::ClientCall> calls(depth);
+  std::vector<swirl::examples::EchoResponse> responses(depth);
+  std::vector<swirl::BulkBuffer> buffers(depth);
+  std::vector<std::string> raw_out(depth);
+  const std::string size_text = std::to_string(size);
+  const uint32_t read_id = swirl::rpc_wire::MethodId("/bench.Bulk/Read");
+  const uint32_t write_id = swirl::rpc_wire::MethodId("/bench.Bulk/Write");
+  for (int i = 0; i < depth && (read || write); ++i) {
+    auto b = ch.AllocateBulk(size);
+    if (!b.ok()) Fail(b.status().ToString());
+    buffers[i] = std::move(*b);
+    buffers[i].resize(size);
+  }
+  auto start_call = [&](int i) {
+    if (read || write) {
+      swirl::CallOptions co;
+      if (read) co.response_bulk = &buffers[i];
+      if (write) co.request_bulk = &buffers[i];
+      calls[i].SetMethod(read ? read_id : write_id);
+      calls[i].SetRequestBytes(size_text);
+      calls[i].SetResponseBytes(&raw_out[i]);
+      calls[i].SetOptions(co);
+      ch.Start(&calls[i]);
+    } else {
+      stub.AsyncEcho(&calls[i], request, &responses[i]);
+    }
+  };
+  for (int i = 0; i < depth; ++i) start_call(i);
+  uint64_t done = 0;
+  const double seconds = absl::GetFlag(FLAGS_seconds);
+  const int64_t begin = swirl::bench::MonoNs();
+  const int64_t end = begin + static_cast<int64_t>(seconds * 1e9);
+  int64_t now = begin;
+  uint64_t spins = 0;
+  while (now < end) {
+    ch.Poll();
+    for (int i = 0; i < depth; ++i) {
+      if (!calls[i].done()) continue;
+      if (!calls[i].status().ok()) Fail(calls[i].status().ToString());
+      ++done;
+      start_call(i);
+    }
+    if ((++spins & 63) == 0) now = swirl::bench::MonoNs();
+  }
+  const double elapsed = static_cast<double>(swirl::bench::MonoNs() - begin) / 1e9;
+  for (auto& call : calls) (void)call.Wait();
+  result.Add("depth", depth);
+  result.Add("seconds", elapsed);
+  result.Add("ops_per_s", static_cast<double>(done) / elapsed);
+  if (read || write) {
+    result.Add("gbytes_per_s", static_cast<double>(done) * size / elapsed / 1e9);
+    auto stats = ch.LocalStats();
+    auto server = ch.ServerStats();
+    uint64_t remote = stats.windows_remote_invalidated();
+    uint64_t local = stats.windows_locally_invalidated();
+    if (server.ok()) {
+      remote += server->server().windows_remote_invalidated();
+      local += server->server().windows_locally_invalidated();
+    }
+    result.Add("windows_remote_invalidated", static_cast<double>(remote));
+    result.Add("windows_locally_invalidated", static_cast<double>(local));
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  if (absl::GetFlag(FLAGS_server)) return RunServer();
+  std::string address = absl::GetFlag(FLAGS_connect);
+  pid_t server = -1;
+  if (address.empty()) {
+    int port = 0;
+    server = SpawnServer(&port);
+    address = absl::StrCat("127.0.0.1:", port);
+  }
+  Result result;
+  result.Add("device", absl::GetFlag(FLAGS_device).empty() ? "auto" : absl::GetFlag(FLAGS_device));
+  int rc = RunClient(address, result);
+  if (server > 0) {
+    kill(server, SIGTERM);
+    waitpid(server, nullptr, 0);
+  }
+  if (absl::GetFlag(FLAGS_json)) {
+    std::printf("%s\n", result.Json().c_str());
+  } else {
+    for (auto& [k, v] : result.fields) std::printf("%-28s %s\n", k.c_str(), v.c_str());
+  }
+  return rc;
+}

@@ -1,0 +1,114 @@
+// Instruction path of the soft device, without cross-core effects: both QPs of a SEND/RECV
+// ping-pong live in one thread, so every poll finds its message at once. Run under
+// `valgrind --tool=callgrind` for stable instruction counts per round trip (see
+// docs/BENCHMARKS.md); wall time here is the software cost only, not a latency.
+
+#include <benchmark/benchmark.h>
+
+#include <cstring>
+#include <vector>
+
+#include "transport/soft/soft_device.h"
+#include "transport/verbs/verbs.h"
+
+namespace swirl {
+namespace {
+
+struct Side {
+  std::shared_ptr<verbs::Context> ctx;
+  std::shared_ptr<verbs::ProtectionDomain> pd;
+  std::shared_ptr<verbs::CompletionQueue> cq;
+  std::unique_ptr<verbs::QueuePair> qp;
+  std::vector<char> buf = std::vector<char>(1 << 16);
+  std::unique_ptr<verbs::MemoryRegion> mr;
+};
+
+Side MakeSide(const char* name) {
+  Side s;
+  s.ctx = verbs::Context::Wrap(*soft::OpenSoftDevice(name));
+  s.pd = *verbs::ProtectionDomain::Create(s.ctx);
+  s.cq = *verbs::CompletionQueue::Create(s.ctx, 1024);
+  verbs::QueuePairConfig config;
+  config.send_cq = s.cq;
+  config.recv_cq = s.cq;
+  config.max_send_wr = 256;
+  config.max_recv_wr = 256;
+  config.max_inline_data = 256;
+  s.qp = *verbs::QueuePair::Create(s.pd, config);
+  s.mr = *verbs::MemoryRegion::Register(s.pd, s.buf.data(), s.buf.size(), IBV_ACCESS_LOCAL_WRITE);
+  return s;
+}
+
+void PostRecv(Side& s) {
+  ibv_sge sge{reinterpret_cast<uint64_t>(s.buf.data()), 4096, s.mr->lkey()};
+  ibv_recv_wr wr{};
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  ibv_recv_wr* bad;
+  ibv_post_recv(s.qp->get(), &wr, &bad);
+}
+
+void Send(Side& s, uint64_t i) {
+  ibv_sge sge{reinterpret_cast<uint64_t>(s.buf.data() + 8192), 64, s.mr->lkey()};
+  ibv_send_wr wr{};
+  wr.wr_id = i;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.opcode = IBV_WR_SEND;
+  wr.send_flags = IBV_SEND_INLINE | ((i % 64 == 63) ? IBV_SEND_SIGNALED : 0);
+  ibv_send_wr* bad;
+  ibv_post_send(s.qp->get(), &wr, &bad);
+}
+
+uint64_t g_polls = 0;
+
+void WaitRecv(Side& s) {
+  ibv_wc wc[4];
+  for (;;) {
+    ++g_polls;
+    int n = ibv_poll_cq(s.cq->get(), 4, wc);
+    for (int k = 0; k < n; ++k) {
+      if (wc[k].opcode == IBV_WC_RECV) return;
+    }
+  }
+}
+
+void BM_SoftSendRecvRoundTripOneThread(benchmark::State& state) {
+  Side a = MakeSide("soft0");
+  Side b = MakeSide("soft0");
+  verbs::ConnectOptions co;
+  auto aa = *a.qp->LocalAddress(1, co);
+  auto ba = *b.qp->LocalAddress(2, co);
+  (void)a.qp->Connect(ba, 1, co);
+  (void)b.qp->Connect(aa, 2, co);
+  for (int i = 0; i < 128; ++i) {
+    PostRecv(a);
+    PostRecv(b);
+  }
+  // One round trip first: the link between the QPs is set up asynchronously.
+  Send(a, 0);
+  WaitRecv(b);
+  PostRecv(b);
+  Send(b, 0);
+  WaitRecv(a);
+  PostRecv(a);
+  uint64_t i = 1;
+  for (auto _ : state) {
+    Send(a, i);
+    WaitRecv(b);
+    PostRecv(b);
+    Send(b, i);
+    WaitRecv(a);
+    PostRecv(a);
+    ++i;
+  }
+  state.SetItemsProcessed(static_cast<int64_t>(i));
+  state.counters["polls_per_wait"] = static_cast<double>(g_polls) / (2.0 * static_cast<double>(i));
+  g_polls = 0;
+}
+BENCHMARK(BM_SoftSendRecvRoundTripOneThread);
+
+}  // namespace
+}  // namespace swirl
+
+BENCHMARK_MAIN();
