@@ -22,6 +22,10 @@ namespace {
 using rpc_wire::MessageHeader;
 
 constexpr int kPollBatch = 32;
+// The worker whose loop this thread is running right now (it holds that worker's driver_), so
+// that calls started from callbacks and handlers go straight to the connection and leave with
+// the iteration's doorbell instead of taking a trip through the submission queue.
+thread_local Worker* t_driving = nullptr;
 constexpr uint32_t kSignalInterval = 16;
 constexpr uint64_t kRecvTag = uint64_t{1} << 63;  // wr_id of receives; sends use plain seqs
 constexpr uint32_t kArenaSlots = 64;
@@ -312,12 +316,24 @@ void Worker::StartCall(uint64_t connection_id, ClientCall* call) {
   call->cancel_requested_.store(false, std::memory_order_relaxed);
   call->notifier_.Reset();
   call->state_.store(ClientCall::kQueued, std::memory_order_relaxed);
-  if (!options_.own_thread && driver_.try_lock()) {
+  if (t_driving == this) {
+    // From a callback or handler on this loop: queue it behind this iteration's doorbell.
+    // A connection that is not active goes through the queue, so a callback that restarts a
+    // failed call cannot recurse.
+    auto it = by_id_.find(connection_id);
+    if (it != by_id_.end() &&
+        it->second->state_.load(std::memory_order_relaxed) == Connection::State::kActive) {
+      StartCallLocked(it->second.get(), call);
+      return;
+    }
+  } else if (!options_.own_thread && driver_.try_lock()) {
     // Caller-driven and nobody else is driving: post it ourselves, no hand-off.
+    t_driving = this;
     DrainSubmissions();
     auto it = by_id_.find(connection_id);
     StartCallLocked(it == by_id_.end() ? nullptr : it->second.get(), call);
     FlushSends();
+    t_driving = nullptr;
     driver_.unlock();
     return;
   }
@@ -358,7 +374,9 @@ void Worker::Submit(WorkItem item) {
 
 bool Worker::TryDrive() {
   if (!driver_.try_lock()) return false;
+  t_driving = this;
   bool did = RunOnce();
+  t_driving = nullptr;
   driver_.unlock();
   return did;
 }
@@ -373,6 +391,7 @@ void Worker::Loop() {
     }
   }
   std::lock_guard<SpinLock> guard(driver_);
+  t_driving = this;
   absl::Time idle_since = absl::InfiniteFuture();
   uint64_t idle_spins = 0;
   while (running_.load(std::memory_order_relaxed)) {
@@ -389,6 +408,7 @@ void Worker::Loop() {
       idle_since = absl::InfiniteFuture();
     }
   }
+  t_driving = nullptr;
 }
 
 void Worker::SleepUntilWork() {
@@ -433,7 +453,6 @@ bool Worker::RunOnce() {
   }
   did |= n > 0;
   if (!repost_.empty()) RepostRecvs();
-  if (!dirty_.empty()) FlushSends();
   // Timers need the clock, which costs more than an idle iteration: look every 64th.
   if ((++iterations_ & 63) == 0) {
     absl::Time now = absl::Now();
@@ -442,6 +461,9 @@ bool Worker::RunOnce() {
       next_timer_ = now + absl::Milliseconds(1);
     }
   }
+  // Last, so that whatever the steps above queued (responses, calls restarted by callbacks,
+  // keepalives) leaves with one doorbell per connection.
+  if (!dirty_.empty()) FlushSends();
   return did;
 }
 
