@@ -195,6 +195,23 @@ TEST(BulkNegotiation, FallbackIsRefusedWhenRemoteInvalidationIsRequired) {
       << channel.status();
 }
 
+TEST(BulkNegotiation, FallbackInForceIsLoggedAsAWarning) {
+  auto server = testing::SpawnServer(kServer, {});
+  ASSERT_TRUE(server.ok()) << server.status();
+  ChannelOptions options;
+  options.auth_token = "e2e";
+  options.local_invalidation_only = true;
+  ::testing::internal::CaptureStderr();
+  auto channel = Channel::Create(absl::StrCat("127.0.0.1:", server->second), options);
+  const std::string logged = ::testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(channel.ok()) << channel.status();
+  EXPECT_EQ((*channel)->negotiated().invalidation(), control::INVALIDATION_LOCAL);
+  const size_t at = logged.find("remote invalidation unavailable");
+  ASSERT_NE(at, std::string::npos) << logged;
+  const size_t line = logged.rfind('\n', at);
+  EXPECT_EQ(logged[line == std::string::npos ? 0 : line + 1], 'W') << "not a warning: " << logged;
+}
+
 TEST(BulkNegotiation, UnsafeStaticRkeyNeedsTheServersOptIn) {
   auto server = testing::SpawnServer(kServer, {});
   ASSERT_TRUE(server.ok()) << server.status();

@@ -212,6 +212,19 @@ class Channel::Impl {
     SWIRL_LOG(INFO, "connected to %s as connection %u: invalidation %s, bulk %s", address,
               connection_id, control::InvalidationMode_Name(negotiated.invalidation()),
               control::BulkMode_Name(negotiated.bulk_mode()));
+    // Never silently weaker: a fallback in force is said where operators look.
+    if (negotiated.invalidation() == control::INVALIDATION_LOCAL) {
+      SWIRL_LOG(WARNING,
+                "connection %u to %s: remote invalidation unavailable (%s); bulk windows are "
+                "revoked by explicit LOCAL_INV (counted in windows_locally_invalidated)",
+                connection_id, address,
+                options.local_invalidation_only ? "this side asked for the fallback"
+                                                : "not supported end to end");
+    }
+    if (negotiated.bulk_mode() == control::BULK_UNSAFE_STATIC_RKEY_BENCHMARK_ONLY) {
+      SWIRL_LOG(WARNING, "connection %u to %s: UNSAFE static-rkey bulk mode (benchmarks only)",
+                connection_id, address);
+    }
     return absl::OkStatus();
   }
 

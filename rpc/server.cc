@@ -240,6 +240,17 @@ class Server::Impl final : public control::Control::Service {
               id, peer, request.client_name(), negotiated.client_credits(),
               negotiated.server_credits(), negotiated.max_message_size(),
               control::InvalidationMode_Name(negotiated.invalidation()));
+    if (negotiated.invalidation() == control::INVALIDATION_LOCAL) {
+      SWIRL_LOG(WARNING,
+                "connection %u from %s: remote invalidation unavailable end to end; bulk "
+                "windows are revoked by explicit LOCAL_INV (counted in "
+                "windows_locally_invalidated)",
+                id, peer);
+    }
+    if (negotiated.bulk_mode() == control::BULK_UNSAFE_STATIC_RKEY_BENCHMARK_ONLY) {
+      SWIRL_LOG(WARNING, "connection %u from %s: UNSAFE static-rkey bulk mode (benchmarks only)",
+                id, peer);
+    }
     return absl::OkStatus();
   }
 
