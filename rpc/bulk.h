@@ -54,10 +54,15 @@ class BulkBuffer {
   absl::string_view view() const { return absl::string_view(data_, size_); }
   explicit operator bool() const { return data_ != nullptr; }
 
-  void Release();
+  // Gives the memory back now (a no-op on an empty buffer, inline: the message path destroys
+  // several empty ones per call).
+  void Release() {
+    if (data_ != nullptr || pool_ != nullptr) ReleaseSlow();
+  }
 
  private:
   friend class internal::BulkPool;
+  void ReleaseSlow();
   std::shared_ptr<internal::BulkPool> pool_;
   int size_class_ = -1;
   char* data_ = nullptr;

@@ -33,7 +33,7 @@ BulkBuffer& BulkBuffer::operator=(BulkBuffer&& other) noexcept {
   return *this;
 }
 
-void BulkBuffer::Release() {
+void BulkBuffer::ReleaseSlow() {
   if (data_ != nullptr && pool_ != nullptr) pool_->Free(size_class_, data_);
   pool_.reset();
   data_ = nullptr;
