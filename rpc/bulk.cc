@@ -128,6 +128,7 @@ void Worker::FreeWindow(Connection* c, int32_t w) {
   window.buffer.Release();
   window.request_id = 0;
   window.lease = absl::InfiniteFuture();
+  window.revoke_op = -1;
   c->free_windows_.push_back(static_cast<uint32_t>(w));
 }
 
@@ -145,6 +146,7 @@ void Worker::RevokeWindow(Connection* c, int32_t w, BulkOp::Kind kind, bool leas
   c->ops_[op].kind = kind;
   c->ops_[op].window = w;
   c->ops_[op].lease_expired = lease_expired;
+  window.revoke_op = op;
   PostLocalInv(c, window.rkey, op);
 }
 
@@ -355,7 +357,11 @@ void Worker::HandleBulkRequest(Connection* c, const MessageHeader& h, const char
       return BulkViolation(c, "a reply window outside mirror mode");
     }
   }
-  in.eager = absl::string_view(p, h.payload_len - (p - payload));
+  // ValidateHeader guarantees the descriptors fit in the payload; checked again here because
+  // an underflow would make the eager part span the rest of memory.
+  const size_t consumed = static_cast<size_t>(p - payload);
+  if (consumed > h.payload_len) return BulkViolation(c, "bulk descriptors cut short");
+  in.eager = absl::string_view(p, h.payload_len - consumed);
   if (d.length == 0 || d.length > c->negotiated_.max_bulk_size()) {
     return BulkViolation(c, absl::StrCat("bulk request of ", d.length, " bytes"));
   }
@@ -377,6 +383,7 @@ void Worker::HandleBulkRequest(Connection* c, const MessageHeader& h, const char
       Window& win = c->windows_[w];
       const uint32_t grant_size = static_cast<uint32_t>(win.buffer.capacity());
       --c->grants_by_size_[grant_size];
+      c->granted_bytes_ -= grant_size;
       if (remote_invalidation(c)) {
         // The window was revoked as this message arrived; the payload can no longer change.
         if (!InvalidatedBy(wc, d.rkey)) {
@@ -420,6 +427,7 @@ void Worker::HandleBulkRequest(Connection* c, const MessageHeader& h, const char
       in.bulk.resize(d.length);
       c->static_exposed_.erase(it);
       --c->grants_by_size_[grant_size];
+      c->granted_bytes_ -= grant_size;
       GrantWindows(c, 1, grant_size);
       DispatchCall(c, in);
       return;
@@ -496,7 +504,10 @@ void Worker::SendBulkResponse(Connection* c, const Incoming& request, Writer* wr
   BulkDescriptor d{};
   uint32_t invalidate = 0;
   const control::BulkMode mode = c->negotiated_.bulk_mode();
-  if (mode == control::BULK_MIRROR && request.has_chunk && length <= request.chunk.length) {
+  // The reply window is for an attachment; a response message carried in bulk is downloaded
+  // (the caller's reply window is then revoked by the caller itself when the call completes).
+  if (mode == control::BULK_MIRROR && request.has_chunk && !is_message &&
+      length <= request.chunk.length) {
     // Mirror: write into the caller's reply window; the response then revokes it.
     const int32_t op = NewOp(c);
     c->ops_[op].kind = BulkOp::Kind::kHold;
@@ -506,6 +517,14 @@ void Worker::SendBulkResponse(Connection* c, const Incoming& request, Writer* wr
     d = {request.chunk.addr, length, request.chunk.rkey};
     if (remote_invalidation(c)) invalidate = request.chunk.rkey;
   } else if (mode == control::BULK_UNSAFE_STATIC_RKEY_BENCHMARK_ONLY) {
+    if (bulk_pool_->unsafe_rkey() == 0) {
+      if (buffer >= 0) send_pool_->Give(static_cast<uint32_t>(buffer));
+      SendResponseBytes(c, request_id,
+                        absl::FailedPreconditionError(
+                            "the unsafe static-rkey mode exposes only the server's pool"),
+                        {});
+      return;
+    }
     d = {Addr(data.data()), length, bulk_pool_->unsafe_rkey()};
     c->static_download_[request_id] = d.addr;
     c->static_exposed_[d.addr] = std::move(data);
@@ -548,6 +567,7 @@ void Worker::HandleBulkResponse(Connection* c, const MessageHeader& h, const cha
                                 const ibv_wc& wc) {
   BulkDescriptor d;
   std::memcpy(&d, payload, sizeof(d));
+  if (h.payload_len < sizeof(d)) return BulkViolation(c, "bulk descriptor cut short");
   const absl::string_view eager(payload + sizeof(d), h.payload_len - sizeof(d));
   const bool is_message = (h.aux & rpc_wire::kAuxBulkIsMessage) != 0;
   const uint32_t slot = static_cast<uint32_t>(h.request_id);
@@ -555,7 +575,7 @@ void Worker::HandleBulkResponse(Connection* c, const MessageHeader& h, const cha
                          ? c->pending_[slot]
                          : nullptr;
   const bool with_inv = (wc.wc_flags & IBV_WC_WITH_INV) != 0;
-  if (d.length > c->negotiated_.max_bulk_size()) {
+  if (d.length == 0 || d.length > c->negotiated_.max_bulk_size()) {
     return BulkViolation(c, absl::StrCat("bulk response of ", d.length, " bytes"));
   }
   // Mirror mode, response written into our reply window.
@@ -565,6 +585,7 @@ void Worker::HandleBulkResponse(Connection* c, const MessageHeader& h, const cha
     if (d.addr != win.addr || d.length > win.length) {
       return BulkViolation(c, "response names our reply window with another range");
     }
+    if (is_message) return BulkViolation(c, "a response message written into a reply window");
     ReleaseSlot(c, h.request_id);
     call->response_bulk_->resize(d.length);
     absl::Status status;
@@ -628,6 +649,7 @@ void Worker::HandleBulkResponse(Connection* c, const MessageHeader& h, const cha
   o.header = h;
   o.eager.assign(eager.data(), eager.size());
   o.length = d.length;
+  call->read_op_ = op;
   PostRdma(c, IBV_WR_RDMA_READ, *dest, d.length, d.addr, d.rkey, op);
   // The acknowledgement travels right behind the READ (fenced) and revokes the window.
   SendBulkAck(c, h.request_id, d.rkey);
@@ -637,6 +659,9 @@ void Worker::HandleBulkResponse(Connection* c, const MessageHeader& h, const cha
 
 void Worker::HandleBulkAck(Connection* c, const MessageHeader& h, const ibv_wc& wc) {
   if (c->negotiated_.bulk_mode() == control::BULK_UNSAFE_STATIC_RKEY_BENCHMARK_ONLY) {
+    if (wc.wc_flags & IBV_WC_WITH_INV) {
+      return BulkViolation(c, "SEND_WITH_INV in the static-rkey mode");
+    }
     auto it = c->static_download_.find(h.request_id);
     if (it == c->static_download_.end()) return BulkViolation(c, "ack for no download");
     c->static_exposed_.erase(it->second);
@@ -668,24 +693,19 @@ void Worker::HandleBulkAck(Connection* c, const MessageHeader& h, const ibv_wc& 
     }
     Bump(c->counters_.windows_remote_invalidated);
     Bump(totals_.windows_remote_invalidated);
-    const bool mirror = win.purpose == Window::Purpose::kMirrorRequest;
-    FreeWindow(c, w);
-    if (mirror) {
+    if (win.purpose == Window::Purpose::kMirrorRequest) {
       // The caller's request buffer is ours again.
-      for (ClientCall* call : c->pending_) {
-        if (call != nullptr && call->request_window_ == w) call->request_window_ = -1;
-      }
+      ClientCall* call = PendingCall(c, win.request_id);
+      if (call != nullptr && call->request_window_ == w) call->request_window_ = -1;
     }
+    FreeWindow(c, w);
     return;
   }
   if (wc.wc_flags & IBV_WC_WITH_INV) {
     return BulkViolation(c, "SEND_WITH_INV outside remote invalidation mode");
   }
-  if (win.purpose == Window::Purpose::kMirrorRequest) {
-    for (ClientCall* call : c->pending_) {
-      if (call != nullptr && call->request_window_ == w) call->request_window_ = -1;
-    }
-  }
+  // Fallback: revoke it ourselves. A mirror request window stays attached to its call until
+  // the LOCAL_INV completes, so the call cannot complete (and hand its buffer back) before.
   RevokeWindow(c, w, BulkOp::Kind::kRevoke, false);
 }
 
@@ -693,49 +713,71 @@ void Worker::GrantWindows(Connection* c, uint32_t count, uint32_t size) {
   if (bulk_pool_ == nullptr) return;
   const bool unsafe =
       c->negotiated_.bulk_mode() == control::BULK_UNSAFE_STATIC_RKEY_BENCHMARK_ONLY;
-  std::vector<BulkDescriptor> granted;
   size = std::min<uint32_t>(size, static_cast<uint32_t>(c->negotiated_.max_bulk_size()));
-  // Windows are granted per size class (the pool's), window_credits of each at most.
+  count = std::min<uint32_t>({count, c->negotiated_.window_credits(),
+                              c->max_payload_ / static_cast<uint32_t>(sizeof(BulkDescriptor))});
+  // The message first: windows are bound only once the grant is sure to leave. Without a send
+  // buffer now, the grant is owed and the timers send it (the peer's calls wait, not fail).
+  int32_t buffer;
+  char* msg = AllocMessage(c, kHeader + count * sizeof(BulkDescriptor), &buffer);
+  if (msg == nullptr) {
+    c->grant_owed_ = true;
+    c->grant_owed_size_ = std::max(c->grant_owed_size_, size);
+    c->grant_owed_count_ = std::max(c->grant_owed_count_, count);
+    return;
+  }
+  char* descriptors = msg + kHeader;
+  uint32_t n = 0;
+  // Windows are granted per size class (the pool's), window_credits of each at most, and
+  // within the connection's byte budget.
   uint32_t class_size = BulkPool::kMinClass;
   while (class_size < size) class_size <<= 1;
   uint32_t& outstanding = c->grants_by_size_[class_size];
-  while (granted.size() < count && size > 0 && outstanding < c->negotiated_.window_credits()) {
-    auto buffer = bulk_pool_->Allocate(size);
-    if (!buffer.ok()) break;
-    BulkDescriptor d{Addr(buffer->data()), static_cast<uint32_t>(buffer->capacity()), 0};
+  // The unsafe mode exposes only a pool registered for it (the server's, when it opted in).
+  const bool can_expose = !unsafe || bulk_pool_->unsafe_rkey() != 0;
+  while (can_expose && n < count && size > 0 && outstanding < c->negotiated_.window_credits() &&
+         c->granted_bytes_ + class_size <= options_.grant_bytes_per_connection) {
+    auto pooled = bulk_pool_->Allocate(size);
+    if (!pooled.ok()) break;
+    BulkDescriptor d{Addr(pooled->data()), static_cast<uint32_t>(pooled->capacity()), 0};
     if (unsafe) {
       d.rkey = bulk_pool_->unsafe_rkey();
-      c->static_exposed_[d.addr] = std::move(*buffer);
+      c->static_exposed_[d.addr] = std::move(*pooled);
     } else {
       const int32_t w = AcquireWindow(c);
       if (w < 0) break;
-      d.rkey = BindWindow(c, w, d.addr, d.length,
-                          IBV_ACCESS_REMOTE_WRITE);
+      d.rkey = BindWindow(c, w, d.addr, d.length, IBV_ACCESS_REMOTE_WRITE);
       Window& win = c->windows_[w];
       win.purpose = Window::Purpose::kGrant;
-      win.buffer = std::move(*buffer);
+      win.buffer = std::move(*pooled);
     }
     ++outstanding;
-    granted.push_back(d);
+    c->granted_bytes_ += d.length;
+    std::memcpy(descriptors + n * sizeof(d), &d, sizeof(d));
+    ++n;
     Bump(c->counters_.windows_granted);
     Bump(totals_.windows_granted);
   }
-  const uint32_t payload = static_cast<uint32_t>(granted.size() * sizeof(BulkDescriptor));
-  int32_t buffer;
-  char* msg = AllocMessage(c, kHeader + payload, &buffer);
-  if (msg == nullptr) return;  // the client asks again when it needs one
-  *reinterpret_cast<MessageHeader*>(msg) =
-      MessageHeader{rpc_wire::kProtocolVersion, rpc_wire::kWindowGrant, 0, 0, 0, 0, payload, 0,
-                    static_cast<uint32_t>(granted.size())};
-  if (payload > 0) std::memcpy(msg + kHeader, granted.data(), payload);
+  const uint32_t payload = static_cast<uint32_t>(n * sizeof(BulkDescriptor));
+  *reinterpret_cast<MessageHeader*>(msg) = MessageHeader{
+      rpc_wire::kProtocolVersion, rpc_wire::kWindowGrant, 0, 0, 0, 0, payload, 0, n};
   EmitMessage(c, msg, kHeader + payload, buffer, 0);
 }
 
+// A grant owed for want of a send buffer (GrantWindows), retried from the timers.
+void Worker::SendOwedGrant(Connection* c) {
+  const uint32_t size = c->grant_owed_size_;
+  const uint32_t count = c->grant_owed_count_;
+  c->grant_owed_ = false;
+  c->grant_owed_size_ = c->grant_owed_count_ = 0;
+  GrantWindows(c, count, size);
+}
+
 void Worker::HandleWindowGrant(Connection* c, const MessageHeader& h, const char* payload) {
-  if (c->is_server_) {
-    // A client asks for upload windows of h.request_id bytes.
-    if (h.payload_len != 0 || h.request_id == 0 ||
-        h.request_id > c->negotiated_.max_bulk_size()) {
+  // Either side may ask (whoever makes calls with bulk data: server-to-client calls too). A
+  // request names the size it needs in request_id; a grant has request_id 0.
+  if (h.request_id != 0) {
+    if (h.payload_len != 0 || h.request_id > c->negotiated_.max_bulk_size()) {
       return BulkViolation(c, "malformed window request");
     }
     if (c->negotiated_.bulk_mode() == control::BULK_MIRROR) {
@@ -770,7 +812,7 @@ void Worker::HandleWindowGrant(Connection* c, const MessageHeader& h, const char
       }
       *p = call->next_;
       FinishCall(c, call,
-                 absl::ResourceExhaustedError("the server has no upload window to grant"));
+                 absl::ResourceExhaustedError("the peer has no upload window to grant"));
     }
     c->backlog_tail_ = nullptr;
     for (ClientCall* q = c->backlog_head_; q != nullptr; q = q->next_) c->backlog_tail_ = q;
@@ -784,11 +826,24 @@ void Worker::HandleBulkOp(Connection* c, int32_t op, const ibv_wc& wc) {
   BulkOp o = std::move(c->ops_[op]);
   c->ops_[op] = BulkOp();
   c->free_ops_.push_back(op);
-  if (wc.status != IBV_WC_SUCCESS) return;  // the connection is failing; its teardown cleans up
+  // A failed WR means the QP is in (or going to) ERR: no data moves any more and no window bound
+  // to it can be used, so calls waiting on this op may complete; the rest is for the teardown.
+  const bool ok = wc.status == IBV_WC_SUCCESS;
   switch (o.kind) {
     case BulkOp::Kind::kDownloadRead: {
+      if (o.cancelled) {
+        // The caller gave up while the READ was writing into its buffer; now it may have it.
+        o.call->read_op_ = -1;
+        FinishCall(c, o.call, std::move(o.status));
+        return;
+      }
+      if (!ok) {
+        if (o.call != nullptr) o.call->read_op_ = -1;  // its slot is failed with the connection
+        return;
+      }
       ClientCall* call = ReleaseSlot(c, o.request_id);
-      if (call == nullptr) return;  // cancelled meanwhile
+      if (call == nullptr) return;
+      call->read_op_ = -1;
       Bump(c->counters_.responses_received);
       absl::Status status;
       const bool is_message = (o.header.aux & rpc_wire::kAuxBulkIsMessage) != 0;
@@ -805,6 +860,7 @@ void Worker::HandleBulkOp(Connection* c, int32_t op, const ibv_wc& wc) {
       return;
     }
     case BulkOp::Kind::kMirrorRead: {
+      if (!ok) return;
       SendBulkAck(c, o.request_id, o.peer_rkey);
       Incoming in;
       in.header = o.header;
@@ -818,21 +874,37 @@ void Worker::HandleBulkOp(Connection* c, int32_t op, const ibv_wc& wc) {
     }
     case BulkOp::Kind::kRevoke:
     case BulkOp::Kind::kRevokeThenComplete: {
-      Bump(o.lease_expired ? c->counters_.windows_lease_expired
-                           : c->counters_.windows_locally_invalidated);
-      Bump(o.lease_expired ? totals_.windows_lease_expired : totals_.windows_locally_invalidated);
+      if (ok) {
+        Bump(o.lease_expired ? c->counters_.windows_lease_expired
+                             : c->counters_.windows_locally_invalidated);
+        Bump(o.lease_expired ? totals_.windows_lease_expired
+                             : totals_.windows_locally_invalidated);
+      }
+      ClientCall* call = o.call;
+      if (o.kind == BulkOp::Kind::kRevoke) {
+        // A mirror window revoked under a call still waiting for its response (fallback ack,
+        // lease expiry): the call must forget it before the window serves another call.
+        const Window& win = c->windows_[o.window];
+        if (win.purpose == Window::Purpose::kMirrorRequest ||
+            win.purpose == Window::Purpose::kMirrorReply) {
+          ClientCall* owner = PendingCall(c, win.request_id);
+          if (owner != nullptr && owner->request_window_ == o.window) owner->request_window_ = -1;
+          if (owner != nullptr && owner->reply_window_ == o.window) owner->reply_window_ = -1;
+        }
+      }
       FreeWindow(c, o.window);
-      if (o.kind == BulkOp::Kind::kRevokeThenComplete && o.call != nullptr) {
-        ClientCall* call = o.call;
+      if (o.kind == BulkOp::Kind::kRevokeThenComplete && call != nullptr) {
         if (call->request_window_ == o.window) call->request_window_ = -1;
         if (call->reply_window_ == o.window) call->reply_window_ = -1;
         if (call->request_window_ < 0 && call->reply_window_ < 0) {
+          call->scratch_.Release();
           CompleteLocally(call, std::move(o.status));
         }
       }
       return;
     }
     case BulkOp::Kind::kRevokeThenDispatch: {
+      if (!ok) return;
       Bump(c->counters_.windows_locally_invalidated);
       Bump(totals_.windows_locally_invalidated);
       Window& win = c->windows_[o.window];
@@ -854,27 +926,83 @@ void Worker::HandleBulkOp(Connection* c, int32_t op, const ibv_wc& wc) {
 }
 
 void Worker::FinishCall(Connection* c, ClientCall* call, absl::Status status) {
-  call->scratch_.Release();
-  // Mirror mode: buffers still exposed are revoked before the caller gets them back.
+  if (c->state_.load(std::memory_order_relaxed) >= Connection::State::kClosing) {
+    // The QP is in ERR: its windows are unusable, nothing waits on a revocation.
+    call->scratch_.Release();
+    call->request_window_ = call->reply_window_ = -1;
+    CompleteLocally(call, std::move(status));
+    return;
+  }
+  // Mirror mode: buffers still exposed are revoked before the caller gets them back (and
+  // `scratch_`, which a request window may expose, is kept until then).
   const int32_t windows[2] = {call->request_window_, call->reply_window_};
   bool pending = false;
   for (int32_t w : windows) {
     if (w < 0) continue;
     Window& win = c->windows_[w];
-    if (win.state != Window::State::kExposed) continue;
-    win.state = Window::State::kRevoking;
-    const int32_t op = NewOp(c);
-    BulkOp& o = c->ops_[op];
-    o.kind = BulkOp::Kind::kRevokeThenComplete;
-    o.window = w;
-    o.call = call;
-    o.status = status;
-    PostLocalInv(c, win.rkey, op);
-    pending = true;
+    if (win.state == Window::State::kExposed) {
+      win.state = Window::State::kRevoking;
+      const int32_t op = NewOp(c);
+      BulkOp& o = c->ops_[op];
+      o.kind = BulkOp::Kind::kRevokeThenComplete;
+      o.window = w;
+      o.call = call;
+      o.status = status;
+      win.revoke_op = op;
+      PostLocalInv(c, win.rkey, op);
+      pending = true;
+    } else if (win.state == Window::State::kRevoking && win.revoke_op >= 0) {
+      // A revocation is already on its way (fallback ack, lease): complete behind it.
+      BulkOp& o = c->ops_[win.revoke_op];
+      o.kind = BulkOp::Kind::kRevokeThenComplete;
+      o.call = call;
+      o.status = status;
+      pending = true;
+    }
   }
   if (!pending) {
+    call->scratch_.Release();
     call->request_window_ = -1;
     call->reply_window_ = -1;
+    CompleteLocally(call, std::move(status));
+  }
+}
+
+ClientCall* Worker::PendingCall(Connection* c, uint64_t request_id) const {
+  const uint32_t slot = static_cast<uint32_t>(request_id);
+  if (slot >= c->pending_.size() || c->generation_[slot] != (request_id >> 32)) return nullptr;
+  return c->pending_[slot];
+}
+
+bool Worker::DeferIfReading(Connection* c, ClientCall* call, absl::Status status) {
+  if (call->read_op_ < 0) return false;
+  BulkOp& o = c->ops_[call->read_op_];
+  o.cancelled = true;
+  o.call = call;
+  o.status = std::move(status);
+  return true;
+}
+
+void Worker::SettleBulkOps(Connection* c) {
+  // Runs before pending calls are failed: calls that still hold a slot are left to that, calls
+  // that already gave theirs up (waiting on a revocation or a cancelled READ) complete here.
+  std::vector<std::pair<ClientCall*, absl::Status>> settle;
+  for (BulkOp& o : c->ops_) {
+    if (o.call == nullptr) continue;
+    ClientCall* call = o.call;
+    const bool gave_up_slot = o.kind == BulkOp::Kind::kRevokeThenComplete || o.cancelled;
+    if (o.kind == BulkOp::Kind::kDownloadRead) call->read_op_ = -1;
+    if (gave_up_slot) {
+      bool seen = false;
+      for (auto& [other, s] : settle) seen |= other == call;
+      if (!seen) settle.emplace_back(call, std::move(o.status));
+    }
+    o.kind = BulkOp::Kind::kNone;  // its flushed completion, if any, finds nothing to do
+    o.call = nullptr;
+  }
+  for (auto& [call, status] : settle) {
+    call->scratch_.Release();
+    call->request_window_ = call->reply_window_ = -1;
     CompleteLocally(call, std::move(status));
   }
 }

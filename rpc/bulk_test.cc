@@ -173,6 +173,89 @@ TEST_P(BulkModesTest, LargePayloadsMoveCorrectlyAndEveryWindowIsAccountedFor) {
   }
 }
 
+// The client's service for server-to-client calls (test_server's CallBack calls Ping).
+class ClientSide : public Service {
+ public:
+  ClientSide() : Service("test.Client") {
+    AddRawMethod("Ping", [](ServerContext&, absl::string_view in, ResponseWriter& out) {
+      return out.Append(in) ? absl::OkStatus() : absl::ResourceExhaustedError("too big");
+    });
+  }
+};
+
+TEST_P(BulkModesTest, ServerToClientCallsCarryLargePayloadsBothWays) {
+  const Mode mode = GetParam();
+  ClientSide client_side;
+  ChannelOptions options;
+  options.auth_token = "e2e";
+  options.bulk_mode = mode.bulk;
+  options.local_invalidation_only = mode.local_only;
+  options.services = {&client_side};
+  auto channel = Channel::Create(absl::StrCat("127.0.0.1:", port_), options);
+  ASSERT_TRUE(channel.ok()) << channel.status();
+  // The server calls us with the payload (bulk, server to client), we answer it (bulk again),
+  // and its answer to our call carries it back (bulk, server to client).
+  for (size_t size : {3000, 200000}) {
+    const std::string request = Payload(size, 3);
+    std::string response;
+    absl::Status s = CallRaw(**channel, Id("/test.E2E/CallBack"), request, &response, {});
+    if (mode.bulk == BulkMode::kUnsafeStaticRkeyBenchmarkOnly) {
+      // Only the server's pool is registered for the static key: the client exposes nothing
+      // and says so, and the connection lives on.
+      EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+      continue;
+    }
+    ASSERT_TRUE(s.ok()) << size << ": " << s;
+    EXPECT_TRUE(response == request) << size;
+  }
+  ExpectHealthy(**channel, 6);
+  EXPECT_EQ((*channel)->LocalStats().invalidation_violations(), 0u);
+}
+
+TEST_P(BulkModesTest, ALargeResponseMessageArrivesWholeWhenAReplyWindowWasOffered) {
+  const Mode mode = GetParam();
+  ChannelOptions options;
+  options.auth_token = "e2e";
+  options.bulk_mode = mode.bulk;
+  options.local_invalidation_only = mode.local_only;
+  auto channel = Channel::Create(absl::StrCat("127.0.0.1:", port_), options);
+  ASSERT_TRUE(channel.ok()) << channel.status();
+  // A response buffer is offered (mirror mode exposes it as a reply window), but the response
+  // has no attachment: its message, above the eager threshold, must still arrive whole.
+  auto landing = (*channel)->AllocateBulk(1 << 16);
+  ASSERT_TRUE(landing.ok());
+  CallOptions call_options;
+  call_options.response_bulk = &*landing;
+  const std::string request = Payload(5000, 9);
+  std::string response;
+  absl::Status s = CallRaw(**channel, Id("/test.E2E/Echo"), request, &response, call_options);
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_TRUE(response == request) << response.size() << " bytes came back";
+  ExpectHealthy(**channel, 4);
+}
+
+TEST_P(BulkModesTest, AnAttachmentNeedsAnEagerMessage) {
+  const Mode mode = GetParam();
+  ChannelOptions options;
+  options.auth_token = "e2e";
+  options.bulk_mode = mode.bulk;
+  options.local_invalidation_only = mode.local_only;
+  auto channel = Channel::Create(absl::StrCat("127.0.0.1:", port_), options);
+  ASSERT_TRUE(channel.ok()) << channel.status();
+  auto upload = (*channel)->AllocateBulk(8192);
+  ASSERT_TRUE(upload.ok());
+  upload->resize(8192);
+  CallOptions call_options;
+  call_options.request_bulk = &*upload;
+  std::string response;
+  // One descriptor per message: a request message above the eager threshold cannot travel
+  // next to an attachment, and the caller is told so instead of losing either.
+  absl::Status s = CallRaw(**channel, Id("/test.E2E/Sum"), std::string(10000, 'm'), &response,
+                           call_options);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  ExpectHealthy(**channel, 5);
+}
+
 INSTANTIATE_TEST_SUITE_P(
     AllModes, BulkModesTest,
     ::testing::Values(Mode{"ServerExposesRemote", BulkMode::kServerExposes, false},
@@ -434,6 +517,52 @@ TEST_F(BulkSecurityTest, AnAcknowledgementInvalidatingTheWrongKeyEndsTheConnecti
   ASSERT_TRUE(st.ok());
   EXPECT_EQ(*st, IBV_WC_REM_ACCESS_ERR);
   ExpectHealthy(*good_, 8);
+}
+
+TEST_F(BulkSecurityTest, AReplyChunkWithoutBulkDataEndsOnlyThatConnection) {
+  testing::RogueConnection rogue;
+  ASSERT_TRUE(rogue.Connect(port_, "e2e", control::BULK_MIRROR).ok());
+  // 16 bytes: room for the one descriptor announced, which a lax parser would read past.
+  ASSERT_TRUE(rogue.Call("/test.E2E/Echo", std::string(16, 'd'), rpc_wire::kFlagReplyChunk).ok());
+  EXPECT_TRUE(rogue.CutOff(absl::Seconds(10)));
+  ExpectHealthy(*good_, 9);
+}
+
+TEST_F(BulkSecurityTest, AWindowGrantThatInvalidatesAKeyEndsTheConnection) {
+  testing::RogueConnection rogue;
+  ASSERT_TRUE(rogue.Connect(port_, "e2e").ok());
+  const ServerStats before = Stats(*good_);
+  uint64_t id;
+  const BulkDescriptor d = Download(rogue, 4096, &id);
+  // Revoke the download window with a message that has no business invalidating anything.
+  MessageHeader h{rpc_wire::kProtocolVersion, rpc_wire::kWindowGrant, 0, 0, 4096, 0, 0, 0, 1};
+  ASSERT_TRUE(rogue.Send(h, {}, d.rkey).ok());
+  EXPECT_TRUE(rogue.CutOff(absl::Seconds(10)));
+  EXPECT_EQ(Stats(*good_).violations, before.violations + 1);
+  ExpectHealthy(*good_, 10);
+}
+
+TEST_F(BulkSecurityTest, UploadGrantsAreCappedPerConnection) {
+  testing::RogueConnection rogue;
+  ASSERT_TRUE(rogue.Connect(port_, "e2e").ok());
+  // Ask for the largest windows again and again, never using them: the server stops granting
+  // at the connection's budget instead of handing over its pool.
+  const uint32_t size = static_cast<uint32_t>(rogue.negotiated().max_bulk_size());
+  uint64_t held = 0;
+  for (int i = 0; i < 16; ++i) {
+    for (const BulkDescriptor& d : Grants(rogue, size)) held += d.length;
+  }
+  EXPECT_GT(held, 0u);
+  EXPECT_LE(held, uint64_t{32} << 20) << "granted beyond the per-connection budget";
+  // Everyone else still gets their uploads through.
+  ExpectHealthy(*good_, 11);
+  auto upload = good_->AllocateBulk(1 << 20);
+  ASSERT_TRUE(upload.ok());
+  upload->resize(1 << 20);
+  CallOptions call_options;
+  call_options.request_bulk = &*upload;
+  std::string response;
+  EXPECT_TRUE(CallRaw(*good_, Id("/test.E2E/Sum"), "", &response, call_options).ok());
 }
 
 }  // namespace

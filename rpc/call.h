@@ -124,6 +124,7 @@ class ClientCall {
   BulkBuffer scratch_;             // a large request serialized into registered memory
   int32_t request_window_ = -1;    // mirror mode: the window exposing the request
   int32_t reply_window_ = -1;      // mirror mode: the window exposing the response buffer
+  int32_t read_op_ = -1;           // download: the RDMA READ into this call's buffer
   internal::Worker* worker_ = nullptr;
   internal::Connection* connection_ = nullptr;
   uint64_t connection_id_ = 0;

@@ -25,7 +25,7 @@ struct LocalConfig {
   uint32_t buffer_size = 4128;  // per receive buffer, header included
   uint32_t max_inline = 0;      // our QP's inline limit
   uint32_t eager_threshold = 2048;
-  uint32_t window_credits = 16;
+  uint32_t window_credits = 8;
   bool require_remote_invalidation = false;
   bool allow_local_fallback = true;
   control::BulkMode bulk_mode = control::BULK_SERVER_EXPOSES;  // client: requested

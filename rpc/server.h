@@ -59,7 +59,9 @@ struct ServerOptions {
   // Bulk transfers (docs/BULK.md). Payloads above eager_threshold move by RDMA through a
   // memory window made for that one request.
   uint32_t eager_threshold = 2048;
-  uint32_t window_credits = 8;           // upload windows granted ahead of need, per connection
+  uint32_t window_credits = 8;           // upload windows granted ahead of need, per size class
+                                         // per connection (within grant_bytes_per_connection)
+  size_t grant_bytes_per_connection = 32 << 20;  // pool memory one peer may hold in grants
   size_t bulk_pool_bytes = 128 << 20;    // per worker; 0: no bulk
   size_t max_bulk_size = 16 << 20;       // per transfer
   // Refuse clients whose device cannot do remote invalidation (no local fallback).

@@ -53,6 +53,10 @@ absl::Status ValidateHeader(const MessageHeader& h, size_t received_bytes, const
   if ((h.flags & kFlagReplyChunk) && h.type != kRequest) {
     return absl::InvalidArgumentError("a reply chunk on a non-request");
   }
+  if ((h.flags & kFlagReplyChunk) && !(h.flags & kFlagBulk)) {
+    // The reply chunk's descriptor follows the bulk data's: one without the other has no layout.
+    return absl::InvalidArgumentError("a reply chunk without bulk data");
+  }
   const size_t descriptors =
       ((h.flags & kFlagBulk) ? 1 : 0) + ((h.flags & kFlagReplyChunk) ? 1 : 0);
   if (h.payload_len < descriptors * sizeof(BulkDescriptor)) {

@@ -312,6 +312,7 @@ void Worker::StartCall(uint64_t connection_id, ClientCall* call) {
   call->scratch_.Release();
   call->request_window_ = -1;
   call->reply_window_ = -1;
+  call->read_op_ = -1;
   call->status_ = absl::OkStatus();
   call->cancel_requested_.store(false, std::memory_order_relaxed);
   call->notifier_.Reset();
@@ -494,6 +495,9 @@ void Worker::HandleItem(WorkItem& item) {
         if (c->pending_[slot] != item.call) continue;
         const uint64_t request_id = (uint64_t{c->generation_[slot]} << 32) | slot;
         ReleaseSlot(c, request_id);
+        if (DeferIfReading(c, item.call, absl::CancelledError("cancelled by the caller"))) {
+          return;  // the response is here already; only its READ is left
+        }
         SendControl(c, rpc_wire::kCancel, request_id);
         FinishCall(c, item.call, absl::CancelledError("cancelled by the caller"));
         return;
@@ -627,7 +631,13 @@ void Worker::HandleRecv(const ibv_wc& wc) {
     } else if (h.type == rpc_wire::kBulkAck) {
       HandleBulkAck(c, h, wc);
     } else if (h.type == rpc_wire::kWindowGrant) {
-      HandleWindowGrant(c, h, buffer + kHeader);
+      if (wc.wc_flags & IBV_WC_WITH_INV) {
+        Bump(c->counters_.invalidation_violations);
+        Bump(totals_.invalidation_violations);
+        ProtocolError(c, absl::PermissionDeniedError("a window grant invalidated an rkey"));
+      } else {
+        HandleWindowGrant(c, h, buffer + kHeader);
+      }
     } else if (h.type == rpc_wire::kRequest) {
       HandleBulkRequest(c, h, buffer + kHeader, wc);
     } else {
@@ -732,6 +742,18 @@ void Worker::DispatchCall(Connection* c, Incoming& in) {
     writer.Abandon();
     return;
   }
+  if (ctx.mutable_response_bulk() && ctx.mutable_response_bulk().size() == 0) {
+    ctx.mutable_response_bulk().Release();  // an empty attachment is no attachment
+  }
+  if (status.ok() && writer.in_bulk() && ctx.mutable_response_bulk()) {
+    // One descriptor per response: the attachment's. The message must then travel eagerly.
+    writer.Abandon();
+    ctx.mutable_response_bulk().Release();
+    status = absl::ResourceExhaustedError(absl::StrFormat(
+        "a response with a bulk attachment must keep its message within the eager threshold "
+        "(%u bytes)",
+        c->negotiated_.eager_threshold()));
+  }
   if (status.ok() && writer.in_bulk()) {
     SendBulkResponse(c, in, &writer, writer.TakeBulk(), /*is_message=*/true);
   } else if (status.ok() && ctx.mutable_response_bulk()) {
@@ -799,6 +821,14 @@ void Worker::RunOnPool(Connection* c, Incoming& in, const Service::Method* metho
       in.header = header;
       in.has_chunk = has_chunk;
       in.chunk = chunk;
+      if (bulk && bulk.size() == 0) bulk.Release();  // an empty attachment is no attachment
+      if (status.ok() && bulk && response.size() > c->negotiated_.eager_threshold()) {
+        status = absl::ResourceExhaustedError(absl::StrFormat(
+            "a response with a bulk attachment must keep its message within the eager "
+            "threshold (%u bytes)",
+            c->negotiated_.eager_threshold()));
+        bulk.Release();
+      }
       if (status.ok() && (bulk || response.size() > c->negotiated_.eager_threshold())) {
         // Large or zero-copy responses leave through a window, like inline handlers' do.
         Writer writer(this, c);
@@ -1056,6 +1086,22 @@ bool Worker::TrySendCall(Connection* c, ClientCall* call) {
       call->request_ != nullptr ? call->request_->ByteSizeLong() : call->request_bytes_.size();
   const bool message_in_bulk = size > c->negotiated_.eager_threshold() && bulk_pool_ != nullptr &&
                                c->negotiated_.max_bulk_size() > 0;
+  if (call->request_bulk_ != nullptr && (message_in_bulk || call->one_way_)) {
+    FinishCall(c, call, absl::InvalidArgumentError(
+                            call->one_way_
+                                ? "one-way calls cannot carry bulk data"
+                                : absl::StrFormat("a request with a bulk attachment must keep its "
+                                                  "message within the eager threshold (%u bytes)",
+                                                  c->negotiated_.eager_threshold())));
+    return true;
+  }
+  if (call->response_bulk_ != nullptr && *call->response_bulk_ &&
+      (bulk_pool_ == nullptr ||
+       !bulk_pool_->Contains(call->response_bulk_->data(), call->response_bulk_->capacity()))) {
+    FinishCall(c, call, absl::InvalidArgumentError(
+                            "response_bulk must come from this channel's AllocateBulk"));
+    return true;
+  }
   if ((message_in_bulk || call->request_bulk_ != nullptr) && !call->one_way_) {
     if (message_in_bulk && !call->scratch_) {
       // Serialize once, straight into registered memory; a retry reuses it.
@@ -1185,6 +1231,13 @@ void Worker::FailConnection(Connection* c, const absl::Status& why) {
   c->close_reason_ = why;
   c->state_.store(Connection::State::kClosing, std::memory_order_release);
   SWIRL_LOG(DEBUG, "%s: closing connection %u: %s", options_.name, c->id_, why.ToString());
+  // The QP goes to ERR before any call completes: from then on the device places no data for
+  // it and no window bound to it can be used, so buffers that READs were filling or windows
+  // were exposing can go back to their owners.
+  if (absl::Status s = c->qp_->ToError(); !s.ok()) {
+    SWIRL_LOG(WARNING, "%s: %s", options_.name, s.ToString());
+  }
+  SettleBulkOps(c);
   FailPendingCalls(c, absl::UnavailableError(absl::StrCat("connection lost: ", why.message())));
   for (const auto& m : c->response_backlog_) send_pool_->Give(m.buffer);
   c->response_backlog_.clear();
@@ -1197,9 +1250,6 @@ void Worker::FailConnection(Connection* c, const absl::Status& why) {
   }
   if (c->batch_size_ > 0) c->next_seq_ = c->batch_wr_[0].wr_id;
   c->batch_size_ = 0;
-  if (absl::Status s = c->qp_->ToError(); !s.ok()) {
-    SWIRL_LOG(WARNING, "%s: %s", options_.name, s.ToString());
-  }
   // Unsignaled sends that completed before the error never report. A signaled WR posted now is
   // flushed behind them; its completion retires everything before it.
   ibv_send_wr marker{};
@@ -1246,11 +1296,13 @@ void Worker::Timers(absl::Time now) {
         if (call == nullptr || call->deadline_ > now) continue;
         const uint64_t request_id = (uint64_t{c->generation_[slot]} << 32) | slot;
         ReleaseSlot(c, request_id);
+        if (DeferIfReading(c, call, absl::DeadlineExceededError("deadline exceeded"))) continue;
         SendControl(c, rpc_wire::kCancel, request_id);
         FinishCall(c, call, absl::DeadlineExceededError("deadline exceeded"));
       }
     }
     if (!c->windows_.empty()) BulkTimers(c, now);
+    if (c->grant_owed_) SendOwedGrant(c);
     for (ClientCall** p = &c->backlog_head_; *p != nullptr;) {
       ClientCall* call = *p;
       if (call->deadline_ > now) {

@@ -180,6 +180,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     uint64_t addr = 0;
     uint32_t length = 0;
     absl::Time lease = absl::InfiniteFuture();
+    int32_t revoke_op = -1;  // kRevoking: the LOCAL_INV op in flight
   };
   std::vector<Window> windows_;
   std::vector<uint32_t> free_windows_;
@@ -187,8 +188,14 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // Upload windows the peer granted us (we are the client in kServerExposes mode).
   std::vector<rpc_wire::BulkDescriptor> grants_;
   bool grant_requested_ = false;
-  // Server: upload windows granted and not yet used, per size (each size up to window_credits).
+  // Upload windows we granted and the peer has not used yet, per size class (each up to
+  // window_credits), and their bytes (capped by WorkerOptions::grant_bytes_per_connection).
   absl::flat_hash_map<uint32_t, uint32_t> grants_by_size_;
+  uint64_t granted_bytes_ = 0;
+  // A grant that found no send buffer: sent from the timers once one is free.
+  bool grant_owed_ = false;
+  uint32_t grant_owed_size_ = 0;
+  uint32_t grant_owed_count_ = 0;
   // Unsafe benchmark mode: buffers handed out under the static rkey, by address.
   absl::flat_hash_map<uint64_t, BulkBuffer> static_exposed_;
   absl::flat_hash_map<uint64_t, uint64_t> static_download_;  // request id -> address
@@ -215,7 +222,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
     rpc_wire::BulkDescriptor chunk{};
     uint32_t length = 0;
     uint32_t peer_rkey = 0;  // kMirrorRead: the caller's window to invalidate afterwards
-    absl::Status status;     // kRevokeThenComplete: how the call ends
+    absl::Status status;     // kRevokeThenComplete, cancelled kDownloadRead: how the call ends
+    bool cancelled = false;  // kDownloadRead: the caller gave up; finish when the READ is done
   };
 
  private:
@@ -250,6 +258,9 @@ struct WorkerOptions {
   absl::Duration keepalive = absl::Seconds(5);
   // Bulk (docs/BULK.md).
   size_t bulk_pool_bytes = 0;        // 0: no bulk
+  // Pool memory one connection may hold through upload windows granted to its peer and not
+  // used yet (a peer cannot pin the whole pool by asking for grants it never uses).
+  uint64_t grant_bytes_per_connection = 32 << 20;
   bool unsafe_static_rkey = false;   // also register the pool for remote access (benchmarks)
   absl::Duration window_lease = absl::Seconds(5);
   // Called on the loop thread when a connection is gone for good.
@@ -402,6 +413,7 @@ class Worker {
   void HandleBulkAck(Connection* c, const rpc_wire::MessageHeader& h, const ibv_wc& wc);
   void HandleWindowGrant(Connection* c, const rpc_wire::MessageHeader& h, const char* payload);
   void GrantWindows(Connection* c, uint32_t count, uint32_t size);
+  void SendOwedGrant(Connection* c);
   void HandleBulkOp(Connection* c, int32_t op, const ibv_wc& wc);
   int32_t AcquireWindow(Connection* c);
   // Binds window `w` over [addr, addr+length) of the pool with `access`; returns the new rkey.
@@ -409,6 +421,13 @@ class Worker {
   void RevokeWindow(Connection* c, int32_t w, Connection::BulkOp::Kind kind, bool lease_expired);
   // Completes `call`, first revoking any window still exposing its buffers (mirror mode).
   void FinishCall(Connection* c, ClientCall* call, absl::Status status);
+  // The call waiting for `request_id` (the slot stays taken), or nullptr.
+  ClientCall* PendingCall(Connection* c, uint64_t request_id) const;
+  // A call that gave up (cancel, deadline) while an RDMA READ into its buffer is in flight:
+  // it completes when the READ is done, never while the device may still write into it.
+  bool DeferIfReading(Connection* c, ClientCall* call, absl::Status status);
+  // The QP is in ERR: calls waiting on bulk operations complete now.
+  void SettleBulkOps(Connection* c);
   // Sends a message already written at `data` now, or parks it until a credit comes back.
   void EmitMessage(Connection* c, char* data, uint32_t length, int32_t buffer,
                    uint32_t invalidate_rkey);

@@ -9,7 +9,7 @@
 //   Fill      returns a bulk attachment of N bytes (N in the request) of a known pattern
 //   Sum       returns "<bytes>:<FNV-1a hash>" of the request's bulk attachment
 //   BulkEcho  returns the request's bulk attachment as the response's, and the eager part
-//   Stats     returns "<granted> <remote> <local> <lease_expired> <violations>" for this server
+//   Stats     returns "<exposed> <remote> <local> <lease_expired> <violations>" for this server
 // Prints nothing; writes its port to --port_file. SIGTERM: graceful shutdown, exit 0.
 
 #include <signal.h>

@@ -1,0 +1,108 @@
+// ValidateHeader: every field of a received header is checked before anything uses it.
+
+#include "rpc/wire.h"
+
+#include <gtest/gtest.h>
+
+namespace swirl::rpc_wire {
+namespace {
+
+constexpr Limits kLimits{/*max_payload=*/4064, /*max_credits=*/32};
+constexpr size_t kHeader = sizeof(MessageHeader);
+
+MessageHeader Request(uint32_t payload_len) {
+  return MessageHeader{kProtocolVersion, kRequest, 0, MethodId("/a.B/C"), 7, 0, payload_len, 0, 0};
+}
+
+absl::StatusCode Check(const MessageHeader& h) {
+  return ValidateHeader(h, kHeader + h.payload_len, kLimits).code();
+}
+
+TEST(ValidateHeader, AcceptsWellFormedMessages) {
+  EXPECT_EQ(Check(Request(10)), absl::StatusCode::kOk);
+  MessageHeader response{kProtocolVersion, kResponse, 0, 0, 7, 5, 3, 2, 0};
+  EXPECT_EQ(Check(response), absl::StatusCode::kOk);
+  MessageHeader bulk = Request(sizeof(BulkDescriptor) + 4);
+  bulk.flags = kFlagBulk;
+  EXPECT_EQ(Check(bulk), absl::StatusCode::kOk);
+  MessageHeader mirror = Request(2 * sizeof(BulkDescriptor));
+  mirror.flags = kFlagBulk | kFlagReplyChunk;
+  EXPECT_EQ(Check(mirror), absl::StatusCode::kOk);
+  MessageHeader credit{kProtocolVersion, kCredit, 0, 0, 0, 0, 0, 32, 0};
+  EXPECT_EQ(Check(credit), absl::StatusCode::kOk);
+}
+
+TEST(ValidateHeader, RejectsShortOrMismatchedLengths) {
+  MessageHeader h = Request(10);
+  EXPECT_EQ(ValidateHeader(h, kHeader - 1, kLimits).code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(ValidateHeader(h, kHeader + 9, kLimits).code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(ValidateHeader(h, kHeader + 11, kLimits).code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(Check(Request(kLimits.max_payload + 1)), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ValidateHeader, RejectsBadFields) {
+  MessageHeader h = Request(0);
+  h.version = 2;
+  EXPECT_NE(Check(h), absl::StatusCode::kOk);
+  h = Request(0);
+  h.type = 0;
+  EXPECT_NE(Check(h), absl::StatusCode::kOk);
+  h.type = kMaxType + 1;
+  EXPECT_NE(Check(h), absl::StatusCode::kOk);
+  h = Request(0);
+  h.flags = 1 << 7;
+  EXPECT_NE(Check(h), absl::StatusCode::kOk);
+  h = Request(0);
+  h.method_id = 0;  // a call must name its method
+  EXPECT_NE(Check(h), absl::StatusCode::kOk);
+  h = Request(0);
+  h.status = 3;  // only responses carry a status
+  EXPECT_NE(Check(h), absl::StatusCode::kOk);
+  MessageHeader response{kProtocolVersion, kResponse, 0, 0, 7, 17, 0, 0, 0};
+  EXPECT_NE(Check(response), absl::StatusCode::kOk);  // no such status code
+  h = Request(0);
+  h.credits = kLimits.max_credits + 1;
+  EXPECT_NE(Check(h), absl::StatusCode::kOk);
+  MessageHeader ping{kProtocolVersion, kPing, 0, 0, 0, 0, 4, 0, 0};
+  EXPECT_NE(Check(ping), absl::StatusCode::kOk);  // control messages carry nothing
+  h = Request(0);
+  h.aux = 1 << 5;
+  EXPECT_NE(Check(h), absl::StatusCode::kOk);
+}
+
+TEST(ValidateHeader, RejectsBulkLayoutsThatDoNotAddUp) {
+  MessageHeader h = Request(sizeof(BulkDescriptor) - 1);
+  h.flags = kFlagBulk;
+  EXPECT_EQ(Check(h), absl::StatusCode::kDataLoss);
+  // Two descriptors announced, room for one.
+  h = Request(sizeof(BulkDescriptor) + 8);
+  h.flags = kFlagBulk | kFlagReplyChunk;
+  EXPECT_EQ(Check(h), absl::StatusCode::kDataLoss);
+  // A reply chunk without the bulk descriptor before it: no layout to parse it by.
+  h = Request(sizeof(BulkDescriptor));
+  h.flags = kFlagReplyChunk;
+  EXPECT_EQ(Check(h), absl::StatusCode::kInvalidArgument);
+  // Reply chunks belong to requests only.
+  MessageHeader response{kProtocolVersion, kResponse, kFlagBulk | kFlagReplyChunk, 0, 7, 0,
+                         2 * sizeof(BulkDescriptor), 0, 0};
+  EXPECT_EQ(Check(response), absl::StatusCode::kInvalidArgument);
+  // A message carried in bulk has no eager bytes next to its descriptor.
+  h = Request(sizeof(BulkDescriptor) + 1);
+  h.flags = kFlagBulk;
+  h.aux = kAuxBulkIsMessage;
+  EXPECT_EQ(Check(h), absl::StatusCode::kInvalidArgument);
+  h = Request(0);
+  h.aux = kAuxBulkIsMessage;
+  EXPECT_EQ(Check(h), absl::StatusCode::kInvalidArgument);
+  MessageHeader ack{kProtocolVersion, kBulkAck, kFlagBulk, 0, 7, 0, 0, 0, 0};
+  EXPECT_EQ(Check(ack), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(MethodId, IsStableAndNeverZero) {
+  EXPECT_EQ(MethodId("/a.B/C"), MethodId("/a.B/C"));
+  EXPECT_NE(MethodId("/a.B/C"), MethodId("/a.B/D"));
+  EXPECT_NE(MethodId(""), 0u);
+}
+
+}  // namespace
+}  // namespace swirl::rpc_wire
