@@ -65,7 +65,7 @@ absl::StatusOr<std::shared_ptr<BulkPool>> BulkPool::Create(
     if (!unsafe.ok()) return unsafe.status();
     pool->unsafe_mr_ = std::move(*unsafe);
   }
-  absl::MutexLock lock(&pool->mu_);
+  swirl::MutexLock lock(&pool->mu_);
   int classes = 0;
   for (size_t c = kMinClass; c <= pool->bytes_; c <<= 1) ++classes;
   pool->free_.resize(classes);
@@ -85,7 +85,7 @@ absl::StatusOr<BulkBuffer> BulkPool::Allocate(size_t size) {
     class_bytes <<= 1;
     ++size_class;
   }
-  absl::MutexLock lock(&mu_);
+  swirl::MutexLock lock(&mu_);
   if (static_cast<size_t>(size_class) >= free_.size()) {
     return absl::ResourceExhaustedError(
         absl::StrCat("bulk payload of ", size, " bytes exceeds the ", bytes_, "-byte pool"));
@@ -124,13 +124,13 @@ absl::StatusOr<BulkBuffer> BulkPool::Allocate(size_t size) {
 }
 
 void BulkPool::Free(int size_class, char* data) {
-  absl::MutexLock lock(&mu_);
+  swirl::MutexLock lock(&mu_);
   free_[size_class].push_back(data);
   in_use_ -= kMinClass << size_class;
 }
 
 size_t BulkPool::bytes_in_use() const {
-  absl::MutexLock lock(&mu_);
+  swirl::MutexLock lock(&mu_);
   return in_use_;
 }
 

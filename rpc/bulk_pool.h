@@ -12,7 +12,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "base/mutex.h"
 #include "rpc/bulk.h"
 #include "transport/verbs/verbs.h"
 
@@ -51,7 +51,7 @@ class BulkPool : public std::enable_shared_from_this<BulkPool> {
   size_t bytes_ = 0;
   std::unique_ptr<verbs::MemoryRegion> mr_;
   std::unique_ptr<verbs::MemoryRegion> unsafe_mr_;
-  mutable absl::Mutex mu_;
+  mutable swirl::Mutex mu_;
   size_t carved_ ABSL_GUARDED_BY(mu_) = 0;
   size_t in_use_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::vector<char*>> free_ ABSL_GUARDED_BY(mu_);

@@ -8,7 +8,7 @@
 
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
+#include "base/mutex.h"
 #include "base/log.h"
 #include "proto/control.grpc.pb.h"
 #include "rpc/handshake.h"
@@ -36,12 +36,12 @@ struct ClientRuntime {
 
 namespace {
 
-absl::Mutex g_mu;
+swirl::Mutex g_mu;
 
 // The capability probe (with its self-test) runs once per device per process.
 absl::StatusOr<verbs::Capabilities> CachedCapabilities(const std::shared_ptr<verbs::Context>& ctx) {
   static auto* cache = new std::map<std::string, verbs::Capabilities>();
-  absl::MutexLock lock(&g_mu);
+  swirl::MutexLock lock(&g_mu);
   auto it = cache->find(ctx->name());
   if (it != cache->end()) return it->second;
   verbs::ProbeOptions probe;
@@ -89,12 +89,12 @@ absl::StatusOr<std::shared_ptr<ClientRuntime>> GetRuntime(const ChannelOptions& 
   const std::string key = absl::StrCat(options.device, "/", options.credits, "/",
                                        options.buffer_size, "/", options.bulk_pool_bytes);
   {
-    absl::MutexLock lock(&g_mu);
+    swirl::MutexLock lock(&g_mu);
     if (auto existing = (*runtimes)[key].lock()) return existing;
   }
   auto runtime = NewRuntime(options, true);
   if (!runtime.ok()) return runtime;
-  absl::MutexLock lock(&g_mu);
+  swirl::MutexLock lock(&g_mu);
   if (auto existing = (*runtimes)[key].lock()) return existing;  // lost a race: use theirs
   (*runtimes)[key] = *runtime;
   return runtime;

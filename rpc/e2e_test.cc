@@ -6,6 +6,7 @@
 #include <signal.h>
 
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <thread>
@@ -426,7 +427,14 @@ TEST(E2EChurn, ThousandsOfConnectsDoNotLeak) {
   EXPECT_EQ(stats->server().recv_buffers_free(), 0u) << "receive buffers not all re-posted";
   const int64_t rss = process.RssKb();
   const int fds = process.OpenFds();
+#if defined(__SANITIZE_THREAD__)
+  // TSan's shadow memory grows with every heap address ever used, so RSS says nothing here;
+  // the counters above and the descriptor count below still do.
+  std::printf("note: RSS check not applied under ThreadSanitizer (grew %ld KiB)\n",
+              static_cast<long>(rss - rss_after_warmup));
+#else
   EXPECT_LT(rss - rss_after_warmup, 16 * 1024) << "RSS grew from " << rss_after_warmup << " KiB";
+#endif
   EXPECT_LE(fds, fds_after_warmup + 4) << "descriptors leak";
 }
 

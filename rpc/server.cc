@@ -9,7 +9,7 @@
 
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
+#include "base/mutex.h"
 #include "base/log.h"
 #include "proto/control.grpc.pb.h"
 #include "rpc/handshake.h"
@@ -184,7 +184,7 @@ class Server::Impl final : public control::Control::Service {
     const std::string client_key = internal::ClientKey(context->peer());
     uint64_t id;
     {
-      absl::MutexLock lock(&mu_);
+      swirl::MutexLock lock(&mu_);
       if (active_ >= options_.max_connections) {
         return absl::ResourceExhaustedError("server connection limit reached");
       }
@@ -326,14 +326,14 @@ class Server::Impl final : public control::Control::Service {
     }
     s->set_queue_pairs_live(live);
     {
-      absl::MutexLock lock(&mu_);
+      swirl::MutexLock lock(&mu_);
       s->set_connections_active(active_);
     }
     return out;
   }
 
   void OnClosed(uint64_t id) {
-    absl::MutexLock lock(&mu_);
+    swirl::MutexLock lock(&mu_);
     auto it = owners_.find(id);
     if (it == owners_.end()) return;
     if (--per_client_[it->second] == 0) per_client_.erase(it->second);
@@ -377,7 +377,7 @@ class Server::Impl final : public control::Control::Service {
   std::atomic<uint64_t> refused_{0};
   std::atomic<uint64_t> closed_{0};
 
-  mutable absl::Mutex mu_;
+  mutable swirl::Mutex mu_;
   uint64_t active_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<std::string, uint32_t> per_client_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, std::string> owners_ ABSL_GUARDED_BY(mu_);

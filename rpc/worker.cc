@@ -236,7 +236,7 @@ void Worker::Stop() {
 absl::StatusOr<std::shared_ptr<Connection>> Worker::CreateConnection(
     uint64_t id, const MethodTable* methods, const verbs::ConnectOptions& co) {
   {
-    absl::MutexLock lock(&mu_);
+    swirl::MutexLock lock(&mu_);
     if (reserved_credits_ + options_.credits > options_.max_connections * options_.credits) {
       return absl::ResourceExhaustedError(absl::StrCat(
           options_.name, " is full (", options_.max_connections, " connections)"));
@@ -244,7 +244,7 @@ absl::StatusOr<std::shared_ptr<Connection>> Worker::CreateConnection(
     reserved_credits_ += options_.credits;
   }
   auto unreserve = [this] {
-    absl::MutexLock lock(&mu_);
+    swirl::MutexLock lock(&mu_);
     reserved_credits_ -= options_.credits;
   };
   verbs::QueuePairConfig config;
@@ -268,7 +268,7 @@ absl::StatusOr<std::shared_ptr<Connection>> Worker::CreateConnection(
   c->sent_buffer_.assign(RoundUpPow2(config.max_send_wr), -1);
   c->op_at_seq_.assign(c->sent_buffer_.size(), -1);
   {
-    absl::MutexLock lock(&mu_);
+    swirl::MutexLock lock(&mu_);
     registry_[id] = c;
   }
   return c;
@@ -282,7 +282,7 @@ void Worker::Activate(std::shared_ptr<Connection> connection) {
 }
 
 void Worker::Abandon(const std::shared_ptr<Connection>& connection) {
-  absl::MutexLock lock(&mu_);
+  swirl::MutexLock lock(&mu_);
   if (registry_.erase(connection->id()) > 0) reserved_credits_ -= options_.credits;
 }
 
@@ -1274,7 +1274,7 @@ void Worker::FinishClose(Connection* c) {
   by_qpn_.erase(c->qp_->qp_num());
   c->qp_.reset();  // no completion can name it any more: it is in ERR and fully flushed
   {
-    absl::MutexLock lock(&mu_);
+    swirl::MutexLock lock(&mu_);
     registry_.erase(c->id_);
     reserved_credits_ -= options_.credits;
   }
@@ -1350,7 +1350,7 @@ void Worker::Timers(absl::Time now) {
 WorkerStats Worker::Stats() const {
   WorkerStats stats;
   {
-    absl::MutexLock lock(&mu_);
+    swirl::MutexLock lock(&mu_);
     stats.connections = registry_.size();
   }
   stats.recv_buffers_posted = recv_posted_snapshot_.load(std::memory_order_relaxed);
@@ -1362,19 +1362,19 @@ WorkerStats Worker::Stats() const {
 }
 
 uint32_t Worker::free_credits() const {
-  absl::MutexLock lock(&mu_);
+  swirl::MutexLock lock(&mu_);
   return options_.max_connections * options_.credits - reserved_credits_;
 }
 
 std::vector<std::shared_ptr<Connection>> Worker::Connections() const {
-  absl::MutexLock lock(&mu_);
+  swirl::MutexLock lock(&mu_);
   std::vector<std::shared_ptr<Connection>> out;
   for (auto& [id, c] : registry_) out.push_back(c);
   return out;
 }
 
 std::shared_ptr<Connection> Worker::Find(uint64_t connection_id) const {
-  absl::MutexLock lock(&mu_);
+  swirl::MutexLock lock(&mu_);
   auto it = registry_.find(connection_id);
   return it == registry_.end() ? nullptr : it->second;
 }
@@ -1387,14 +1387,14 @@ ThreadPool::ThreadPool(int threads) {
 
 ThreadPool::~ThreadPool() {
   {
-    absl::MutexLock lock(&mu_);
+    swirl::MutexLock lock(&mu_);
     stop_ = true;
   }
   for (std::thread& t : threads_) t.join();
 }
 
 void ThreadPool::Schedule(absl::AnyInvocable<void()> task) {
-  absl::MutexLock lock(&mu_);
+  swirl::MutexLock lock(&mu_);
   tasks_.push_back(std::move(task));
 }
 
@@ -1402,7 +1402,7 @@ void ThreadPool::Run() {
   for (;;) {
     absl::AnyInvocable<void()> task;
     {
-      absl::MutexLock lock(&mu_);
+      swirl::MutexLock lock(&mu_);
       mu_.Await(absl::Condition(
           +[](ThreadPool* p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu_) {
             return p->stop_ || !p->tasks_.empty();

@@ -36,7 +36,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/random/random.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "base/mutex.h"
 #include "absl/time/time.h"
 #include "base/mpsc_queue.h"
 #include "base/spinlock.h"
@@ -500,7 +500,7 @@ class Worker {
   std::vector<Connection*> closing_;
 
   // Shared with the control path.
-  mutable absl::Mutex mu_;
+  mutable swirl::Mutex mu_;
   absl::flat_hash_map<uint64_t, std::shared_ptr<Connection>> registry_ ABSL_GUARDED_BY(mu_);
   uint32_t reserved_credits_ ABSL_GUARDED_BY(mu_) = 0;
   std::atomic<bool> drained_{true};
@@ -519,7 +519,7 @@ class ThreadPool {
 
  private:
   void Run();
-  absl::Mutex mu_;
+  swirl::Mutex mu_;
   std::deque<absl::AnyInvocable<void()>> tasks_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::thread> threads_;

@@ -79,7 +79,7 @@ int CreateCq(SoftContext* sctx, int cqe, void* cq_context, ibv_comp_channel* cha
   pthread_mutex_init(&cq->mutex, nullptr);
   pthread_cond_init(&cq->cond, nullptr);
   {
-    absl::MutexLock lock(&sctx->hca->mu);
+    swirl::MutexLock lock(&sctx->hca->mu);
     sctx->hca->cqs.push_back(cq);
   }
   if (channel != nullptr) channel->refcnt++;
@@ -91,18 +91,18 @@ int DestroyCq(ibv_cq* ibcq) {
   auto* cq = static_cast<SoftCq*>(ibcq);
   if (cq->attached.load() != 0) return EBUSY;
   {
-    absl::MutexLock lock(&cq->sctx->hca->mu);
+    swirl::MutexLock lock(&cq->sctx->hca->mu);
     auto& cqs = cq->sctx->hca->cqs;
     cqs.erase(std::remove(cqs.begin(), cqs.end(), cq), cqs.end());
   }
   if (cq->sc != nullptr) {
-    absl::MutexLock lock(&cq->sc->mu);
+    swirl::MutexLock lock(&cq->sc->mu);
     auto& events = cq->sc->events;
     events.erase(std::remove(events.begin(), events.end(), cq), events.end());
   }
   {
     // Like libibverbs: wait until every event handed out has been acknowledged.
-    absl::MutexLock lock(&cq->events_mu);
+    swirl::MutexLock lock(&cq->events_mu);
     while (cq->events_acked < cq->events_delivered) cq->events_cv.Wait(&cq->events_mu);
   }
   if (cq->sc != nullptr) cq->sc->refcnt--;
@@ -174,13 +174,13 @@ int GetCqEvent(ibv_comp_channel* ibchannel, ibv_cq** out, void** cq_context) {
     }
     SoftCq* cq = nullptr;
     {
-      absl::MutexLock lock(&channel->mu);
+      swirl::MutexLock lock(&channel->mu);
       if (channel->events.empty()) continue;  // an event of a CQ destroyed since
       cq = channel->events.front();
       channel->events.pop_front();
     }
     {
-      absl::MutexLock lock(&cq->events_mu);
+      swirl::MutexLock lock(&cq->events_mu);
       ++cq->events_delivered;
     }
     *out = cq;
@@ -191,7 +191,7 @@ int GetCqEvent(ibv_comp_channel* ibchannel, ibv_cq** out, void** cq_context) {
 
 void AckCqEvents(ibv_cq* ibcq, unsigned int count) {
   auto* cq = static_cast<SoftCq*>(ibcq);
-  absl::MutexLock lock(&cq->events_mu);
+  swirl::MutexLock lock(&cq->events_mu);
   cq->events_acked += count;
   cq->comp_events_completed += count;
   cq->events_cv.SignalAll();

@@ -194,7 +194,7 @@ class SoftDeviceOps final : public verbs::DeviceOps {
       if (read(sctx_->vctx.context.async_fd, &count, sizeof(count)) != sizeof(count)) {
         return errno == 0 ? EIO : errno;
       }
-      absl::MutexLock lock(&sctx_->async.mu);
+      swirl::MutexLock lock(&sctx_->async.mu);
       if (sctx_->async.queue.empty()) continue;
       *event = sctx_->async.queue.front();
       sctx_->async.queue.pop_front();

@@ -70,7 +70,7 @@ sockaddr_un AddressFor(const ibv_gid& gid, socklen_t* len) {
   return addr;
 }
 
-absl::Mutex g_registry_mu;
+swirl::Mutex g_registry_mu;
 std::map<std::string, Hca*>& Registry() {
   static auto* registry = new std::map<std::string, Hca*>();
   return *registry;
@@ -186,8 +186,8 @@ bool ReceiveHello(Hca* hca, uint64_t watch_id, int fd) {
     segment.wake_fd = fds[1];
     fds[1] = -1;
     segment.watch = watch_id;
-    absl::ReaderMutexLock lock(&hca->mu);
-    absl::MutexLock watch_lock(&hca->watch_mu);
+    swirl::ReaderMutexLock lock(&hca->mu);
+    swirl::MutexLock watch_lock(&hca->watch_mu);
     auto qp = hca->qps.find(hello.dst_qpn);
     auto watch = hca->watches.find(watch_id);
     if (qp == hca->qps.end() || watch == hca->watches.end()) {
@@ -197,7 +197,7 @@ bool ReceiveHello(Hca* hca, uint64_t watch_id, int fd) {
     } else {
       watch->second.qp = qp->second;
       {
-        absl::MutexLock incoming(&qp->second->incoming_mu);
+        swirl::MutexLock incoming(&qp->second->incoming_mu);
         if (qp->second->incoming.size() >= 4) {
           why = "too many pending links";
         } else {
@@ -240,7 +240,7 @@ void HandleWatchEvent(Hca* hca, uint64_t id, uint32_t events) {
   int fd = -1;
   SoftQp* qp = nullptr;
   {
-    absl::MutexLock lock(&hca->watch_mu);
+    swirl::MutexLock lock(&hca->watch_mu);
     auto it = hca->watches.find(id);
     if (it == hca->watches.end()) return;
     fd = it->second.fd;
@@ -251,7 +251,7 @@ void HandleWatchEvent(Hca* hca, uint64_t id, uint32_t events) {
     return;
   }
   if (events & (EPOLLHUP | EPOLLRDHUP | EPOLLERR)) {
-    absl::MutexLock lock(&hca->watch_mu);
+    swirl::MutexLock lock(&hca->watch_mu);
     auto it = hca->watches.find(id);
     if (it == hca->watches.end()) return;
     epoll_ctl(hca->epoll_fd, EPOLL_CTL_DEL, it->second.fd, nullptr);
@@ -266,7 +266,7 @@ void HandleWatchEvent(Hca* hca, uint64_t id, uint32_t events) {
     // Nothing is expected after the hello; a peer that keeps talking is dropped.
     char sink[64];
     if (recv(fd, sink, sizeof(sink), MSG_DONTWAIT) > 0) {
-      absl::MutexLock lock(&hca->watch_mu);
+      swirl::MutexLock lock(&hca->watch_mu);
       auto it = hca->watches.find(id);
       if (it != hca->watches.end() && it->second.qp != nullptr) {
         it->second.qp->peer_gone.store(true, std::memory_order_release);
@@ -281,7 +281,7 @@ void HandleWatchEvent(Hca* hca, uint64_t id, uint32_t events) {
 // ones nobody has polled for a while (passive targets, idle servers). Returns true if any.
 bool MarkAssistedCqs(Hca* hca, int64_t now) {
   bool any = false;
-  absl::ReaderMutexLock lock(&hca->mu);
+  swirl::ReaderMutexLock lock(&hca->mu);
   for (SoftCq* cq : hca->cqs) {
     const uint64_t polls = cq->polls.load(std::memory_order_relaxed);
     if (polls != cq->last_polls_seen) {
@@ -300,7 +300,7 @@ bool Assisted(const SoftQp* qp) { return qp->scq->assisted || qp->rcq->assisted;
 
 bool ProgressAssisted(Hca* hca) {
   bool did = false;
-  absl::ReaderMutexLock lock(&hca->mu);
+  swirl::ReaderMutexLock lock(&hca->mu);
   for (auto& [qpn, qp] : hca->qps) {
     if (!Assisted(qp) || !qp->lock.try_lock()) continue;
     did |= ProgressLocked(qp);
@@ -310,7 +310,7 @@ bool ProgressAssisted(Hca* hca) {
 }
 
 void SetSleeping(Hca* hca, uint64_t value) {
-  absl::ReaderMutexLock lock(&hca->mu);
+  swirl::ReaderMutexLock lock(&hca->mu);
   for (auto& [qpn, qp] : hca->qps) {
     if (value != 0 && !Assisted(qp)) continue;
     if (wire::SegmentControl* ctrl = qp->ctrl_for_hca.load(std::memory_order_acquire)) {
@@ -335,7 +335,7 @@ void HcaLoop(Hca* hca) {
     const bool assist = hca->assist && MarkAssistedCqs(hca, now);
     int timeout_ms;
     {
-      absl::ReaderMutexLock lock(&hca->mu);
+      swirl::ReaderMutexLock lock(&hca->mu);
       timeout_ms = hca->cqs.empty() ? -1 : 10;
     }
     if (assist) {
@@ -412,7 +412,7 @@ Hca* CreateHca(const std::string& name, std::string* error) {
 uint64_t Hca::Watch(int fd, SoftQp* qp) {
   uint64_t id;
   {
-    absl::MutexLock lock(&watch_mu);
+    swirl::MutexLock lock(&watch_mu);
     id = next_watch++;
     watches[id] = LinkWatch{qp, fd};
   }
@@ -424,7 +424,7 @@ uint64_t Hca::Watch(int fd, SoftQp* qp) {
 }
 
 void Hca::Unwatch(uint64_t id) {
-  absl::MutexLock lock(&watch_mu);
+  swirl::MutexLock lock(&watch_mu);
   auto it = watches.find(id);
   if (it == watches.end()) return;
   epoll_ctl(epoll_fd, EPOLL_CTL_DEL, it->second.fd, nullptr);
@@ -448,7 +448,7 @@ void PeerSegment::Close(Hca* hca) {
 }
 
 Hca* AcquireHca(const std::string& name, std::string* error) {
-  absl::MutexLock lock(&g_registry_mu);
+  swirl::MutexLock lock(&g_registry_mu);
   auto& registry = Registry();
   auto it = registry.find(name);
   if (it != registry.end()) {
@@ -464,7 +464,7 @@ Hca* AcquireHca(const std::string& name, std::string* error) {
 
 void ReleaseHca(Hca* hca) {
   {
-    absl::MutexLock lock(&g_registry_mu);
+    swirl::MutexLock lock(&g_registry_mu);
     if (--hca->refs > 0) return;
     Registry().erase(hca->name);
   }
@@ -473,7 +473,7 @@ void ReleaseHca(Hca* hca) {
   (void)ignored;
   hca->thread.join();
   {
-    absl::MutexLock lock(&hca->watch_mu);
+    swirl::MutexLock lock(&hca->watch_mu);
     for (auto& [id, watch] : hca->watches) close(watch.fd);
     hca->watches.clear();
   }
@@ -526,7 +526,7 @@ int SendHello(Hca* hca, const ibv_gid& gid, uint32_t src_qpn, uint32_t dst_qpn, 
 
 void SoftChannel::Notify(SoftCq* cq) {
   {
-    absl::MutexLock lock(&mu);
+    swirl::MutexLock lock(&mu);
     events.push_back(cq);
   }
   uint64_t one = 1;
@@ -536,7 +536,7 @@ void SoftChannel::Notify(SoftCq* cq) {
 
 void SoftContext::RaiseAsyncEvent(const ibv_async_event& event) {
   {
-    absl::MutexLock lock(&async.mu);
+    swirl::MutexLock lock(&async.mu);
     async.queue.push_back(event);
   }
   uint64_t one = 1;

@@ -22,7 +22,7 @@ KeyTable::KeyTable() {
 KeyTable::~KeyTable() { munmap(entries_, sizeof(KeyEntry) * kSlots); }
 
 absl::StatusOr<KeyEntry*> KeyTable::Allocate(KeyKind kind) {
-  absl::MutexLock lock(&mu_);
+  swirl::MutexLock lock(&mu_);
   if (live_ + 1 >= kSlots) return absl::ResourceExhaustedError("soft device: no free memory keys");
   uint32_t slot = absl::Uniform<uint32_t>(bitgen_, 1, kSlots);
   // Linear probe from a random start; slot 0 is never used, so key 0 never names an entry.
@@ -48,13 +48,13 @@ absl::StatusOr<KeyEntry*> KeyTable::Allocate(KeyKind kind) {
 
 void KeyTable::Release(KeyEntry* entry) {
   Revoke(entry);
-  absl::MutexLock lock(&mu_);
+  swirl::MutexLock lock(&mu_);
   entry->kind = KeyKind::kFree;
   --live_;
 }
 
 uint8_t KeyTable::RandomByte() {
-  absl::MutexLock lock(&mu_);
+  swirl::MutexLock lock(&mu_);
   return absl::Uniform<uint8_t>(bitgen_);
 }
 
@@ -72,7 +72,7 @@ void KeyTable::Revoke(KeyEntry* e) {
 }
 
 uint32_t KeyTable::live() const {
-  absl::MutexLock lock(&mu_);
+  swirl::MutexLock lock(&mu_);
   return live_;
 }
 

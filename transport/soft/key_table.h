@@ -22,7 +22,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/random/random.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "base/mutex.h"
 
 namespace swirl::soft {
 
@@ -95,7 +95,7 @@ class KeyTable {
 
  private:
   KeyEntry* entries_;
-  mutable absl::Mutex mu_;
+  mutable swirl::Mutex mu_;
   uint32_t live_ ABSL_GUARDED_BY(mu_) = 0;
   absl::BitGen bitgen_ ABSL_GUARDED_BY(mu_);
 };

@@ -91,7 +91,7 @@ bool HandleLinkEvent(SoftQp* qp) {
   if (!qp->link_event.exchange(false, std::memory_order_acq_rel)) return false;
   std::vector<PeerSegment> candidates;
   {
-    absl::MutexLock lock(&qp->incoming_mu);
+    swirl::MutexLock lock(&qp->incoming_mu);
     candidates.swap(qp->incoming);
   }
   std::vector<PeerSegment> keep;
@@ -117,7 +117,7 @@ bool HandleLinkEvent(SoftQp* qp) {
     qp->linked = true;
   }
   if (!keep.empty()) {
-    absl::MutexLock lock(&qp->incoming_mu);
+    swirl::MutexLock lock(&qp->incoming_mu);
     for (PeerSegment& c : keep) qp->incoming.push_back(c);
   }
   return true;
@@ -125,6 +125,7 @@ bool HandleLinkEvent(SoftQp* qp) {
 
 void TeardownLink(SoftQp* qp) {
   if (qp->own_ctrl != nullptr) {
+    wire::SharedRelease();
     qp->own_ctrl->state.value.store(wire::kLinkClosed, std::memory_order_release);
   }
   if (qp->out_watch != 0) qp->hca->Unwatch(qp->out_watch);
@@ -137,7 +138,7 @@ void TeardownLink(SoftQp* qp) {
   qp->resp_rx = RingReader();
   std::vector<PeerSegment> pending;
   {
-    absl::MutexLock lock(&qp->incoming_mu);
+    swirl::MutexLock lock(&qp->incoming_mu);
     pending.swap(qp->incoming);
   }
   for (PeerSegment& c : pending) c.Close(qp->hca);  // takes watch_mu: not under incoming_mu
@@ -147,7 +148,7 @@ void TeardownLink(SoftQp* qp) {
   if (qp->own_base != nullptr) {
     {
       // The HCA thread reads our control block under hca->mu; unpublish it first.
-      absl::MutexLock lock(&qp->hca->mu);
+      swirl::MutexLock lock(&qp->hca->mu);
       qp->ctrl_for_hca.store(nullptr, std::memory_order_release);
     }
     munmap(qp->own_base, qp->own_size);
@@ -484,6 +485,7 @@ void EnterError(SoftQp* qp) {
   qp->state = IBV_QPS_ERR;
   // The peer learns of it from our control block, after any NAK we still owe it.
   if (qp->own_ctrl != nullptr && !qp->pending_nak.active) {
+    wire::SharedRelease();
     qp->own_ctrl->state.value.store(wire::kLinkError, std::memory_order_release);
   }
   for (uint32_t i = qp->sq_head; i != qp->sq_tail; ++i) {
@@ -528,6 +530,7 @@ void ProtocolError(SoftQp* qp, const char* what) {
 void PublishAndWake(SoftQp* qp, bool wrote) {
   if (qp->own_ctrl == nullptr) return;
   bool published = wrote;
+  wire::SharedRelease();
   if (qp->linked) {
     wire::SegmentControl* ctrl = qp->own_ctrl;
     if (qp->req_rx.tail() != qp->req_consumed_published) {
@@ -590,6 +593,7 @@ bool ProgressLocked(SoftQp* qp) {
     // Read the peer's state before draining its rings: a peer publishes its error state only
     // after the NAK that explains it, so whatever that state says, the drain below sees the NAK.
     const uint64_t peer_state = qp->peer.control()->state.value.load(std::memory_order_acquire);
+    wire::SharedAcquire();
     const bool gone = qp->peer_gone.load(std::memory_order_acquire);
     if (qp->pending_nak.active) FlushPendingNak(qp);
     did |= ProcessResponses(qp);
@@ -699,7 +703,7 @@ int CreateQp(SoftContext* sctx, ibv_pd* pd, ibv_qp_init_attr* attr, ibv_qp** out
   pthread_mutex_init(&qp->mutex, nullptr);
   pthread_cond_init(&qp->cond, nullptr);
   {
-    absl::MutexLock lock(&qp->hca->mu);
+    swirl::MutexLock lock(&qp->hca->mu);
     if (qp->hca->qps.size() >= kMaxQp) {
       delete qp;
       return ENOMEM;
@@ -792,7 +796,7 @@ int QueryQp(ibv_qp* ibqp, ibv_qp_attr* attr, int, ibv_qp_init_attr* init) {
 int DestroyQp(ibv_qp* ibqp) {
   SoftQp* qp = AsSoft(ibqp);
   {
-    absl::MutexLock lock(&qp->hca->mu);
+    swirl::MutexLock lock(&qp->hca->mu);
     qp->hca->qps.erase(qp->qp_num);
   }
   // After these, no poller or HCA thread can be inside this QP.

@@ -169,7 +169,7 @@ bool IsNakStatus(uint32_t status) {
 
 void ExecuteLocalOp(SoftQp* qp, SendWqe& w) {
   KeyTable& keys = qp->hca->keys;
-  absl::MutexLock lock(&qp->hca->mw_mu);
+  swirl::MutexLock lock(&qp->hca->mw_mu);
   if (w.opcode == IBV_WR_LOCAL_INV) {
     KeyEntry* e = keys.EntryFor(w.imm_or_inv);
     // Only type 2 windows are invalidated by a work request; MRs and type 1 windows are not.
@@ -373,6 +373,7 @@ void CompleteSq(SoftQp* qp) {
         read_ack_word = true;
         NoteAck(qp, static_cast<uint32_t>(
                         qp->peer.control()->acked.value.load(std::memory_order_acquire)));
+        wire::SharedAcquire();
         if (w.state == SendWqe::kAwaiting && !wire::MsnBefore(w.msn, qp->peer_acked)) break;
       }
       if (w.state == SendWqe::kAwaiting) FailWqe(w, IBV_WC_SUCCESS);

@@ -146,7 +146,7 @@ Outcome HandleSend(SoftQp* qp, const wire::FrameHeader& h, const char* payload) 
     const uint32_t rkey = h.imm_or_inv;
     bool ok = false;
     {
-      absl::MutexLock lock(&qp->hca->mw_mu);
+      swirl::MutexLock lock(&qp->hca->mw_mu);
       KeyEntry* e = qp->hca->keys.EntryFor(rkey);
       if (rkey != 0 && KeyTable::PublishedKey(e) == rkey && e->kind == KeyKind::kMw2 &&
           e->pd == qp->pd && e->qp == qp) {
@@ -354,6 +354,7 @@ bool FlushPendingNak(SoftQp* qp) {
   qp->resp_tx.Commit(frame, pos, bytes);
   qp->pending_nak.active = false;
   if (qp->qstate == IBV_QPS_ERR && qp->own_ctrl != nullptr) {
+    wire::SharedRelease();
     qp->own_ctrl->state.value.store(wire::kLinkError, std::memory_order_release);
   }
   return true;

@@ -64,12 +64,14 @@ class RingWriter {
     if (head_ + bytes - consumed_cache_ <= size_) return true;
     if (consumed_ == nullptr) return false;
     uint64_t consumed = consumed_->load(std::memory_order_acquire);
+    wire::SharedAcquire();
     // A peer may publish anything; never trust a value that would over-release space.
     if (consumed > head_ || consumed < consumed_cache_) return false;
     consumed_cache_ = consumed;
     return head_ + bytes - consumed_cache_ <= size_;
   }
   static void Stamp(wire::FrameHeader* header, uint64_t pos) {
+    wire::SharedRelease();
     __atomic_store_n(&header->stamp, wire::kStampValid | pos, __ATOMIC_RELEASE);
   }
 
@@ -95,6 +97,7 @@ class RingReader {
     const char* frame = base_ + (tail_ & (size_ - 1));
     uint64_t stamp = __atomic_load_n(reinterpret_cast<const uint64_t*>(frame), __ATOMIC_ACQUIRE);
     if (stamp != (wire::kStampValid | tail_)) return false;
+    wire::SharedAcquire();
     std::memcpy(header, frame, sizeof(*header));
     header->stamp = stamp;
     return true;
@@ -102,8 +105,10 @@ class RingReader {
   // True if the next frame's stamp is published (one load; for the idle poll).
   bool Ready() const {
     const char* frame = base_ + (tail_ & (size_ - 1));
-    return __atomic_load_n(reinterpret_cast<const uint64_t*>(frame), __ATOMIC_ACQUIRE) ==
-           (wire::kStampValid | tail_);
+    const bool ready = __atomic_load_n(reinterpret_cast<const uint64_t*>(frame),
+                                       __ATOMIC_ACQUIRE) == (wire::kStampValid | tail_);
+    if (ready) wire::SharedAcquire();
+    return ready;
   }
   const char* frame() const { return base_ + (tail_ & (size_ - 1)); }
   // Bytes from the current frame to the end of the ring: no frame may be longer.

@@ -17,7 +17,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
-#include "absl/synchronization/mutex.h"
+#include "base/mutex.h"
 #include "base/spinlock.h"
 #include "transport/soft/key_table.h"
 #include "transport/soft/ring.h"
@@ -62,7 +62,7 @@ struct SoftMw : ibv_mw {
 };
 
 struct SoftChannel : ibv_comp_channel {
-  absl::Mutex mu;
+  swirl::Mutex mu;
   std::deque<SoftCq*> events ABSL_GUARDED_BY(mu);
   // fd (in ibv_comp_channel) is an eventfd in semaphore mode: one count per queued event.
   void Notify(SoftCq* cq);
@@ -97,13 +97,13 @@ struct SoftCq : ibv_cq {
   alignas(64) uint64_t last_polls_seen = 0;  // HCA thread only
   int64_t last_change_ns = 0;                // HCA thread only
 
-  // QPs that complete into this CQ. A spin lock, not absl::Mutex: every poll takes it, and
+  // QPs that complete into this CQ. A spin lock, not swirl::Mutex: every poll takes it, and
   // Debian's Abseil keeps deadlock detection on, which costs tens of ns per acquisition.
   SpinLock attach_lock;
   std::vector<SoftQp*> qps;  // guarded by attach_lock
 
-  absl::Mutex events_mu;
-  absl::CondVar events_cv;
+  swirl::Mutex events_mu;
+  swirl::CondVar events_cv;
   uint64_t events_delivered ABSL_GUARDED_BY(events_mu) = 0;
   uint64_t events_acked ABSL_GUARDED_BY(events_mu) = 0;
 
@@ -269,7 +269,7 @@ struct SoftQp : ibv_qp {
   // Set by the HCA thread (no QP lock needed to set them).
   std::atomic<bool> link_event{false};
   std::atomic<bool> peer_gone{false};
-  absl::Mutex incoming_mu;
+  swirl::Mutex incoming_mu;
   std::vector<PeerSegment> incoming ABSL_GUARDED_BY(incoming_mu);
 };
 
@@ -296,13 +296,13 @@ struct Hca {
 
   // Serializes memory-window state changes: binds and local invalidations (SQ processing of any
   // QP), remote invalidations (responders) and dealloc (application threads).
-  absl::Mutex mw_mu;
+  swirl::Mutex mw_mu;
 
-  absl::Mutex mu;
+  swirl::Mutex mu;
   absl::flat_hash_map<uint32_t, SoftQp*> qps ABSL_GUARDED_BY(mu);
   std::vector<SoftCq*> cqs ABSL_GUARDED_BY(mu);
   // Acquired after mu when both are needed; never while calling into a QP.
-  absl::Mutex watch_mu;
+  swirl::Mutex watch_mu;
   absl::flat_hash_map<uint64_t, LinkWatch> watches ABSL_GUARDED_BY(watch_mu);
   uint64_t next_watch ABSL_GUARDED_BY(watch_mu) = 1;
   absl::BitGen bitgen ABSL_GUARDED_BY(mu);
@@ -316,7 +316,7 @@ struct Hca {
 };
 
 struct AsyncEvents {
-  absl::Mutex mu;
+  swirl::Mutex mu;
   std::deque<ibv_async_event> queue ABSL_GUARDED_BY(mu);
 };
 

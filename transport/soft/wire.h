@@ -13,7 +13,7 @@
 // deadlock on full rings. Acknowledgements for SEND and WRITE need no frame: the responder
 // publishes the next MSN it expects (`acked`) and also piggybacks it on every frame it writes.
 //
-// Frames are 64-byte aligned, never wrap (a PAD frame fills the tail of the ring), and carry a
+// Frames are 128-byte aligned, never wrap (a PAD frame fills the tail of the ring), and carry a
 // stamp, the frame's absolute byte position with the top bit set, stored last with release
 // semantics. A consumer polls the stamp at the position it expects next, so one cache-line read
 // both detects and orders a new frame, and a stale frame from the previous lap never matches.
@@ -28,7 +28,24 @@
 #include <cstddef>
 #include <cstdint>
 
+#if defined(__SANITIZE_THREAD__)
+#include <sanitizer/tsan_interface.h>
+#endif
+
 namespace swirl::soft::wire {
+
+// ThreadSanitizer cannot see ordering through memory mapped at two addresses (the two ends of a
+// pair in one process map the same segment twice), so in TSan builds every publish into a
+// segment releases, and every observation of one acquires, one process-wide sync object: a
+// deliberate over-approximation that only TSan builds pay for.
+#if defined(__SANITIZE_THREAD__)
+inline char g_tsan_segment_sync;
+inline void SharedRelease() { __tsan_release(&g_tsan_segment_sync); }
+inline void SharedAcquire() { __tsan_acquire(&g_tsan_segment_sync); }
+#else
+inline void SharedRelease() {}
+inline void SharedAcquire() {}
+#endif
 
 inline constexpr uint64_t kSegmentMagic = 0x314c525749575331ull;  // "1SWIWRL1"
 inline constexpr uint32_t kWireVersion = 1;
