@@ -161,36 +161,18 @@ void Worker::PostRdma(Connection* c, ibv_wr_opcode opcode, const BulkBuffer& loc
 }
 
 void Worker::SendBulkAck(Connection* c, uint64_t request_id, uint32_t rkey) {
-  if (c->send_credits_ == 0 || !c->pending_acks_.empty() || !c->response_backlog_.empty()) {
-    c->pending_acks_.push_back({request_id, rkey});
-    return;
-  }
   int32_t buffer;
   char* data = AllocMessage(c, kHeader, &buffer);
   if (data == nullptr) {
-    c->pending_acks_.push_back({request_id, rkey});
+    FailConnection(c, absl::ResourceExhaustedError("send buffers exhausted"));
     return;
   }
   *reinterpret_cast<MessageHeader*>(data) = MessageHeader{
       rpc_wire::kProtocolVersion, rpc_wire::kBulkAck, 0, 0, request_id, 0, 0, 0, 0};
-  // Fenced: an RDMA READ just posted on this QP finishes before the window goes away.
-  QueueWr(c, data, kHeader, buffer, remote_invalidation(c) ? rkey : 0, IBV_SEND_FENCE);
-}
-
-void Worker::FlushPendingAcks(Connection* c) {
-  while (!c->pending_acks_.empty() && c->send_credits_ > 0) {
-    auto [request_id, rkey] = c->pending_acks_.front();
-    c->pending_acks_.pop_front();
-    int32_t buffer;
-    char* data = AllocMessage(c, kHeader, &buffer);
-    if (data == nullptr) {
-      c->pending_acks_.push_front({request_id, rkey});
-      return;
-    }
-    *reinterpret_cast<MessageHeader*>(data) = MessageHeader{
-        rpc_wire::kProtocolVersion, rpc_wire::kBulkAck, 0, 0, request_id, 0, 0, 0, 0};
-    QueueWr(c, data, kHeader, buffer, remote_invalidation(c) ? rkey : 0, IBV_SEND_FENCE);
-  }
+  // Fenced: an RDMA READ just posted on this QP finishes before the window goes away. Through
+  // EmitMessage, so that without a credit it waits in line, ahead of the response to the same
+  // request that the peer must not see first.
+  EmitMessage(c, data, kHeader, buffer, remote_invalidation(c) ? rkey : 0, IBV_SEND_FENCE);
 }
 
 void Worker::BulkViolation(Connection* c, const std::string& why) {
@@ -758,6 +740,13 @@ void Worker::GrantWindows(Connection* c, uint32_t count, uint32_t size) {
     Bump(c->counters_.windows_granted);
     Bump(totals_.windows_granted);
   }
+  if (n == 0 && outstanding > 0) {
+    // Every window of this class is in the peer's hands: since it asked, they are in flight
+    // (it would have used an idle one), and each arriving upload brings a replacement. An
+    // empty grant now would tell it to give up on calls that only have to wait.
+    if (buffer >= 0) send_pool_->Give(static_cast<uint32_t>(buffer));
+    return;
+  }
   const uint32_t payload = static_cast<uint32_t>(n * sizeof(BulkDescriptor));
   *reinterpret_cast<MessageHeader*>(msg) = MessageHeader{
       rpc_wire::kProtocolVersion, rpc_wire::kWindowGrant, 0, 0, 0, 0, payload, 0, n};
@@ -1035,7 +1024,6 @@ void Worker::ReleaseBulk(Connection* c) {
   c->static_exposed_.clear();
   c->static_download_.clear();
   c->grants_.clear();
-  c->pending_acks_.clear();
 }
 
 }  // namespace internal

@@ -234,6 +234,44 @@ TEST_P(BulkModesTest, ALargeResponseMessageArrivesWholeWhenAReplyWindowWasOffere
   ExpectHealthy(**channel, 4);
 }
 
+TEST_P(BulkModesTest, MoreUploadsInFlightThanWindowCreditsWaitInsteadOfFailing) {
+  const Mode mode = GetParam();
+  ChannelOptions options;
+  options.auth_token = "e2e";
+  options.bulk_mode = mode.bulk;
+  options.local_invalidation_only = mode.local_only;
+  auto channel = Channel::Create(absl::StrCat("127.0.0.1:", port_), options);
+  ASSERT_TRUE(channel.ok()) << channel.status();
+  // Three times the window credits of one size class, all at once: those beyond the credits
+  // wait for the windows the server grants as the first ones arrive.
+  constexpr int kCalls = 24;
+  std::vector<BulkBuffer> buffers;
+  std::vector<std::string> expected(kCalls), responses(kCalls);
+  std::vector<ClientCall> calls(kCalls);
+  for (int i = 0; i < kCalls; ++i) {
+    auto b = (*channel)->AllocateBulk(65536);
+    ASSERT_TRUE(b.ok()) << b.status();
+    const std::string data = Payload(65536, i);
+    std::memcpy(b->data(), data.data(), data.size());
+    b->resize(data.size());
+    expected[i] = absl::StrCat(data.size(), ":", Fnv(data));
+    buffers.push_back(std::move(*b));
+  }
+  for (int i = 0; i < kCalls; ++i) {
+    CallOptions call_options;
+    call_options.request_bulk = &buffers[i];
+    calls[i].SetMethod(Id("/test.E2E/Sum"));
+    calls[i].SetRequestBytes("");
+    calls[i].SetResponseBytes(&responses[i]);
+    calls[i].SetOptions(call_options);
+    (*channel)->Start(&calls[i]);
+  }
+  for (int i = 0; i < kCalls; ++i) {
+    ASSERT_TRUE(calls[i].Wait().ok()) << i << ": " << calls[i].status();
+    EXPECT_EQ(responses[i], expected[i]) << i;
+  }
+}
+
 TEST_P(BulkModesTest, AnAttachmentNeedsAnEagerMessage) {
   const Mode mode = GetParam();
   ChannelOptions options;
@@ -343,8 +381,10 @@ class BulkSecurityTest : public ::testing::Test {
   }
 
   // Upload windows granted to this rogue.
-  std::vector<BulkDescriptor> Grants(testing::RogueConnection& rogue, uint32_t size) {
-    MessageHeader h{rpc_wire::kProtocolVersion, rpc_wire::kWindowGrant, 0, 0, size, 0, 0, 0, 2};
+  std::vector<BulkDescriptor> Grants(testing::RogueConnection& rogue, uint32_t size,
+                                     uint32_t count = 2) {
+    MessageHeader h{rpc_wire::kProtocolVersion, rpc_wire::kWindowGrant, 0, 0, size, 0, 0, 0,
+                    count};
     EXPECT_TRUE(rogue.Send(h).ok());
     auto grant = rogue.Receive(rpc_wire::kWindowGrant);
     EXPECT_TRUE(grant.ok()) << grant.status();
@@ -545,15 +585,15 @@ TEST_F(BulkSecurityTest, AWindowGrantThatInvalidatesAKeyEndsTheConnection) {
 TEST_F(BulkSecurityTest, UploadGrantsAreCappedPerConnection) {
   testing::RogueConnection rogue;
   ASSERT_TRUE(rogue.Connect(port_, "e2e").ok());
-  // Ask for the largest windows again and again, never using them: the server stops granting
-  // at the connection's budget instead of handing over its pool.
+  // Ask for as many of the largest windows as the credits allow, never using them: the server
+  // stops at the connection's byte budget instead of handing over its pool...
   const uint32_t size = static_cast<uint32_t>(rogue.negotiated().max_bulk_size());
   uint64_t held = 0;
-  for (int i = 0; i < 16; ++i) {
-    for (const BulkDescriptor& d : Grants(rogue, size)) held += d.length;
-  }
+  for (const BulkDescriptor& d : Grants(rogue, size, 8)) held += d.length;
   EXPECT_GT(held, 0u);
   EXPECT_LE(held, uint64_t{32} << 20) << "granted beyond the per-connection budget";
+  // ...and then grants nothing of any other size either, saying so with an empty grant.
+  EXPECT_TRUE(Grants(rogue, size / 2, 8).empty());
   // Everyone else still gets their uploads through.
   ExpectHealthy(*good_, 11);
   auto upload = good_->AllocateBulk(1 << 20);

@@ -653,13 +653,13 @@ void Worker::HandleRecv(const ibv_wc& wc) {
     Dispatch(c, h, buffer + kHeader);
   }
   if (c->state_.load(std::memory_order_relaxed) >= Connection::State::kClosing) return;
-  // Return credits when there is nothing to piggyback them on.
-  if (c->credits_to_return_ >= std::max<uint32_t>(1, c->local_credits_ / 2) &&
-      c->batch_size_ == 0) {
+  // Return credits once half are owed and no message of ours has carried them (every message
+  // carries all that are owed when it is queued, so queued WRs, which may be only binds,
+  // invalidations or RDMA operations, say nothing about the credits owed since).
+  if (c->credits_to_return_ >= std::max<uint32_t>(1, c->local_credits_ / 2)) {
     SendControl(c, rpc_wire::kCredit, 0);
   }
-  if (c->send_credits_ > 0 && (c->backlog_head_ != nullptr || !c->response_backlog_.empty() ||
-                                !c->pending_acks_.empty())) {
+  if (c->send_credits_ > 0 && (c->backlog_head_ != nullptr || !c->response_backlog_.empty())) {
     PumpBacklog(c);
   }
 }
@@ -929,9 +929,9 @@ void Worker::EmitResponse(Connection* c, Writer* writer, uint64_t request_id, ui
 }
 
 void Worker::EmitMessage(Connection* c, char* data, uint32_t length, int32_t buffer,
-                         uint32_t invalidate_rkey) {
+                         uint32_t invalidate_rkey, unsigned int flags) {
   if (c->send_credits_ > 0 && c->response_backlog_.empty()) {
-    QueueWr(c, data, length, buffer, invalidate_rkey);
+    QueueWr(c, data, length, buffer, invalidate_rkey, flags);
     return;
   }
   // No credit now: park it in a send buffer until the peer returns some.
@@ -944,7 +944,7 @@ void Worker::EmitMessage(Connection* c, char* data, uint32_t length, int32_t buf
     std::memcpy(send_pool_->at(index), data, length);
     buffer = static_cast<int32_t>(index);
   }
-  c->response_backlog_.push_back({static_cast<uint32_t>(buffer), length, invalidate_rkey});
+  c->response_backlog_.push_back({static_cast<uint32_t>(buffer), length, invalidate_rkey, flags});
 }
 
 void Worker::SendControl(Connection* c, rpc_wire::MessageType type, uint64_t request_id) {
@@ -1161,9 +1161,8 @@ void Worker::PumpBacklog(Connection* c) {
     const Connection::QueuedMessage m = c->response_backlog_.front();
     c->response_backlog_.pop_front();
     QueueWr(c, send_pool_->at(m.buffer), m.length, static_cast<int32_t>(m.buffer),
-            m.invalidate_rkey);
+            m.invalidate_rkey, m.flags);
   }
-  if (c->response_backlog_.empty()) FlushPendingAcks(c);
   while (c->backlog_head_ != nullptr && c->response_backlog_.empty()) {
     ClientCall* call = c->backlog_head_;
     if (!TrySendCall(c, call)) break;

@@ -144,10 +144,13 @@ class Connection : public std::enable_shared_from_this<Connection> {
   ClientCall* backlog_tail_ = nullptr;
 
   // Responses ready but without a credit, in send-pool buffers.
+  // Everything this side sends that is not a new call waits here, in one queue, so that what
+  // was emitted first leaves first (a bulk ack before the response to the same request).
   struct QueuedMessage {
     uint32_t buffer;
     uint32_t length;
     uint32_t invalidate_rkey;
+    unsigned int flags;  // extra send flags (IBV_SEND_FENCE for acks behind a READ)
   };
   std::deque<QueuedMessage> response_backlog_;
 
@@ -230,8 +233,6 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::vector<int32_t> op_at_seq_;  // op index or -1, indexed like sent_buffer_
   std::vector<BulkOp> ops_;
   std::vector<int32_t> free_ops_;
-  // Bulk acks that found no credit, in order.
-  std::deque<std::pair<uint64_t, uint32_t>> pending_acks_;  // request id, rkey to invalidate
   ClientCall* grant_wait_head_ = nullptr;  // calls waiting for an upload window
   ClientCall* grant_wait_tail_ = nullptr;
 
@@ -430,14 +431,13 @@ class Worker {
   void SettleBulkOps(Connection* c);
   // Sends a message already written at `data` now, or parks it until a credit comes back.
   void EmitMessage(Connection* c, char* data, uint32_t length, int32_t buffer,
-                   uint32_t invalidate_rkey);
+                   uint32_t invalidate_rkey, unsigned int flags = 0);
   void FreeWindow(Connection* c, int32_t w);
   int32_t NewOp(Connection* c);
   void PostRdma(Connection* c, ibv_wr_opcode opcode, const BulkBuffer& local, uint32_t length,
                 uint64_t remote_addr, uint32_t rkey, int32_t op);
   void PostLocalInv(Connection* c, uint32_t rkey, int32_t op);
   void SendBulkAck(Connection* c, uint64_t request_id, uint32_t rkey);
-  void FlushPendingAcks(Connection* c);
   void BulkViolation(Connection* c, const std::string& why);
   void BulkTimers(Connection* c, absl::Time now);
   void ReleaseBulk(Connection* c);
