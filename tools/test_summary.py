@@ -1,12 +1,16 @@
 #!/usr/bin/env python3
 """Counts test cases from Bazel's test.xml files and prints swirl's summary line.
 
-Usage: test_summary.py BAZEL_OUTPUT_FILE TESTLOGS_DIR
+Usage: test_summary.py BAZEL_OUTPUT_FILE TESTLOGS_DIR [--extra RESULTS_FILE]
 
 Every gtest case counts once. A test target that failed without a usable XML (it crashed, timed
 out, failed to build, or a sanitizer failed it after its cases passed) counts as one failure of
 its own, so a red target can never hide behind green cases. Skipped cases are listed with the
 reason their test gave. The last line printed is "N passed, N failed[, N skipped]".
+
+RESULTS_FILE holds results of checks that run outside Bazel (tools/embedding_check.sh), one per
+line: "PASSED name" or "FAILED name"; each counts once, like a test case. A missing or empty file
+adds nothing.
 """
 
 import os
@@ -24,8 +28,33 @@ def target_dir(testlogs, label):
     return os.path.join(testlogs, pkg, name)
 
 
+def read_extra(path):
+    """[(name, passed)] from a RESULTS_FILE; a malformed line counts as a failure of its own."""
+    results = []
+    if not path or not os.path.exists(path):
+        return results
+    with open(path, errors="replace") as f:
+        for line in f:
+            parts = line.split(None, 1)
+            if not parts:
+                continue
+            if len(parts) == 2 and parts[0] in ("PASSED", "FAILED"):
+                results.append((parts[1].strip(), parts[0] == "PASSED"))
+            else:
+                results.append(("%s (malformed result line: %r)" % (path, line.strip()), False))
+    return results
+
+
 def main():
-    output_file, testlogs = sys.argv[1], sys.argv[2]
+    args = sys.argv[1:]
+    extra_file = None
+    if "--extra" in args:
+        i = args.index("--extra")
+        if i + 1 >= len(args):
+            sys.exit("test_summary.py: --extra needs a file")
+        extra_file = args[i + 1]
+        del args[i:i + 2]
+    output_file, testlogs = args[0], args[1]
     statuses = {}
     with open(output_file, errors="replace") as f:
         for line in f:
@@ -64,6 +93,12 @@ def main():
         elif status not in ("PASSED", "FLAKY") and cases_failed == 0:
             failed += 1
             failures.append("%s (%s)" % (label, status.lower()))
+    for name, ok in read_extra(extra_file):
+        if ok:
+            passed += 1
+        else:
+            failed += 1
+            failures.append(name)
     for s in skips:
         print("skipped: " + s)
     for f in failures:
