@@ -1,0 +1,207 @@
+// blockstore_server: serves swirl.blockstore.BlockStore over volumes in memory or in files until
+// SIGINT or SIGTERM, then shuts down gracefully and prints what it served.
+//
+//   blockstore_server --address=0.0.0.0:7200 --token=secret --cores=1
+//       --volume=fast:1g --volume=disk:4g:/var/tmp/disk.img
+//
+// Volumes: --volume=name:size[:path], repeatable and/or comma separated. Without a path the
+// volume lives in memory (zero-filled; gone at exit) and Read/Write are served on the polling
+// worker. With a path it is a file (created if missing, grown to `size` if shorter), read and
+// written with pread/pwrite on the handler thread pool (ReadBlocking/WriteBlocking), since file
+// I/O may block; it is fdatasync'ed at shutdown.
+//
+// Exit: 0 after a graceful shutdown, 1 if the server cannot start, 2 for bad flags.
+
+#include <pthread.h>
+#include <signal.h>
+
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "examples/blockstore/checksum.h"
+#include "examples/blockstore/service.h"
+#include "examples/blockstore/volume.h"
+#include "rpc/server.h"
+
+ABSL_FLAG(std::string, address, "0.0.0.0:7200", "control-plane listen address (port 0: pick)");
+ABSL_FLAG(std::string, token, "", "clients must present this token (empty: no auth)");
+ABSL_FLAG(std::string, cores, "1", "comma-separated cores, one pinned worker each (-1: unpinned)");
+ABSL_FLAG(std::string, device, "", "RDMA device (default: automatic, soft0 without hardware)");
+ABSL_FLAG(std::string, port_file, "", "write the chosen port here once listening");
+ABSL_FLAG(std::vector<std::string>, volume, {},
+          "name:size[:path]; repeatable, or comma separated (no path: in memory)");
+ABSL_FLAG(int, handler_threads, 4, "threads for ReadBlocking/WriteBlocking (file-backed volumes)");
+ABSL_FLAG(int, bulk_pool_mb, 128, "registered memory for bulk data, per worker (MiB)");
+ABSL_FLAG(int, window_credits, 8,
+          "upload windows granted ahead of need per connection and size class (the negotiated "
+          "value is the smaller of this and the client's, which swirl fixes at 8)");
+ABSL_FLAG(bool, busy_poll, false, "never sleep on the completion channel when idle");
+ABSL_FLAG(int, shutdown_ms, 5000, "graceful shutdown deadline");
+
+namespace {
+
+using swirl::blockstore::FormatSize;
+
+// absl keeps only the last occurrence of a flag; --volume is repeatable, so collect them all.
+std::vector<std::string> VolumeFlagValues(int argc, char** argv) {
+  std::vector<std::string> values;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--") break;
+    for (const char* prefix : {"--volume=", "-volume="}) {
+      if (absl::StartsWith(arg, prefix)) values.push_back(arg.substr(std::strlen(prefix)));
+    }
+    if ((arg == "--volume" || arg == "-volume") && i + 1 < argc) values.push_back(argv[++i]);
+  }
+  return values;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // SIGINT/SIGTERM are blocked in every thread (the server's threads inherit the mask) and
+  // taken synchronously by sigwait below.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  const std::vector<std::string> volume_values = VolumeFlagValues(argc, argv);
+  absl::ParseCommandLine(argc, argv);
+  auto specs = swirl::blockstore::ParseVolumeSpecs(volume_values);
+  if (!specs.ok()) {
+    std::fprintf(stderr, "blockstore_server: %s\n", specs.status().ToString().c_str());
+    return 2;
+  }
+  if (specs->empty()) {
+    std::fprintf(stderr, "blockstore_server: no volumes: give --volume=name:size[:path]\n");
+    return 2;
+  }
+  swirl::ServerOptions options;
+  options.address = absl::GetFlag(FLAGS_address);
+  options.auth_token = absl::GetFlag(FLAGS_token);
+  options.device = absl::GetFlag(FLAGS_device);
+  options.handler_threads = absl::GetFlag(FLAGS_handler_threads);
+  options.bulk_pool_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_bulk_pool_mb)) << 20;
+  if (absl::GetFlag(FLAGS_window_credits) < 1) {
+    std::fprintf(stderr, "blockstore_server: --window_credits >= 1\n");
+    return 2;
+  }
+  options.window_credits = static_cast<uint32_t>(absl::GetFlag(FLAGS_window_credits));
+  options.worker_cores.clear();
+  for (absl::string_view core : absl::StrSplit(absl::GetFlag(FLAGS_cores), ',')) {
+    int c;
+    if (!absl::SimpleAtoi(core, &c)) {
+      std::fprintf(stderr, "blockstore_server: bad --cores entry '%s'\n",
+                   std::string(core).c_str());
+      return 2;
+    }
+    options.worker_cores.push_back(c);
+  }
+  if (absl::GetFlag(FLAGS_busy_poll)) options.idle_spin = absl::ZeroDuration();
+  if (options.handler_threads < 1 || absl::GetFlag(FLAGS_bulk_pool_mb) < 4) {
+    std::fprintf(stderr, "blockstore_server: --handler_threads >= 1, --bulk_pool_mb >= 4\n");
+    return 2;
+  }
+
+  swirl::blockstore::VolumeSet volumes;
+  for (const auto& spec : *specs) {
+    if (absl::Status s = volumes.Add(spec); !s.ok()) {
+      std::fprintf(stderr, "blockstore_server: %s\n", s.ToString().c_str());
+      return 1;
+    }
+  }
+  swirl::blockstore::BlockStoreServer service(&volumes);
+  swirl::Server server(options);
+  if (absl::Status s = server.RegisterService(&service); !s.ok()) {
+    std::fprintf(stderr, "blockstore_server: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  if (absl::Status s = server.Start(); !s.ok()) {
+    std::fprintf(stderr, "blockstore_server: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  const auto& caps = server.capabilities();
+  std::printf(
+      "blockstore_server: listening on port %d, device %s (%s), remote invalidation %s, "
+      "%zu worker(s), CRC32C %s\n",
+      server.port(), caps.device.c_str(), swirl::verbs::DeviceKindName(caps.kind),
+      caps.remote_invalidation() ? "yes" : "no", options.worker_cores.size(),
+      swirl::blockstore::Crc32cIsHardware() ? "sse4.2" : "portable");
+  for (swirl::blockstore::Volume* v : volumes.volumes()) {
+    std::printf("  volume %-12s %8s  %s\n", v->name().c_str(), FormatSize(v->size()).c_str(),
+                v->file_backed()
+                    ? ("file " + v->path() + " (pread/pwrite on the handler pool)").c_str()
+                    : "memory (served on the worker)");
+  }
+  std::fflush(stdout);
+  if (!absl::GetFlag(FLAGS_port_file).empty()) {
+    const std::string path = absl::GetFlag(FLAGS_port_file);
+    const std::string tmp = path + ".tmp";
+    { std::ofstream(tmp) << server.port() << "\n"; }
+    std::rename(tmp.c_str(), path.c_str());  // readers never see a partial file
+  }
+
+  int signal = 0;
+  sigwait(&stop_signals, &signal);
+  std::printf("blockstore_server: %s, shutting down\n", signal == SIGINT ? "SIGINT" : "SIGTERM");
+  std::fflush(stdout);
+
+  swirl::control::StatsResponse stats = server.Stats();
+  server.Shutdown(absl::Milliseconds(absl::GetFlag(FLAGS_shutdown_ms)));
+  int rc = 0;
+  uint64_t reads = 0, writes = 0, bytes_read = 0, bytes_written = 0, errors = 0;
+  for (swirl::blockstore::Volume* v : volumes.volumes()) {
+    auto& c = v->counters();
+    reads += c.reads.load();
+    writes += c.writes.load();
+    bytes_read += c.bytes_read.load();
+    bytes_written += c.bytes_written.load();
+    errors += c.errors.load();
+    std::printf("  volume %-12s reads %llu (%llu bytes), writes %llu (%llu bytes), errors %llu\n",
+                v->name().c_str(), static_cast<unsigned long long>(c.reads.load()),
+                static_cast<unsigned long long>(c.bytes_read.load()),
+                static_cast<unsigned long long>(c.writes.load()),
+                static_cast<unsigned long long>(c.bytes_written.load()),
+                static_cast<unsigned long long>(c.errors.load()));
+    if (absl::Status s = v->Sync(); !s.ok()) {
+      std::fprintf(stderr, "blockstore_server: %s\n", s.ToString().c_str());
+      rc = 1;
+    }
+  }
+  const auto& s = stats.server();
+  uint64_t granted = 0;
+  for (const auto& c : stats.connections()) granted += c.windows_granted();
+  std::printf(
+      "blockstore_server: served %llu requests on %llu connections (%llu refused): "
+      "%llu reads (%llu bytes), %llu writes (%llu bytes), %llu errors, %llu protocol "
+      "errors\n",
+      static_cast<unsigned long long>(s.requests()),
+      static_cast<unsigned long long>(s.connections_accepted()),
+      static_cast<unsigned long long>(s.connections_refused()),
+      static_cast<unsigned long long>(reads), static_cast<unsigned long long>(bytes_read),
+      static_cast<unsigned long long>(writes), static_cast<unsigned long long>(bytes_written),
+      static_cast<unsigned long long>(errors),
+      static_cast<unsigned long long>(s.protocol_errors()));
+  std::printf(
+      "blockstore_server: windows: %llu remotely invalidated, %llu locally invalidated, "
+      "%llu lease expired, %llu invalidation violations, %llu outstanding, %llu upload "
+      "windows granted to connections still open, %llu bulk bytes in use\n",
+      static_cast<unsigned long long>(s.windows_remote_invalidated()),
+      static_cast<unsigned long long>(s.windows_locally_invalidated()),
+      static_cast<unsigned long long>(s.windows_lease_expired()),
+      static_cast<unsigned long long>(s.invalidation_violations()),
+      static_cast<unsigned long long>(s.windows_outstanding()),
+      static_cast<unsigned long long>(granted),
+      static_cast<unsigned long long>(s.bulk_bytes_in_use()));
+  return rc;
+}
