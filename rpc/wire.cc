@@ -4,7 +4,8 @@
 
 namespace swirl::rpc_wire {
 
-absl::Status ValidateHeader(const MessageHeader& h, size_t received_bytes, const Limits& limits) {
+absl::Status ValidateHeaderSlow(const MessageHeader& h, size_t received_bytes,
+                                const Limits& limits) {
   if (received_bytes < sizeof(MessageHeader)) {
     return absl::DataLossError(
         absl::StrFormat("message of %u bytes is shorter than the header", received_bytes));

@@ -76,8 +76,24 @@ struct Limits {
 
 // Checks a received header against the number of bytes that arrived and the connection's
 // limits. OkStatus or an InvalidArgument/DataLoss status saying what was wrong.
-absl::Status ValidateHeader(const MessageHeader& header, size_t received_bytes,
-                            const Limits& limits);
+absl::Status ValidateHeaderSlow(const MessageHeader& header, size_t received_bytes,
+                                const Limits& limits);
+inline absl::Status ValidateHeader(const MessageHeader& h, size_t received_bytes,
+                                   const Limits& limits) {
+  // The common case in a few compares: a plain request, one-way, response or credit message
+  // with no bulk flags. Anything else, valid or not, takes the full check.
+  const bool is_call = h.type == kRequest || h.type == kOneWay;
+  if (received_bytes >= sizeof(MessageHeader) && h.version == kProtocolVersion &&
+      (is_call || h.type == kResponse || h.type == kCredit) && h.flags == 0 && h.aux == 0 &&
+      h.payload_len == received_bytes - sizeof(MessageHeader) &&
+      h.payload_len <= limits.max_payload && h.credits <= limits.max_credits &&
+      is_call == (h.method_id != 0) &&
+      (h.type == kResponse ? h.status <= 16 : h.status == 0) &&
+      (h.type != kCredit || h.payload_len == 0)) {
+    return absl::OkStatus();
+  }
+  return ValidateHeaderSlow(h, received_bytes, limits);
+}
 
 // Stable 32-bit id of a method's full name ("/package.Service/Method"): FNV-1a. Both sides
 // compute it, so no method table is exchanged. Never 0.

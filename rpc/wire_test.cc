@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <random>
+
 namespace swirl::rpc_wire {
 namespace {
 
@@ -96,6 +98,36 @@ TEST(ValidateHeader, RejectsBulkLayoutsThatDoNotAddUp) {
   EXPECT_EQ(Check(h), absl::StatusCode::kInvalidArgument);
   MessageHeader ack{kProtocolVersion, kBulkAck, kFlagBulk, 0, 7, 0, 0, 0, 0};
   EXPECT_EQ(Check(ack), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ValidateHeader, TheFastPathAgreesWithTheFullCheck) {
+  // Random headers biased toward almost-valid ones: the inline fast path may only accept what
+  // the full check accepts, and must not change the verdict.
+  std::mt19937 rng(1234);
+  auto pick = [&](std::initializer_list<uint32_t> values) {
+    return *(values.begin() + rng() % values.size());
+  };
+  int accepted = 0;
+  for (int i = 0; i < 200000; ++i) {
+    MessageHeader h{};
+    h.version = static_cast<uint8_t>(pick({kProtocolVersion, kProtocolVersion, 0, 2}));
+    h.type = static_cast<uint8_t>(rng() % (kMaxType + 2));
+    h.flags = static_cast<uint16_t>(pick({0, 0, 0, kFlagBulk, kFlagReplyChunk, 4}));
+    h.method_id = pick({0, 0, MethodId("/a.B/C")});
+    h.request_id = rng();
+    h.status = pick({0, 0, 0, 5, 16, 17});
+    h.payload_len = pick({0, 0, 16, 32, 100, kLimits.max_payload, kLimits.max_payload + 1});
+    h.credits = pick({0, 1, kLimits.max_credits, kLimits.max_credits + 1});
+    h.aux = pick({0, 0, 0, kAuxBulkIsMessage, 2});
+    const size_t received =
+        kHeader + h.payload_len + pick({0, 0, 0, 1}) - (h.payload_len > 0 ? pick({0, 0, 1}) : 0);
+    const bool fast = ValidateHeader(h, received, kLimits).ok();
+    const bool full = ValidateHeaderSlow(h, received, kLimits).ok();
+    ASSERT_EQ(fast, full) << "type " << int{h.type} << " flags " << h.flags << " status "
+                          << h.status << " len " << h.payload_len << " received " << received;
+    accepted += fast;
+  }
+  EXPECT_GT(accepted, 1000);  // the sample did exercise the accepting path
 }
 
 TEST(MethodId, IsStableAndNeverZero) {

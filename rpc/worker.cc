@@ -21,7 +21,7 @@ namespace {
 
 using rpc_wire::MessageHeader;
 
-constexpr int kPollBatch = 32;
+constexpr int kPollBatch = 16;
 // The worker whose loop this thread is running right now (it holds that worker's driver_), so
 // that calls started from callbacks and handlers go straight to the connection and leave with
 // the iteration's doorbell instead of taking a trip through the submission queue.
@@ -581,17 +581,16 @@ void Worker::HandleRecv(const ibv_wc& wc) {
   }
   --recv_posted_;
   repost_.push_back(index);
-  auto it = by_qpn_.find(wc.qp_num);
-  if (it == by_qpn_.end()) {
+  Connection* c = FindByQpn(wc.qp_num);
+  if (c == nullptr) {
     // A connection activated a moment ago may not be registered yet.
     DrainSubmissions();
-    it = by_qpn_.find(wc.qp_num);
-    if (it == by_qpn_.end()) {
+    c = FindByQpn(wc.qp_num);
+    if (c == nullptr) {
       Bump(stray_);
       return;
     }
   }
-  Connection* c = it->second;
   if (c->state_.load(std::memory_order_relaxed) >= Connection::State::kClosing) return;
   if (wc.status != IBV_WC_SUCCESS) {
     FailConnection(c, absl::UnavailableError(
@@ -705,7 +704,12 @@ void Worker::DispatchCall(Connection* c, Incoming& in) {
     }
     return;
   }
-  const Service::Method* method = c->methods_ ? c->methods_->Find(h.method_id) : nullptr;
+  const Service::Method* method = c->last_method_;
+  if (h.method_id != c->last_method_id_ || method == nullptr) {
+    method = c->methods_ ? c->methods_->Find(h.method_id) : nullptr;
+    c->last_method_id_ = h.method_id;
+    c->last_method_ = method;
+  }
   if (method == nullptr) {
     if (!one_way) {
       SendResponseBytes(
@@ -733,7 +737,7 @@ void Worker::DispatchCall(Connection* c, Incoming& in) {
   if (message_in_bulk) {
     message_holder = std::move(in.bulk);
     message = message_holder.view();
-  } else {
+  } else if (in.bulk) {
     ctx.mutable_request_bulk() = std::move(in.bulk);
   }
   Writer writer(this, c);
@@ -962,40 +966,54 @@ void Worker::QueueWr(Connection* c, const char* data, uint32_t length, int32_t b
                      uint32_t invalidate_rkey, unsigned int extra_flags) {
   FillHeader(c, reinterpret_cast<MessageHeader*>(const_cast<char*>(data)));
   --c->send_credits_;
-  ibv_send_wr wr{};
+  // Built in place in the doorbell batch: the message path is the hot path.
+  const int i = c->batch_size_;
+  ibv_sge& sge = c->batch_sge_[i];
+  sge.addr = reinterpret_cast<uint64_t>(data);
+  sge.length = length;
+  sge.lkey = buffer >= 0 ? send_pool_->lkey() : 0;
+  ibv_send_wr& wr = c->batch_wr_[i];
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
   wr.opcode = invalidate_rkey != 0 ? IBV_WR_SEND_WITH_INV : IBV_WR_SEND;
   wr.invalidate_rkey = invalidate_rkey;
   wr.send_flags = extra_flags | (buffer < 0 ? IBV_SEND_INLINE : 0);
-  ibv_sge sge{reinterpret_cast<uint64_t>(data), length, buffer >= 0 ? send_pool_->lkey() : 0};
-  QueueRawWr(c, wr, &sge, buffer, -1);
+  Track(c, wr, buffer, -1);
   Bump(c->counters_.bytes_sent, length);
 }
 
 uint64_t Worker::QueueRawWr(Connection* c, ibv_send_wr& wr, const ibv_sge* sge, int32_t buffer,
                             int32_t op) {
+  const int i = c->batch_size_;
+  ibv_send_wr& out = c->batch_wr_[i];
+  out = wr;
+  if (sge != nullptr) {
+    c->batch_sge_[i] = *sge;
+    out.sg_list = &c->batch_sge_[i];
+    out.num_sge = 1;
+  } else {
+    out.sg_list = nullptr;
+    out.num_sge = 0;
+  }
+  return Track(c, out, buffer, op);
+}
+
+uint64_t Worker::Track(Connection* c, ibv_send_wr& wr, int32_t buffer, int32_t op) {
   const uint64_t seq = c->next_seq_++;
   const uint64_t outstanding = seq - c->completed_seq_;
   // Signal when a resource waits on this WR, and often enough that unsignaled WRs never fill
   // the send queue.
   const bool signal = buffer >= 0 || op >= 0 || ++c->unsignaled_ >= kSignalInterval ||
                       outstanding + kSignalInterval >= c->sq_depth_;
-  if (signal) c->unsignaled_ = 0;
+  if (signal) {
+    c->unsignaled_ = 0;
+    wr.send_flags |= IBV_SEND_SIGNALED;
+  }
   const size_t slot = seq & (c->sent_buffer_.size() - 1);
   c->sent_buffer_[slot] = buffer;
   c->op_at_seq_[slot] = op;
-  ibv_send_wr& out = c->batch_wr_[c->batch_size_];
-  out = wr;
-  out.wr_id = seq;
-  out.next = nullptr;
-  if (signal) out.send_flags |= IBV_SEND_SIGNALED;
-  if (sge != nullptr) {
-    c->batch_sge_[c->batch_size_] = *sge;
-    out.sg_list = &c->batch_sge_[c->batch_size_];
-    out.num_sge = 1;
-  } else {
-    out.sg_list = nullptr;
-    out.num_sge = 0;
-  }
+  wr.wr_id = seq;
+  wr.next = nullptr;
   ++c->batch_size_;
   if (!c->dirty_) {
     c->dirty_ = true;
@@ -1026,12 +1044,11 @@ void Worker::FlushSends() {
 }
 
 void Worker::HandleSendCompletion(const ibv_wc& wc) {
-  auto it = by_qpn_.find(wc.qp_num);
-  if (it == by_qpn_.end()) {
+  Connection* c = FindByQpn(wc.qp_num);
+  if (c == nullptr) {
     Bump(stray_);
     return;
   }
-  Connection* c = it->second;
   const uint64_t seq = wc.wr_id;
   if (seq >= c->next_seq_) {
     Bump(stray_);
@@ -1271,6 +1288,7 @@ void Worker::FinishClose(Connection* c) {
   c->completed_seq_ = c->next_seq_ - 1;
   ReleaseBulk(c);  // windows are deallocated (and so revoked) before the QP goes
   by_qpn_.erase(c->qp_->qp_num());
+  last_connection_ = nullptr;
   c->qp_.reset();  // no completion can name it any more: it is in ERR and fully flushed
   {
     swirl::MutexLock lock(&mu_);

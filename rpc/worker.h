@@ -119,6 +119,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   const uint64_t id_;
   std::unique_ptr<verbs::QueuePair> qp_;
   const MethodTable* methods_;
+  // Most requests repeat the previous method: that lookup, checked first (worker only).
+  uint32_t last_method_id_ = 0;
+  const Service::Method* last_method_ = nullptr;
   std::atomic<State> state_{State::kNew};
   std::string peer_;
   std::string client_name_;
@@ -397,6 +400,8 @@ class Worker {
   // Queues any work request (its sge, if any, in `sge`) with seq accounting.
   uint64_t QueueRawWr(Connection* c, ibv_send_wr& wr, const ibv_sge* sge, int32_t buffer,
                       int32_t op);
+  // Sequence, signaling and batch accounting of the WR just written at the batch's end.
+  uint64_t Track(Connection* c, ibv_send_wr& wr, int32_t buffer, int32_t op);
   void FlushSends();
   void FlushConnection(Connection* c);
   void PumpBacklog(Connection* c);
@@ -485,6 +490,17 @@ class Worker {
 
   // Loop state (driver only).
   absl::flat_hash_map<uint32_t, Connection*> by_qpn_;
+  // Completions come in runs from one QP: the last lookup, checked first.
+  uint32_t last_qpn_ = 0;
+  Connection* last_connection_ = nullptr;
+  Connection* FindByQpn(uint32_t qpn) {
+    if (last_connection_ != nullptr && qpn == last_qpn_) return last_connection_;
+    auto it = by_qpn_.find(qpn);
+    if (it == by_qpn_.end()) return nullptr;
+    last_qpn_ = qpn;
+    last_connection_ = it->second;
+    return it->second;
+  }
   absl::flat_hash_map<uint64_t, std::shared_ptr<Connection>> by_id_;
   std::vector<Connection*> dirty_;
   std::vector<uint32_t> repost_;
