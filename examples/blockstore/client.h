@@ -22,8 +22,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "base/mutex.h"
 #include "examples/blockstore/blockstore.pb.h"
 #include "examples/blockstore/blockstore.swirl.h"
 #include "rpc/channel.h"
@@ -61,7 +62,7 @@ class BlockStoreClient {
  private:
   std::shared_ptr<Channel> channel_;
   BlockStoreStub stub_;
-  absl::Mutex mu_;
+  swirl::Mutex mu_;
   std::map<std::string, bool> blocking_ ABSL_GUARDED_BY(mu_);
 };
 
