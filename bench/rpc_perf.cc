@@ -4,6 +4,7 @@
 //   rpc_perf --test throughput --depth 32 --json      # pipelined async echo calls per second
 //   rpc_perf --test bulk_read --size 1048576 --bulk_mode server-exposes --json
 //   rpc_perf --test bulk_write --size 65536 --bulk_mode mirror --local_invalidation_only
+//   rpc_perf --test bulk_read --size 65536 --compare unsafe-static --json   # two modes, in turns
 //
 // With neither --server nor --connect it starts the server itself in a second process pinned
 // to --server_core (one worker) and runs the client on --client_core. --json prints one object
@@ -19,7 +20,9 @@
 
 extern char** environ;
 
+#include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <cstdio>
 #include <fstream>
 #include <functional>
@@ -28,6 +31,7 @@ extern char** environ;
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -48,6 +52,11 @@ ABSL_FLAG(std::string, bulk_mode, "server-exposes",
           "server-exposes|mirror|unsafe-static (the last is for comparison only)");
 ABSL_FLAG(bool, local_invalidation_only, false,
           "force the explicit local-invalidation fallback (measure it)");
+ABSL_FLAG(std::string, compare, "",
+          "bulk tests: also run this mode (a --bulk_mode value, optionally with \"+local-inv\") "
+          "on a second channel, the two taking turns in --slice_ms slices; prints both and the "
+          "median of the per-slice-pair ratios (this mode / that one)");
+ABSL_FLAG(int, slice_ms, 100, "--compare: length of each turn");
 ABSL_FLAG(int, client_core, 0, "CPU for the client (-1: don't pin)");
 ABSL_FLAG(int, server_core, 1, "CPU for the server worker (-1: don't pin)");
 ABSL_FLAG(bool, server, false, "run only the server (on --port)");
@@ -197,6 +206,142 @@ struct Result {
   }
 };
 
+// The bulk mode a --bulk_mode / --compare value names: "server-exposes", "mirror",
+// "unsafe-static", each optionally with "+local-inv" (local invalidation only).
+swirl::ChannelOptions ParseMode(const std::string& spec, swirl::ChannelOptions options) {
+  std::string mode = spec;
+  options.local_invalidation_only = false;
+  if (absl::EndsWith(mode, "+local-inv")) {
+    options.local_invalidation_only = true;
+    mode.resize(mode.size() - std::strlen("+local-inv"));
+  }
+  if (mode == "mirror") {
+    options.bulk_mode = swirl::BulkMode::kMirror;
+  } else if (mode == "unsafe-static") {
+    options.bulk_mode = swirl::BulkMode::kUnsafeStaticRkeyBenchmarkOnly;
+  } else if (mode == "server-exposes") {
+    options.bulk_mode = swirl::BulkMode::kServerExposes;
+  } else {
+    Fail("unknown bulk mode " + spec);
+  }
+  return options;
+}
+
+// Window counters of this channel's connection, both ends: who revoked the windows is the
+// point of the bulk modes, so the output shows it.
+void AddWindowCounters(swirl::Channel& ch, const std::string& prefix, Result& result) {
+  const auto local = ch.LocalStats();
+  uint64_t remote = local.windows_remote_invalidated();
+  uint64_t locally = local.windows_locally_invalidated();
+  if (auto server = ch.ServerStats(); server.ok()) {
+    for (const auto& c : server->connections()) {
+      if (c.connection_id() != ch.connection_id()) continue;
+      remote += c.windows_remote_invalidated();
+      locally += c.windows_locally_invalidated();
+    }
+  }
+  result.Add(prefix + "windows_remote_invalidated", static_cast<double>(remote));
+  result.Add(prefix + "windows_locally_invalidated", static_cast<double>(locally));
+}
+
+// Keeps `depth` calls in flight on one channel from this thread, each restarted from its
+// completion callback (on the thread that drives the channel, so restarted calls leave
+// together with one doorbell per loop iteration).
+class Pipeline {
+ public:
+  struct Slice {
+    uint64_t calls = 0;  // completed within the time
+    double seconds = 0;
+  };
+
+  Pipeline(swirl::Channel& ch, const std::string& test, int size, int depth, bool raw)
+      : ch_(ch),
+        stub_(ch),
+        read_(test == "bulk_read"),
+        write_(test == "bulk_write"),
+        raw_(raw),
+        size_text_(std::to_string(size)),
+        raw_payload_(size, 'x'),
+        calls_(depth),
+        responses_(depth),
+        buffers_(depth),
+        raw_out_(depth) {
+    request_.set_payload(std::string(size, 'x'));
+    for (int i = 0; i < depth && (read_ || write_); ++i) {
+      auto b = ch.AllocateBulk(size);
+      if (!b.ok()) Fail(b.status().ToString());
+      buffers_[i] = std::move(*b);
+      buffers_[i].resize(size);
+    }
+  }
+
+  // Starts every call, polls for `ns`, then lets the calls in flight finish uncounted.
+  Slice Run(int64_t ns) {
+    done_ = 0;
+    running_ = true;
+    for (size_t i = 0; i < calls_.size(); ++i) Start(i);
+    const int64_t begin = swirl::bench::MonoNs();
+    const int64_t end = begin + ns;
+    int64_t now = begin;
+    uint64_t spins = 0;
+    while (now < end) {
+      ch_.Poll();
+      if ((++spins & 15) == 0) now = swirl::bench::MonoNs();
+    }
+    Slice slice{done_, static_cast<double>(now - begin) / 1e9};
+    running_ = false;
+    while (in_flight_ > 0) ch_.Poll();
+    return slice;
+  }
+
+ private:
+  void Start(size_t i) {
+    ++in_flight_;
+    calls_[i].SetCallback([this, i](absl::Status status) {
+      if (!status.ok()) Fail(status.ToString());
+      ++done_;
+      --in_flight_;
+      if (running_) Start(i);
+    });
+    if (read_ || write_) {
+      swirl::CallOptions co;
+      if (read_) co.response_bulk = &buffers_[i];
+      if (write_) co.request_bulk = &buffers_[i];
+      calls_[i].SetMethod(read_ ? kReadId : kWriteId);
+      calls_[i].SetRequestBytes(size_text_);
+      calls_[i].SetResponseBytes(&raw_out_[i]);
+      calls_[i].SetOptions(co);
+      ch_.Start(&calls_[i]);
+    } else if (raw_) {
+      calls_[i].SetMethod(kEchoId);
+      calls_[i].SetRequestBytes(raw_payload_);
+      calls_[i].SetResponseBytes(&raw_out_[i]);
+      calls_[i].SetOptions({});
+      ch_.Start(&calls_[i]);
+    } else {
+      stub_.AsyncEcho(&calls_[i], request_, &responses_[i]);
+    }
+  }
+
+  inline static const uint32_t kReadId = swirl::rpc_wire::MethodId("/bench.Bulk/Read");
+  inline static const uint32_t kWriteId = swirl::rpc_wire::MethodId("/bench.Bulk/Write");
+  inline static const uint32_t kEchoId = swirl::rpc_wire::MethodId("/bench.Bulk/Echo");
+
+  swirl::Channel& ch_;
+  swirl::examples::EchoStub stub_;
+  const bool read_, write_, raw_;
+  const std::string size_text_;
+  const std::string raw_payload_;
+  swirl::examples::EchoRequest request_;
+  std::vector<swirl::ClientCall> calls_;
+  std::vector<swirl::examples::EchoResponse> responses_;
+  std::vector<swirl::BulkBuffer> buffers_;
+  std::vector<std::string> raw_out_;
+  uint64_t done_ = 0;
+  int in_flight_ = 0;
+  bool running_ = false;
+};
+
 int RunClient(const std::string& address, Result& result) {
   if (int core = absl::GetFlag(FLAGS_client_core); core >= 0) {
     std::string error;
@@ -208,11 +353,8 @@ int RunClient(const std::string& address, Result& result) {
   options.device = absl::GetFlag(FLAGS_device);
   options.credits = 64;
   options.bulk_pool_bytes = 512 << 20;
-  options.local_invalidation_only = absl::GetFlag(FLAGS_local_invalidation_only);
-  const std::string mode = absl::GetFlag(FLAGS_bulk_mode);
-  options.bulk_mode = mode == "mirror"          ? swirl::BulkMode::kMirror
-                      : mode == "unsafe-static" ? swirl::BulkMode::kUnsafeStaticRkeyBenchmarkOnly
-                                                : swirl::BulkMode::kServerExposes;
+  options = ParseMode(absl::GetFlag(FLAGS_bulk_mode), options);
+  options.local_invalidation_only |= absl::GetFlag(FLAGS_local_invalidation_only);
   auto channel = swirl::Channel::Create(address, options);
   if (!channel.ok()) Fail(channel.status().ToString());
   swirl::Channel& ch = **channel;
@@ -258,90 +400,73 @@ int RunClient(const std::string& address, Result& result) {
     return 0;
   }
 
-  // Pipelined tests: `depth` calls in flight from this one thread, each restarted when done.
+  // Pipelined tests.
   const int depth = absl::GetFlag(FLAGS_depth);
-  const bool read = test == "bulk_read";
-  const bool write = test == "bulk_write";
-  if (!read && !write && test != "throughput") Fail("unknown --test " + test);
-  std::vector<swirl::ClientCall> calls(depth);
-  std::vector<swirl::examples::EchoResponse> responses(depth);
-  std::vector<swirl::BulkBuffer> buffers(depth);
-  std::vector<std::string> raw_out(depth);
-  const std::string size_text = std::to_string(size);
-  const uint32_t read_id = swirl::rpc_wire::MethodId("/bench.Bulk/Read");
-  const uint32_t write_id = swirl::rpc_wire::MethodId("/bench.Bulk/Write");
-  for (int i = 0; i < depth && (read || write); ++i) {
-    auto b = ch.AllocateBulk(size);
-    if (!b.ok()) Fail(b.status().ToString());
-    buffers[i] = std::move(*b);
-    buffers[i].resize(size);
-  }
-  // Each completion restarts its call from the callback, on the thread that drives the
-  // channel, so restarted calls leave together with one doorbell per loop iteration.
-  uint64_t done = 0;
-  bool running = true;
-  int in_flight = 0;
-  std::function<void(int)> start_call;
-  auto on_done = [&](int i, const absl::Status& status) {
-    if (!status.ok()) Fail(status.ToString());
-    ++done;
-    --in_flight;
-    if (running) start_call(i);
-  };
-  start_call = [&](int i) {
-    ++in_flight;
-    calls[i].SetCallback([&on_done, i](absl::Status status) { on_done(i, status); });
-    if (read || write) {
-      swirl::CallOptions co;
-      if (read) co.response_bulk = &buffers[i];
-      if (write) co.request_bulk = &buffers[i];
-      calls[i].SetMethod(read ? read_id : write_id);
-      calls[i].SetRequestBytes(size_text);
-      calls[i].SetResponseBytes(&raw_out[i]);
-      calls[i].SetOptions(co);
-      ch.Start(&calls[i]);
-    } else if (raw) {
-      calls[i].SetMethod(raw_echo_id);
-      calls[i].SetRequestBytes(raw_payload);
-      calls[i].SetResponseBytes(&raw_out[i]);
-      calls[i].SetOptions({});
-      ch.Start(&calls[i]);
-    } else {
-      stub.AsyncEcho(&calls[i], request, &responses[i]);
-    }
-  };
-  for (int i = 0; i < depth; ++i) start_call(i);
+  const bool bulk = test == "bulk_read" || test == "bulk_write";
+  if (!bulk && test != "throughput") Fail("unknown --test " + test);
+  const std::string compare = absl::GetFlag(FLAGS_compare);
+  if (!compare.empty() && !bulk) Fail("--compare is for the bulk tests");
+  Pipeline main_pipe(ch, test, size, depth, raw);
   const double seconds = absl::GetFlag(FLAGS_seconds);
-  const int64_t begin = swirl::bench::MonoNs();
-  const int64_t end = begin + static_cast<int64_t>(seconds * 1e9);
-  int64_t now = begin;
-  uint64_t spins = 0;
-  uint64_t done_at_end = 0;
-  while (now < end) {
-    ch.Poll();
-    if ((++spins & 15) == 0) now = swirl::bench::MonoNs();
-  }
-  done_at_end = done;
-  const double elapsed = static_cast<double>(now - begin) / 1e9;
-  running = false;
-  while (in_flight > 0) ch.Poll();
-  done = done_at_end;
   result.Add("depth", depth);
-  result.Add("seconds", elapsed);
-  result.Add("ops_per_s", static_cast<double>(done) / elapsed);
-  if (read || write) {
-    result.Add("gbytes_per_s", static_cast<double>(done) * size / elapsed / 1e9);
-    auto stats = ch.LocalStats();
-    auto server = ch.ServerStats();
-    uint64_t remote = stats.windows_remote_invalidated();
-    uint64_t local = stats.windows_locally_invalidated();
-    if (server.ok()) {
-      remote += server->server().windows_remote_invalidated();
-      local += server->server().windows_locally_invalidated();
+  if (compare.empty()) {
+    const Pipeline::Slice run = main_pipe.Run(static_cast<int64_t>(seconds * 1e9));
+    result.Add("seconds", run.seconds);
+    result.Add("ops_per_s", static_cast<double>(run.calls) / run.seconds);
+    if (bulk) {
+      result.Add("gbytes_per_s", static_cast<double>(run.calls) * size / run.seconds / 1e9);
+      AddWindowCounters(ch, "", result);
     }
-    result.Add("windows_remote_invalidated", static_cast<double>(remote));
-    result.Add("windows_locally_invalidated", static_cast<double>(local));
+    return 0;
   }
+
+  // --compare: a second channel to the same server in the other mode, and the two take turns
+  // in short slices (A B, B A, A B, ...). This machine changes speed by several times within
+  // seconds; slices of the two modes close together see the same machine, and the median of
+  // the per-pair ratios is what the comparison rests on.
+  auto other = swirl::Channel::Create(address, ParseMode(compare, options));
+  if (!other.ok()) Fail(other.status().ToString());
+  swirl::Channel& och = **other;
+  result.Add("compare", compare);
+  result.Add("compare_invalidation",
+             swirl::control::InvalidationMode_Name(och.negotiated().invalidation()));
+  result.Add("compare_bulk_mode", swirl::control::BulkMode_Name(och.negotiated().bulk_mode()));
+  Pipeline other_pipe(och, test, size, depth, raw);
+  const int64_t slice_ns = absl::GetFlag(FLAGS_slice_ms) * 1000000LL;
+  const int pairs = std::max(1, static_cast<int>(seconds * 1e9 / (2 * slice_ns)));
+  double main_s = 0, other_s = 0;
+  uint64_t main_calls = 0, other_calls = 0;
+  std::vector<double> ratios;
+  for (int i = 0; i < pairs; ++i) {
+    Pipeline::Slice a, b;
+    if (i % 2 == 0) {
+      a = main_pipe.Run(slice_ns);
+      b = other_pipe.Run(slice_ns);
+    } else {
+      b = other_pipe.Run(slice_ns);
+      a = main_pipe.Run(slice_ns);
+    }
+    main_s += a.seconds;
+    other_s += b.seconds;
+    main_calls += a.calls;
+    other_calls += b.calls;
+    const double rate_a = a.calls / a.seconds, rate_b = b.calls / b.seconds;
+    if (rate_b > 0) ratios.push_back(rate_a / rate_b);
+  }
+  std::sort(ratios.begin(), ratios.end());
+  result.Add("seconds", main_s);
+  result.Add("ops_per_s", static_cast<double>(main_calls) / main_s);
+  result.Add("gbytes_per_s", static_cast<double>(main_calls) * size / main_s / 1e9);
+  result.Add("compare_ops_per_s", static_cast<double>(other_calls) / other_s);
+  result.Add("compare_gbytes_per_s", static_cast<double>(other_calls) * size / other_s / 1e9);
+  result.Add("slices", 2.0 * pairs);
+  if (!ratios.empty()) {
+    result.Add("ratio_median", ratios[ratios.size() / 2]);
+    result.Add("ratio_p10", ratios[ratios.size() / 10]);
+    result.Add("ratio_p90", ratios[ratios.size() * 9 / 10]);
+  }
+  AddWindowCounters(ch, "", result);
+  AddWindowCounters(och, "compare_", result);
   return 0;
 }
 
