@@ -15,6 +15,7 @@
 #include <limits.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -117,6 +118,11 @@ class BulkBench final : public swirl::Service {
 };
 
 int RunServer() {
+  if (!absl::GetFlag(FLAGS_port_file).empty()) {
+    // Started by a client (SpawnServer): go when it goes, however it ends.
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() == 1) return 1;
+  }
   if (int core = absl::GetFlag(FLAGS_server_core); core >= 0) {
     std::string error;
     swirl::bench::PinToCore(core, &error);
@@ -475,6 +481,9 @@ int RunClient(const std::string& address, Result& result) {
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   if (absl::GetFlag(FLAGS_server)) return RunServer();
+  // Bad modes fail here, before there is a server to clean up.
+  (void)ParseMode(absl::GetFlag(FLAGS_bulk_mode), {});
+  if (!absl::GetFlag(FLAGS_compare).empty()) (void)ParseMode(absl::GetFlag(FLAGS_compare), {});
   std::string address = absl::GetFlag(FLAGS_connect);
   pid_t server = -1;
   if (address.empty()) {

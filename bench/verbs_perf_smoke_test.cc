@@ -15,167 +15,21 @@
 #include <string>
 #include <vector>
 
+#include "bench/smoke_util.h"
+
 namespace {
-
-// ---- A minimal JSON parser (objects, arrays, strings, numbers, literals) ----------------------
-
-struct Json {
-  enum Kind { kNull, kBool, kNumber, kString, kArray, kObject } kind = kNull;
-  bool boolean = false;
-  double number = 0;
-  std::string string;
-  std::vector<Json> array;
-  std::map<std::string, Json> object;
-
-  bool Has(const std::string& key) const { return kind == kObject && object.count(key) != 0; }
-  const Json& operator[](const std::string& key) const { return object.at(key); }
-};
-
-class Parser {
- public:
-  explicit Parser(const std::string& text) : s_(text) {}
-
-  // Parses one value that must be the whole text (trailing whitespace allowed).
-  bool ParseDocument(Json* out) {
-    if (!Value(out)) return false;
-    Space();
-    return i_ == s_.size();
-  }
-
- private:
-  void Space() {
-    while (i_ < s_.size() && (s_[i_] == ' ' || s_[i_] == '\n' || s_[i_] == '\t' || s_[i_] == '\r')) {
-      ++i_;
-    }
-  }
-  bool Literal(const char* word) {
-    const std::string w(word);
-    if (s_.compare(i_, w.size(), w) != 0) return false;
-    i_ += w.size();
-    return true;
-  }
-  bool String(std::string* out) {
-    if (i_ >= s_.size() || s_[i_] != '"') return false;
-    ++i_;
-    while (i_ < s_.size() && s_[i_] != '"') {
-      char c = s_[i_++];
-      if (c == '\\') {
-        if (i_ >= s_.size()) return false;
-        char e = s_[i_++];
-        if (e == 'u') {
-          if (i_ + 4 > s_.size()) return false;
-          out->push_back(static_cast<char>(std::stoi(s_.substr(i_, 4), nullptr, 16)));
-          i_ += 4;
-        } else {
-          out->push_back(e == 'n' ? '\n' : e == 't' ? '\t' : e);
-        }
-      } else {
-        out->push_back(c);
-      }
-    }
-    if (i_ >= s_.size()) return false;
-    ++i_;
-    return true;
-  }
-  bool Value(Json* out) {
-    Space();
-    if (i_ >= s_.size()) return false;
-    const char c = s_[i_];
-    if (c == '{') {
-      ++i_;
-      out->kind = Json::kObject;
-      Space();
-      if (i_ < s_.size() && s_[i_] == '}') return ++i_, true;
-      for (;;) {
-        Space();
-        std::string key;
-        if (!String(&key)) return false;
-        Space();
-        if (i_ >= s_.size() || s_[i_] != ':') return false;
-        ++i_;
-        if (out->object.count(key) != 0) return false;  // duplicate key
-        if (!Value(&out->object[key])) return false;
-        Space();
-        if (i_ < s_.size() && s_[i_] == ',') {
-          ++i_;
-          continue;
-        }
-        if (i_ < s_.size() && s_[i_] == '}') return ++i_, true;
-        return false;
-      }
-    }
-    if (c == '[') {
-      ++i_;
-      out->kind = Json::kArray;
-      Space();
-      if (i_ < s_.size() && s_[i_] == ']') return ++i_, true;
-      for (;;) {
-        out->array.emplace_back();
-        if (!Value(&out->array.back())) return false;
-        Space();
-        if (i_ < s_.size() && s_[i_] == ',') {
-          ++i_;
-          continue;
-        }
-        if (i_ < s_.size() && s_[i_] == ']') return ++i_, true;
-        return false;
-      }
-    }
-    if (c == '"') {
-      out->kind = Json::kString;
-      return String(&out->string);
-    }
-    if (Literal("true")) {
-      out->kind = Json::kBool;
-      out->boolean = true;
-      return true;
-    }
-    if (Literal("false")) {
-      out->kind = Json::kBool;
-      return true;
-    }
-    if (Literal("null")) return true;
-    const char* start = s_.c_str() + i_;
-    char* end = nullptr;
-    out->number = std::strtod(start, &end);
-    if (end == start) return false;
-    out->kind = Json::kNumber;
-    i_ += static_cast<size_t>(end - start);
-    return true;
-  }
-
-  const std::string& s_;
-  size_t i_ = 0;
-};
 
 // ---- Running the tool -------------------------------------------------------------------------
 
-std::string ToolPath() {
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  const char* workspace = std::getenv("TEST_WORKSPACE");
-  if (srcdir != nullptr) {
-    return std::string(srcdir) + "/" + (workspace ? workspace : "swirl") + "/bench/verbs_perf";
-  }
-  return "bazel-bin/bench/verbs_perf";
-}
+using swirl::bench_smoke::Json;
+using swirl::bench_smoke::Parser;
+using swirl::bench_smoke::ToolRun;
 
-struct ToolRun {
-  int status = -1;
-  std::string out;
-};
+std::string ToolPath() { return swirl::bench_smoke::BenchToolPath("verbs_perf"); }
 
 ToolRun RunTool(const std::string& args) {
   // Iterations are few; the timeout keeps a wedged run from hanging the test.
-  const std::string command = ToolPath() + " --timeout=30 " + args;
-  ToolRun run;
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return run;
-  char buffer[4096];
-  size_t n;
-  while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0) run.out.append(buffer, n);
-  const int status = pclose(pipe);
-  run.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
-  return run;
+  return swirl::bench_smoke::RunCommand(ToolPath() + " --timeout=30 " + args);
 }
 
 Json ParseOrFail(const ToolRun& run, const std::string& what) {

@@ -1,0 +1,108 @@
+// Runs each rpc_perf test briefly (server and client in two processes on the soft device unless
+// SWIRL_DEVICE says otherwise) and checks its --json output: the documented keys, the negotiated
+// modes, and that the window counters say who revoked the windows. Asserts nothing about speed.
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "bench/smoke_util.h"
+
+namespace {
+
+using swirl::bench_smoke::Json;
+using swirl::bench_smoke::Parser;
+using swirl::bench_smoke::ToolRun;
+
+Json RunPerf(const std::string& args) {
+  // Short runs; `timeout` keeps a wedged run from hanging the test.
+  const ToolRun run = swirl::bench_smoke::RunCommand(
+      "timeout 120 " + swirl::bench_smoke::BenchToolPath("rpc_perf") + " --json " + args);
+  Json json;
+  EXPECT_EQ(run.status, 0) << args << "\nstdout:\n" << run.out;
+  EXPECT_TRUE(Parser(run.out).ParseDocument(&json)) << args << " printed:\n" << run.out;
+  EXPECT_EQ(json.kind, Json::kObject) << args;
+  return json;
+}
+
+double Number(const Json& j, const std::string& key) {
+  EXPECT_TRUE(j.Has(key)) << "no " << key;
+  if (!j.Has(key)) return -1;
+  EXPECT_EQ(j[key].kind, Json::kNumber) << key;
+  return j[key].number;
+}
+
+std::string String(const Json& j, const std::string& key) {
+  EXPECT_TRUE(j.Has(key)) << "no " << key;
+  if (!j.Has(key)) return "";
+  EXPECT_EQ(j[key].kind, Json::kString) << key;
+  return j[key].string;
+}
+
+TEST(RpcPerfSmoke, LatencyProtobufAndRaw) {
+  for (const char* extra : {"", "--raw"}) {
+    const Json j = RunPerf(std::string("--test latency --iters 2000 --warmup 100 ") + extra);
+    EXPECT_EQ(String(j, "test"), "latency");
+    EXPECT_EQ(String(j, "encoding"), std::string(extra).empty() ? "protobuf" : "raw");
+    EXPECT_EQ(Number(j, "iters"), 2000);
+    const double min = Number(j, "rtt_min_us"), p50 = Number(j, "rtt_p50_us");
+    const double p99 = Number(j, "rtt_p99_us"), p999 = Number(j, "rtt_p999_us");
+    EXPECT_GT(min, 0);
+    EXPECT_LE(min, p50);
+    EXPECT_LE(p50, p99);
+    EXPECT_LE(p99, p999);
+    EXPECT_GT(Number(j, "rtt_avg_us"), 0);
+  }
+}
+
+TEST(RpcPerfSmoke, Throughput) {
+  const Json j = RunPerf("--test throughput --depth 8 --seconds 0.2");
+  EXPECT_EQ(String(j, "test"), "throughput");
+  EXPECT_EQ(Number(j, "depth"), 8);
+  EXPECT_GT(Number(j, "ops_per_s"), 0);
+}
+
+TEST(RpcPerfSmoke, BulkModesReportWhoRevokedTheWindows) {
+  // Default: the server exposes per-request windows and the client's acknowledgement revokes
+  // them remotely; nothing is invalidated locally.
+  const Json remote = RunPerf("--test bulk_read --size 65536 --depth 4 --seconds 0.2");
+  EXPECT_EQ(String(remote, "invalidation"), "INVALIDATION_REMOTE");
+  EXPECT_EQ(String(remote, "bulk_mode"), "BULK_SERVER_EXPOSES");
+  EXPECT_GT(Number(remote, "gbytes_per_s"), 0);
+  EXPECT_GT(Number(remote, "windows_remote_invalidated"), 0);
+  EXPECT_EQ(Number(remote, "windows_locally_invalidated"), 0);
+  // The explicit fallback says so, and its windows are revoked locally.
+  const Json local = RunPerf(
+      "--test bulk_write --size 65536 --depth 4 --seconds 0.2 --local_invalidation_only");
+  EXPECT_EQ(String(local, "invalidation"), "INVALIDATION_LOCAL");
+  EXPECT_EQ(Number(local, "windows_remote_invalidated"), 0);
+  EXPECT_GT(Number(local, "windows_locally_invalidated"), 0);
+}
+
+TEST(RpcPerfSmoke, CompareTakesTurnsOnTwoChannels) {
+  const Json j = RunPerf(
+      "--test bulk_read --size 16384 --depth 4 --seconds 0.4 --slice_ms 20 "
+      "--compare server-exposes+local-inv");
+  EXPECT_EQ(String(j, "invalidation"), "INVALIDATION_REMOTE");
+  EXPECT_EQ(String(j, "compare_invalidation"), "INVALIDATION_LOCAL");
+  EXPECT_EQ(Number(j, "slices"), 20);
+  EXPECT_GT(Number(j, "gbytes_per_s"), 0);
+  EXPECT_GT(Number(j, "compare_gbytes_per_s"), 0);
+  EXPECT_GT(Number(j, "ratio_median"), 0);
+  EXPECT_LE(Number(j, "ratio_p10"), Number(j, "ratio_median"));
+  EXPECT_LE(Number(j, "ratio_median"), Number(j, "ratio_p90"));
+  // Each channel's windows went its own way.
+  EXPECT_GT(Number(j, "windows_remote_invalidated"), 0);
+  EXPECT_EQ(Number(j, "windows_locally_invalidated"), 0);
+  EXPECT_EQ(Number(j, "compare_windows_remote_invalidated"), 0);
+  EXPECT_GT(Number(j, "compare_windows_locally_invalidated"), 0);
+}
+
+TEST(RpcPerfSmoke, UnknownModeIsRefused) {
+  const ToolRun run = swirl::bench_smoke::RunCommand(
+      "timeout 60 " + swirl::bench_smoke::BenchToolPath("rpc_perf") +
+      " --json --test bulk_read --bulk_mode sideways 2>/dev/null");
+  EXPECT_NE(run.status, 0);
+}
+
+}  // namespace
