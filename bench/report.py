@@ -36,7 +36,25 @@ def pairs(cmd_a, cmd_b, key_a, key_b, n):
         values.append((a, b))
     ratios = [b / a for a, b in values if a > 0]
     return (statistics.median(a for a, _ in values), statistics.median(b for _, b in values),
-            statistics.median(ratios), min(ratios), max(ratios))
+            statistics.median(ratios), min(ratios), max(ratios), values)
+
+
+# The raw shared-memory ping-pong here runs in one of two states (the host moves the vCPUs):
+# about 0.12 us ("fast", the floor the issues quote) or 0.3-0.5 us ("slow"). Ratios are only
+# meaningful within one state, so latency rows are also split by the floor of each pair.
+FAST_FLOOR_US = 0.2
+
+
+def by_state(values, floor_of):
+    out = []
+    for name, keep in (("fast", lambda f: f < FAST_FLOOR_US), ("slow", lambda f: f >= FAST_FLOOR_US)):
+        chosen = [(a, b) for a, b in values if keep(floor_of(a, b))]
+        if chosen:
+            r = [b / a for a, b in chosen]
+            out.append(f"{name} ({len(chosen)}): {statistics.median(b for _, b in chosen):.3f} us / "
+                       f"{statistics.median(a for a, _ in chosen):.3f} us = "
+                       f"{statistics.median(r):.2f}x")
+    return "; ".join(out)
 
 
 def row(*cells):
@@ -48,11 +66,12 @@ def soft_device(n, quick):
     row("measurement", "floor", "soft device", "ratio (median, min-max)", "target")
     row("---", "---", "---", "---", "---")
     iters = "20000" if quick else "50000"
-    a, b, r, lo, hi = pairs([VERBS, "--raw", "--json", "--iters", iters],
-                            [VERBS, "--test", "send_lat", "--size", "64", "--json", "--iters",
-                             iters], "rtt_p50_us", "rtt_p50_us", n)
+    a, b, r, lo, hi, values = pairs([VERBS, "--raw", "--json", "--iters", iters],
+                                    [VERBS, "--test", "send_lat", "--size", "64", "--json",
+                                     "--iters", iters], "rtt_p50_us", "rtt_p50_us", n)
     row("64 B SEND/RECV round trip, p50", f"{a:.3f} us (raw shm ping-pong)", f"{b:.3f} us",
-        f"{r:.2f}x ({lo:.2f}-{hi:.2f})", "<= 3x")
+        f"{r:.2f}x ({lo:.2f}-{hi:.2f}); by the floor's state: "
+        + by_state(values, lambda a, b: a), "<= 3x")
     bw = [run([VERBS, "--test", "write_bw", "--size", "1048576", "--iters", "1000", "--json"])
           ["gbytes_per_s"] for _ in range(n)]
     row("RDMA WRITE 1 MiB, one QP", "-", f"{statistics.median(bw):.1f} GB/s "
@@ -67,10 +86,12 @@ def rpc(n, quick):
     iters = "20000" if quick else "50000"
     verbs = [VERBS, "--test", "send_lat", "--size", "64", "--json", "--iters", iters]
     for name, extra in (("64 B protobuf echo", []), ("64 B raw-bytes echo", ["--raw"])):
-        a, b, r, lo, hi = pairs(verbs, [RPC, "--test", "latency", "--iters", iters, "--json"] +
-                                extra, "rtt_p50_us", "rtt_p50_us", n)
+        a, b, r, lo, hi, values = pairs(verbs, [RPC, "--test", "latency", "--iters", iters,
+                                                "--json"] + extra, "rtt_p50_us", "rtt_p50_us", n)
+        # The verbs round trip is about 0.35-0.45 us in the fast state and 1 us in the slow one.
         row(f"{name} round trip, p50", f"{a:.3f} us (verbs SEND/RECV RTT)", f"{b:.3f} us",
-            f"{r:.2f}x ({lo:.2f}-{hi:.2f})", "<= 1.5x")
+            f"{r:.2f}x ({lo:.2f}-{hi:.2f}); by the verbs RTT's state: "
+            + by_state(values, lambda a, b: a / 3.5), "<= 1.5x")
     for depth in ("16", "32", "64"):
         ops = [run([RPC, "--test", "throughput", "--depth", depth, "--seconds", "1", "--json"])
                ["ops_per_s"] for _ in range(n)]
