@@ -688,8 +688,9 @@ std::string ResultJson(const RunInfo& info, const Result& r) {
   absl::StrAppendFormat(&out, ",\"inline\":%s", inlined ? "true" : "false");
   if (IsBw(r.test)) {
     absl::StrAppendFormat(&out,
-                          ",\"gbytes_per_s\":%.4f,\"ops_per_s\":%.0f,\"peak_gbytes_per_s\":%.4f,"
-                          "\"bw_avg_mib_per_s\":%.2f,\"bw_peak_mib_per_s\":%.2f,\"seconds\":%.4f,"
+                          // %g: a slow run of 2-byte messages is still a nonzero rate.
+                          ",\"gbytes_per_s\":%.6g,\"ops_per_s\":%.0f,\"peak_gbytes_per_s\":%.6g,"
+                          "\"bw_avg_mib_per_s\":%.6g,\"bw_peak_mib_per_s\":%.6g,\"seconds\":%.6g,"
                           "\"tx_depth\":%d,\"cq_mod\":%d",
                           r.bytes_per_s / 1e9, r.ops_per_s, r.peak_bytes_per_s / 1e9,
                           r.bytes_per_s / 1048576.0, r.peak_bytes_per_s / 1048576.0, r.seconds,
