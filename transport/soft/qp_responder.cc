@@ -196,7 +196,7 @@ Outcome HandleWrite(SoftQp* qp, const wire::FrameHeader& h, const wire::RemoteEx
       Nak(qp, h.msn, IBV_WC_REM_ACCESS_ERR);
       return Outcome::kFailed;
     }
-    std::memcpy(reinterpret_cast<void*>(ext.remote_addr), payload, h.length);
+    wire::PlaceRemoteData(reinterpret_cast<void*>(ext.remote_addr), payload, h.length);
     KeyTable::Unpin(e);
   }
   qp->write_in_progress = !last;
