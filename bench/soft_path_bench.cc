@@ -4,8 +4,11 @@
 // docs/BENCHMARKS.md); wall time here is the software cost only, not a latency.
 
 #include <benchmark/benchmark.h>
+#include <valgrind/callgrind.h>
 
+#include <cstdio>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "transport/soft/soft_device.h"
@@ -73,9 +76,18 @@ void WaitRecv(Side& s) {
   }
 }
 
-void BM_SoftSendRecvRoundTripOneThread(benchmark::State& state) {
+struct Pair;
+void RoundTrip(Pair& p, uint64_t i);
+
+struct Pair {
   Side a = MakeSide("soft0");
   Side b = MakeSide("soft0");
+};
+
+// Connects the two QPs and runs round trips until the link is up and the path is warm.
+void Connect(Pair& p) {
+  Side& a = p.a;
+  Side& b = p.b;
   verbs::ConnectOptions co;
   auto aa = *a.qp->LocalAddress(1, co);
   auto ba = *b.qp->LocalAddress(2, co);
@@ -92,7 +104,25 @@ void BM_SoftSendRecvRoundTripOneThread(benchmark::State& state) {
   Send(b, 0);
   WaitRecv(a);
   PostRecv(a);
-  uint64_t i = 1;
+  for (uint64_t i = 1; i < 1000; ++i) RoundTrip(p, i);
+}
+
+void RoundTrip(Pair& p, uint64_t i) {
+  Send(p.a, i);
+  WaitRecv(p.b);
+  PostRecv(p.b);
+  Send(p.b, i);
+  WaitRecv(p.a);
+  PostRecv(p.a);
+}
+
+void BM_SoftSendRecvRoundTripOneThread(benchmark::State& state) {
+  Pair p;
+  Connect(p);
+  Side& a = p.a;
+  Side& b = p.b;
+  g_polls = 0;
+  uint64_t i = 1000;
   for (auto _ : state) {
     Send(a, i);
     WaitRecv(b);
@@ -102,13 +132,40 @@ void BM_SoftSendRecvRoundTripOneThread(benchmark::State& state) {
     PostRecv(a);
     ++i;
   }
-  state.SetItemsProcessed(static_cast<int64_t>(i));
-  state.counters["polls_per_wait"] = static_cast<double>(g_polls) / (2.0 * static_cast<double>(i));
+  state.SetItemsProcessed(static_cast<int64_t>(i - 1000));
+  state.counters["polls_per_wait"] =
+      static_cast<double>(g_polls) / (2.0 * static_cast<double>(i - 1000));
   g_polls = 0;
 }
 BENCHMARK(BM_SoftSendRecvRoundTripOneThread);
 
+// Under callgrind: exactly `n` warm round trips are instrumented, nothing else (no setup, no
+// link wait), so the instruction count per round trip is Ir / n.
+int CountInstructions(uint64_t n) {
+  Pair p;
+  Connect(p);
+  g_polls = 0;
+  CALLGRIND_ZERO_STATS;
+  CALLGRIND_START_INSTRUMENTATION;
+  for (uint64_t i = 0; i < n; ++i) RoundTrip(p, 1000 + i);
+  CALLGRIND_STOP_INSTRUMENTATION;
+  CALLGRIND_DUMP_STATS_AT("round trips");
+  std::printf("%lu round trips, %.2f polls per wait; instructions per round trip = Ir / %lu\n",
+              static_cast<unsigned long>(n), static_cast<double>(g_polls) / (2.0 * n),
+              static_cast<unsigned long>(n));
+  return 0;
+}
+
 }  // namespace
 }  // namespace swirl
 
-BENCHMARK_MAIN();
+// `soft_path_bench --count N` (under `valgrind --tool=callgrind --instr-atstart=no`) counts
+// instructions; otherwise Google Benchmark's flags apply.
+int main(int argc, char** argv) {
+  if (argc == 3 && std::string(argv[1]) == "--count") {
+    return swirl::CountInstructions(std::stoull(argv[2]));
+  }
+  benchmark::Initialize(&argc, argv);
+  benchmark::RunSpecifiedBenchmarks();
+  return 0;
+}
