@@ -64,6 +64,7 @@ ABSL_FLAG(bool, server, false, "run only the server (on --port)");
 ABSL_FLAG(std::string, connect, "", "run only the client, against this host:port");
 ABSL_FLAG(int, port, 0, "control-plane port for --server (0: pick)");
 ABSL_FLAG(std::string, port_file, "", "--server: write the chosen port here");
+ABSL_FLAG(int, spawned_by, 0, "internal: the client process that started this server");
 ABSL_FLAG(std::string, device, "", "RDMA device (default: automatic)");
 ABSL_FLAG(bool, json, false, "print one JSON object");
 ABSL_FLAG(bool, raw, false,
@@ -118,10 +119,11 @@ class BulkBench final : public swirl::Service {
 };
 
 int RunServer() {
-  if (!absl::GetFlag(FLAGS_port_file).empty()) {
-    // Started by a client (SpawnServer): go when it goes, however it ends.
+  if (const int parent = absl::GetFlag(FLAGS_spawned_by); parent > 0) {
+    // Started by a client (SpawnServer): go when it goes, however it ends. The check after
+    // arming catches a client that ended before prctl.
     prctl(PR_SET_PDEATHSIG, SIGTERM);
-    if (getppid() == 1) return 1;
+    if (getppid() != parent) return 1;
   }
   if (int core = absl::GetFlag(FLAGS_server_core); core >= 0) {
     std::string error;
@@ -175,6 +177,7 @@ pid_t SpawnServer(int* port) {
   std::vector<std::string> args = {SelfPath(),
                                    "--server",
                                    "--port_file=" + port_file,
+                                   absl::StrCat("--spawned_by=", getpid()),
                                    absl::StrCat("--server_core=", absl::GetFlag(FLAGS_server_core)),
                                    "--device=" + absl::GetFlag(FLAGS_device)};
   std::vector<char*> argv;
@@ -248,6 +251,15 @@ void AddWindowCounters(swirl::Channel& ch, const std::string& prefix, Result& re
   }
   result.Add(prefix + "windows_remote_invalidated", static_cast<double>(remote));
   result.Add(prefix + "windows_locally_invalidated", static_cast<double>(locally));
+}
+
+// Linear interpolation between closest ranks (numpy's default) of sorted, non-empty `v`: the
+// median of an even count is the mean of the two middle values, as Python's statistics.median.
+double Quantile(const std::vector<double>& v, double q) {
+  const double pos = q * static_cast<double>(v.size() - 1);
+  const size_t lo = static_cast<size_t>(pos);
+  const size_t hi = std::min(lo + 1, v.size() - 1);
+  return v[lo] + (v[hi] - v[lo]) * (pos - static_cast<double>(lo));
 }
 
 // Keeps `depth` calls in flight on one channel from this thread, each restarted from its
@@ -439,7 +451,10 @@ int RunClient(const std::string& address, Result& result) {
   result.Add("compare_bulk_mode", swirl::control::BulkMode_Name(och.negotiated().bulk_mode()));
   Pipeline other_pipe(och, test, size, depth, raw);
   const int64_t slice_ns = absl::GetFlag(FLAGS_slice_ms) * 1000000LL;
-  const int pairs = std::max(1, static_cast<int>(seconds * 1e9 / (2 * slice_ns)));
+  const int pairs = static_cast<int>(std::clamp(seconds * 1e9 / (2.0 * slice_ns), 1.0, 1e6));
+  // One unmeasured slice of each first: the first turn of either must not be the cold one.
+  main_pipe.Run(slice_ns);
+  other_pipe.Run(slice_ns);
   double main_s = 0, other_s = 0;
   uint64_t main_calls = 0, other_calls = 0;
   std::vector<double> ratios;
@@ -459,6 +474,9 @@ int RunClient(const std::string& address, Result& result) {
     const double rate_a = a.calls / a.seconds, rate_b = b.calls / b.seconds;
     if (rate_b > 0) ratios.push_back(rate_a / rate_b);
   }
+  if (ratios.empty() || main_calls == 0 || other_calls == 0) {
+    Fail("--compare: a mode completed no calls in its slices; no ratio to report");
+  }
   std::sort(ratios.begin(), ratios.end());
   result.Add("seconds", main_s);
   result.Add("ops_per_s", static_cast<double>(main_calls) / main_s);
@@ -466,11 +484,9 @@ int RunClient(const std::string& address, Result& result) {
   result.Add("compare_ops_per_s", static_cast<double>(other_calls) / other_s);
   result.Add("compare_gbytes_per_s", static_cast<double>(other_calls) * size / other_s / 1e9);
   result.Add("slices", 2.0 * pairs);
-  if (!ratios.empty()) {
-    result.Add("ratio_median", ratios[ratios.size() / 2]);
-    result.Add("ratio_p10", ratios[ratios.size() / 10]);
-    result.Add("ratio_p90", ratios[ratios.size() * 9 / 10]);
-  }
+  result.Add("ratio_median", Quantile(ratios, 0.5));
+  result.Add("ratio_p10", Quantile(ratios, 0.1));
+  result.Add("ratio_p90", Quantile(ratios, 0.9));
   AddWindowCounters(ch, "", result);
   AddWindowCounters(och, "compare_", result);
   return 0;
@@ -481,7 +497,11 @@ int RunClient(const std::string& address, Result& result) {
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   if (absl::GetFlag(FLAGS_server)) return RunServer();
-  // Bad modes fail here, before there is a server to clean up.
+  // Bad arguments fail here, before there is a server to clean up.
+  if (!(absl::GetFlag(FLAGS_seconds) > 0)) Fail("--seconds must be positive");
+  if (absl::GetFlag(FLAGS_slice_ms) <= 0) Fail("--slice_ms must be positive");
+  if (absl::GetFlag(FLAGS_depth) <= 0) Fail("--depth must be positive");
+  if (absl::GetFlag(FLAGS_iters) <= 0) Fail("--iters must be positive");
   (void)ParseMode(absl::GetFlag(FLAGS_bulk_mode), {});
   if (!absl::GetFlag(FLAGS_compare).empty()) (void)ParseMode(absl::GetFlag(FLAGS_compare), {});
   std::string address = absl::GetFlag(FLAGS_connect);

@@ -132,12 +132,36 @@ class Parser {
       return true;
     }
     if (Literal("null")) return true;
-    const char* start = s_.c_str() + i_;
-    char* end = nullptr;
-    out->number = std::strtod(start, &end);
-    if (end == start) return false;
+    return Number(out);
+  }
+
+  // JSON's number grammar only: -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?. strtod alone
+  // would also take nan, inf, hex and a leading '+', which a JSON reader (report.py) rejects.
+  bool Number(Json* out) {
+    const size_t begin = i_;
+    auto digit = [&] { return i_ < s_.size() && s_[i_] >= '0' && s_[i_] <= '9'; };
+    auto digits = [&] {
+      if (!digit()) return false;
+      while (digit()) ++i_;
+      return true;
+    };
+    if (i_ < s_.size() && s_[i_] == '-') ++i_;
+    if (i_ < s_.size() && s_[i_] == '0') {
+      ++i_;
+    } else if (!digits()) {
+      return false;
+    }
+    if (i_ < s_.size() && s_[i_] == '.') {
+      ++i_;
+      if (!digits()) return false;
+    }
+    if (i_ < s_.size() && (s_[i_] == 'e' || s_[i_] == 'E')) {
+      ++i_;
+      if (i_ < s_.size() && (s_[i_] == '+' || s_[i_] == '-')) ++i_;
+      if (!digits()) return false;
+    }
+    out->number = std::strtod(s_.substr(begin, i_ - begin).c_str(), nullptr);
     out->kind = Json::kNumber;
-    i_ += static_cast<size_t>(end - start);
     return true;
   }
 

@@ -91,7 +91,7 @@ ABSL_FLAG(std::string, samples_out, "",
 ABSL_FLAG(double, timeout, 60, "seconds any single wait may take before the run is aborted");
 // Internal: how the single-host mode starts its server child.
 ABSL_FLAG(int, oob_fd, -1, "internal: inherited listening socket (spawned server)");
-ABSL_FLAG(bool, spawned, false, "internal: die with the parent");
+ABSL_FLAG(int, spawned_by, 0, "internal: the process that started this one (die with it)");
 ABSL_FLAG(bool, raw_child, false, "internal: the --raw responder");
 ABSL_FLAG(int, raw_fd, -1, "internal: the --raw shared memory");
 
@@ -812,9 +812,11 @@ void PinOrWarn(int core, const char* who) {
 }
 
 void DieWithParent() {
-  if (!absl::GetFlag(FLAGS_spawned)) return;
+  const int parent = absl::GetFlag(FLAGS_spawned_by);
+  if (parent <= 0) return;
   prctl(PR_SET_PDEATHSIG, SIGKILL);
-  if (getppid() == 1) std::_Exit(1);
+  // The parent may have ended before prctl: then we were reparented already.
+  if (getppid() != parent) std::_Exit(1);
 }
 
 // ---- The two sides -----------------------------------------------------------------------------
@@ -948,7 +950,7 @@ int RunLocal() {
   const pid_t child = SpawnSelf({
       "--server",
       absl::StrCat("--oob_fd=", listen_fd),
-      "--spawned",
+      absl::StrCat("--spawned_by=", getpid()),
       absl::StrCat("--device=", device),
       absl::StrCat("--server_core=", absl::GetFlag(FLAGS_server_core)),
       absl::StrCat("--ib_port=", absl::GetFlag(FLAGS_ib_port)),
@@ -1002,7 +1004,7 @@ int RunRaw() {
   const pid_t child = SpawnSelf({
       "--raw_child",
       absl::StrCat("--raw_fd=", fd),
-      "--spawned",
+      absl::StrCat("--spawned_by=", getpid()),
       absl::StrCat("--server_core=", absl::GetFlag(FLAGS_server_core)),
   });
   const int core = absl::GetFlag(FLAGS_client_core);

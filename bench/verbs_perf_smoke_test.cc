@@ -89,6 +89,17 @@ TEST(JsonParser, AcceptsAndRejects) {
   EXPECT_FALSE(Parser(R"({"a":1,})").ParseDocument(&k));
   Json l;
   EXPECT_FALSE(Parser(R"({"a":1} {"b":2})").ParseDocument(&l));
+  // Numbers: JSON's grammar, not strtod's (a tool printing nan must fail its smoke test).
+  Json n;
+  ASSERT_TRUE(Parser(R"([0, -0.5, 1e-05, 2E+3, 12.25])").ParseDocument(&n));
+  EXPECT_EQ(n.array[2].number, 1e-05);
+  EXPECT_EQ(n.array[3].number, 2000);
+  EXPECT_EQ(n.array[4].number, 12.25);
+  for (const char* bad : {"[nan]", "[-nan]", "[inf]", "[+1]", "[0x10]", "[01]", "[1.]", "[.5]",
+                          "[1e]"}) {
+    Json b;
+    EXPECT_FALSE(Parser(bad).ParseDocument(&b)) << bad;
+  }
 }
 
 TEST(VerbsPerfSmoke, Raw) {
