@@ -108,7 +108,8 @@ def bulk(n, quick):
           "mode named, on two connections of one client to one server (one worker core), depth "
           "8, taking turns in 100 ms slices within each run (`rpc_perf --compare`); the ratio "
           "is the median over runs of each run's median per-slice-pair ratio, with the lowest "
-          "and highest run medians. GB/s are medians over runs.\n")
+          "and highest run medians. Both GB/s columns come from that median run (whole-run rates, "
+          "so they divide to about, not exactly, its ratio).\n")
     row("test", "size", "windows + remote inv.", "compared with", "that mode",
         "windows / that (median, min-max)", "target")
     row("---", "---", "---", "---", "---", "---", "---")
