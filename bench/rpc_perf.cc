@@ -39,6 +39,7 @@ extern char** environ;
 #include "absl/time/clock.h"
 #include "bench/perf_common.h"
 #include "examples/echo/echo.swirl.h"
+#include "examples/echo/echo_service.h"
 #include "rpc/channel.h"
 #include "rpc/server.h"
 #include "rpc/wire.h"
@@ -81,15 +82,7 @@ using swirl::bench::TickClock;
   std::exit(1);
 }
 
-class EchoImpl final : public swirl::examples::EchoService {
- public:
-  absl::Status Echo(swirl::ServerContext&, const swirl::examples::EchoRequest& request,
-                    swirl::examples::EchoResponse* response) override {
-    response->set_payload(request.payload());
-    response->set_sequence(request.sequence());
-    return absl::OkStatus();
-  }
-};
+using EchoImpl = swirl::examples::EchoServiceImpl;
 
 // Bulk endpoints: Read answers with a bulk attachment of the requested size, Write takes one.
 class BulkBench final : public swirl::Service {

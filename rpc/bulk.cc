@@ -93,7 +93,8 @@ int32_t Worker::AcquireWindow(Connection* c) {
   return static_cast<int32_t>(c->windows_.size() - 1);
 }
 
-uint32_t Worker::BindWindow(Connection* c, int32_t w, uint64_t addr, uint32_t length, int access) {
+uint32_t Worker::BindWindow(Connection* c, int32_t w, uint64_t addr, uint32_t length, int access,
+                            Window::Purpose purpose, uint64_t request_id) {
   Window& window = c->windows_[w];
   uint8_t key;
   do {
@@ -114,7 +115,10 @@ uint32_t Worker::BindWindow(Connection* c, int32_t w, uint64_t addr, uint32_t le
   window.state = Window::State::kExposed;
   window.addr = addr;
   window.length = length;
-  window.lease = absl::InfiniteFuture();
+  window.purpose = purpose;
+  window.request_id = request_id;
+  window.lease = purpose == Window::Purpose::kGrant ? absl::InfiniteFuture()
+                                                    : absl::Now() + options_.window_lease;
   return rkey;
 }
 
@@ -264,12 +268,9 @@ bool Worker::SendBulkCall(Connection* c, ClientCall* call, size_t message_size,
   BulkDescriptor descriptor{};
   uint32_t invalidate = 0;
   if (mode == control::BULK_MIRROR) {
-    const uint32_t rkey =
-        BindWindow(c, request_window, Addr(data->data()), length, IBV_ACCESS_REMOTE_READ);
-    Window& w = c->windows_[request_window];
-    w.purpose = Window::Purpose::kMirrorRequest;
-    w.request_id = request_id;
-    w.lease = absl::Now() + options_.window_lease;
+    const uint32_t rkey = BindWindow(c, request_window, Addr(data->data()), length,
+                                     IBV_ACCESS_REMOTE_READ, Window::Purpose::kMirrorRequest,
+                                     request_id);
     call->request_window_ = request_window;
     descriptor = {Addr(data->data()), length, rkey};
   } else {
@@ -298,12 +299,9 @@ bool Worker::SendBulkCall(Connection* c, ClientCall* call, size_t message_size,
     BulkBuffer* out = call->response_bulk_;
     const uint32_t capacity = static_cast<uint32_t>(
         std::min<size_t>(out->capacity(), c->negotiated_.max_bulk_size()));
-    const uint32_t rkey =
-        BindWindow(c, reply_window, Addr(out->data()), capacity, IBV_ACCESS_REMOTE_WRITE);
-    Window& w = c->windows_[reply_window];
-    w.purpose = Window::Purpose::kMirrorReply;
-    w.request_id = request_id;
-    w.lease = absl::Now() + options_.window_lease;
+    const uint32_t rkey = BindWindow(c, reply_window, Addr(out->data()), capacity,
+                                     IBV_ACCESS_REMOTE_WRITE, Window::Purpose::kMirrorReply,
+                                     request_id);
     call->reply_window_ = reply_window;
     const BulkDescriptor reply{Addr(out->data()), capacity, rkey};
     std::memcpy(p, &reply, sizeof(reply));
@@ -519,12 +517,9 @@ void Worker::SendBulkResponse(Connection* c, const Incoming& request, Writer* wr
                         {});
       return;
     }
-    const uint32_t rkey =
-        BindWindow(c, w, Addr(data.data()), length, IBV_ACCESS_REMOTE_READ);
+    const uint32_t rkey = BindWindow(c, w, Addr(data.data()), length, IBV_ACCESS_REMOTE_READ,
+                                     Window::Purpose::kDownload, request_id);
     Window& win = c->windows_[w];
-    win.purpose = Window::Purpose::kDownload;
-    win.request_id = request_id;
-    win.lease = absl::Now() + options_.window_lease;
     d = {win.addr, length, rkey};
     win.buffer = std::move(data);
   }
@@ -547,15 +542,13 @@ void Worker::SendBulkResponse(Connection* c, const Incoming& request, Writer* wr
 
 void Worker::HandleBulkResponse(Connection* c, const MessageHeader& h, const char* payload,
                                 const ibv_wc& wc) {
+  // ValidateHeader guaranteed the descriptor; checked again before reading it all the same.
+  if (h.payload_len < sizeof(BulkDescriptor)) return BulkViolation(c, "bulk descriptor cut short");
   BulkDescriptor d;
   std::memcpy(&d, payload, sizeof(d));
-  if (h.payload_len < sizeof(d)) return BulkViolation(c, "bulk descriptor cut short");
   const absl::string_view eager(payload + sizeof(d), h.payload_len - sizeof(d));
   const bool is_message = (h.aux & rpc_wire::kAuxBulkIsMessage) != 0;
-  const uint32_t slot = static_cast<uint32_t>(h.request_id);
-  ClientCall* call = slot < c->pending_.size() && c->generation_[slot] == (h.request_id >> 32)
-                         ? c->pending_[slot]
-                         : nullptr;
+  ClientCall* call = PendingCall(c, h.request_id);
   const bool with_inv = (wc.wc_flags & IBV_WC_WITH_INV) != 0;
   if (d.length == 0 || d.length > c->negotiated_.max_bulk_size()) {
     return BulkViolation(c, absl::StrCat("bulk response of ", d.length, " bytes"));
@@ -728,10 +721,9 @@ void Worker::GrantWindows(Connection* c, uint32_t count, uint32_t size) {
     } else {
       const int32_t w = AcquireWindow(c);
       if (w < 0) break;
-      d.rkey = BindWindow(c, w, d.addr, d.length, IBV_ACCESS_REMOTE_WRITE);
-      Window& win = c->windows_[w];
-      win.purpose = Window::Purpose::kGrant;
-      win.buffer = std::move(*pooled);
+      d.rkey = BindWindow(c, w, d.addr, d.length, IBV_ACCESS_REMOTE_WRITE,
+                          Window::Purpose::kGrant, 0);
+      c->windows_[w].buffer = std::move(*pooled);
     }
     ++outstanding;
     c->granted_bytes_ += d.length;

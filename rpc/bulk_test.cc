@@ -13,6 +13,7 @@
 #include "rpc/channel.h"
 #include "rpc/testing/process.h"
 #include "rpc/testing/rogue.h"
+#include "rpc/testing/test_data.h"
 #include "rpc/wire.h"
 
 namespace swirl {
@@ -24,16 +25,8 @@ using rpc_wire::MessageHeader;
 
 uint32_t Id(const char* m) { return rpc_wire::MethodId(m); }
 
-char Pattern(size_t i) { return static_cast<char>((i * 131 + 7) & 0xff); }
-
-uint64_t Fnv(absl::string_view data) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : data) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  return h;
-}
+using swirl::testing::Fnv;
+using swirl::testing::Pattern;
 
 std::string Payload(size_t n, int seed) {
   std::string s(n, '\0');

@@ -155,11 +155,16 @@ absl::Status Worker::Init() {
   if (caps_.max_srq_wr > 0 &&
       options_.max_connections * options_.credits + 2 * options_.credits > caps_.max_srq_wr) {
     // The shared receive queue must hold every credit granted; fewer connections fit.
+    if (caps_.max_srq_wr < 3 * options_.credits) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "worker: the device's SRQ (%u) cannot hold one connection of %u credits",
+          caps_.max_srq_wr, options_.credits));
+    }
     const uint32_t fit = (caps_.max_srq_wr - 2 * options_.credits) / options_.credits;
     SWIRL_LOG(WARNING, "%s: %u connections x %u credits exceed the device's SRQ (%u); limiting "
               "this worker to %u connections", options_.name, options_.max_connections,
               options_.credits, caps_.max_srq_wr, fit);
-    const_cast<WorkerOptions&>(options_).max_connections = fit;
+    options_.max_connections = fit;
   }
   const uint32_t recv_total = options_.max_connections * options_.credits + 2 * options_.credits;
   const uint32_t sq_depth = RoundUpPow2(options_.credits + kBulkSqReserve + kSignalInterval);
@@ -631,9 +636,7 @@ void Worker::HandleRecv(const ibv_wc& wc) {
       HandleBulkAck(c, h, wc);
     } else if (h.type == rpc_wire::kWindowGrant) {
       if (wc.wc_flags & IBV_WC_WITH_INV) {
-        Bump(c->counters_.invalidation_violations);
-        Bump(totals_.invalidation_violations);
-        ProtocolError(c, absl::PermissionDeniedError("a window grant invalidated an rkey"));
+        BulkViolation(c, "a window grant invalidated an rkey");
       } else {
         HandleWindowGrant(c, h, buffer + kHeader);
       }
@@ -644,10 +647,8 @@ void Worker::HandleRecv(const ibv_wc& wc) {
     }
   } else if (wc.wc_flags & IBV_WC_WITH_INV) {
     // Only bulk messages may revoke a window; anything else that does is a violation.
-    Bump(c->counters_.invalidation_violations);
-    Bump(totals_.invalidation_violations);
-    ProtocolError(c, absl::PermissionDeniedError(absl::StrFormat(
-                         "message type %u invalidated rkey 0x%x", h.type, wc.invalidated_rkey)));
+    BulkViolation(c, absl::StrFormat("message type %u invalidated rkey 0x%x", h.type,
+                                     wc.invalidated_rkey));
   } else {
     Dispatch(c, h, buffer + kHeader);
   }

@@ -422,8 +422,11 @@ class Worker {
   void SendOwedGrant(Connection* c);
   void HandleBulkOp(Connection* c, int32_t op, const ibv_wc& wc);
   int32_t AcquireWindow(Connection* c);
-  // Binds window `w` over [addr, addr+length) of the pool with `access`; returns the new rkey.
-  uint32_t BindWindow(Connection* c, int32_t w, uint64_t addr, uint32_t length, int access);
+  // Binds window `w` over [addr, addr+length) of the pool with `access`, for `purpose` on behalf
+  // of `request_id` (0 for grants); returns the new rkey. Every purpose but a grant is leased:
+  // this side revokes it if no acknowledgement arrives within window_lease.
+  uint32_t BindWindow(Connection* c, int32_t w, uint64_t addr, uint32_t length, int access,
+                      Connection::Window::Purpose purpose, uint64_t request_id);
   void RevokeWindow(Connection* c, int32_t w, Connection::BulkOp::Kind kind, bool lease_expired);
   // Completes `call`, first revoking any window still exposing its buffers (mirror mode).
   void FinishCall(Connection* c, ClientCall* call, absl::Status status);
@@ -467,7 +470,7 @@ class Worker {
   std::shared_ptr<verbs::Context> context_;
   std::shared_ptr<verbs::ProtectionDomain> pd_;
   const verbs::Capabilities caps_;
-  const WorkerOptions options_;
+  WorkerOptions options_;  // max_connections may shrink in Init() to fit the device's SRQ
   ThreadPool* const pool_;
 
   std::shared_ptr<verbs::CompletionChannel> channel_;

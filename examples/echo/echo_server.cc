@@ -14,6 +14,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "examples/echo/echo.swirl.h"
+#include "examples/echo/echo_service.h"
 #include "rpc/server.h"
 
 ABSL_FLAG(std::string, address, "0.0.0.0:7100", "control-plane listen address (port 0: pick)");
@@ -27,15 +28,7 @@ namespace {
 
 std::atomic<bool> g_stop{false};
 
-class EchoImpl final : public swirl::examples::EchoService {
- public:
-  absl::Status Echo(swirl::ServerContext&, const swirl::examples::EchoRequest& request,
-                    swirl::examples::EchoResponse* response) override {
-    response->set_payload(request.payload());
-    response->set_sequence(request.sequence());
-    return absl::OkStatus();
-  }
-};
+using EchoImpl = swirl::examples::EchoServiceImpl;
 
 }  // namespace
 

@@ -40,7 +40,7 @@ absl::Status RogueConnection::Connect(int port, const std::string& token,
   if (!qp.ok()) return qp.status();
   qp_ = std::move(*qp);
   recv_area_.assign(kRecvs * kRecvSize, '\0');
-  scratch_.assign(32 << 20, '\0');
+  scratch_.assign(kScratchBytes, '\0');
   auto recv_mr = verbs::MemoryRegion::Register(pd_, recv_area_.data(), recv_area_.size(),
                                                IBV_ACCESS_LOCAL_WRITE);
   if (!recv_mr.ok()) return recv_mr.status();
@@ -97,13 +97,13 @@ absl::Status RogueConnection::Connect(int port, const std::string& token,
   return qp_->ToRts(77, co);
 }
 
-absl::Status RogueConnection::Send(const rpc_wire::MessageHeader& header,
-                                   absl::string_view payload, uint32_t invalidate_rkey) {
-  std::string bytes(reinterpret_cast<const char*>(&header), sizeof(header));
-  bytes.append(payload.data(), payload.size());
-  ibv_sge sge{reinterpret_cast<uint64_t>(scratch_.data() + scratch_.size() - 65536),
-              static_cast<uint32_t>(bytes.size()), scratch_mr_->lkey()};
-  std::memcpy(scratch_.data() + scratch_.size() - 65536, bytes.data(), bytes.size());
+absl::StatusOr<uint64_t> RogueConnection::PostMessage(absl::string_view bytes,
+                                                      uint32_t invalidate_rkey) {
+  if (bytes.size() > kMessageScratch) return absl::InvalidArgumentError("message too large");
+  char* area = scratch_.data() + kRdmaScratch;
+  std::memcpy(area, bytes.data(), bytes.size());
+  ibv_sge sge{reinterpret_cast<uint64_t>(area), static_cast<uint32_t>(bytes.size()),
+              scratch_mr_->lkey()};
   ibv_send_wr wr{};
   wr.wr_id = next_wr_++;
   wr.opcode = invalidate_rkey != 0 ? IBV_WR_SEND_WITH_INV : IBV_WR_SEND;
@@ -115,25 +115,23 @@ absl::Status RogueConnection::Send(const rpc_wire::MessageHeader& header,
   if (int err = ibv_post_send(qp_->get(), &wr, &bad); err != 0) {
     return absl::InternalError(absl::StrCat("ibv_post_send: ", err));
   }
-  auto wc = WaitSend(wr.wr_id, absl::Seconds(10));
+  return wr.wr_id;
+}
+
+absl::Status RogueConnection::Send(const rpc_wire::MessageHeader& header,
+                                   absl::string_view payload, uint32_t invalidate_rkey) {
+  std::string bytes(reinterpret_cast<const char*>(&header), sizeof(header));
+  bytes.append(payload.data(), payload.size());
+  auto wr_id = PostMessage(bytes, invalidate_rkey);
+  if (!wr_id.ok()) return wr_id.status();
+  auto wc = WaitSend(*wr_id, absl::Seconds(10));
   if (!wc.ok()) return wc.status();
   if (wc->status != IBV_WC_SUCCESS) return absl::UnavailableError("send failed");
   return absl::OkStatus();
 }
 
 absl::Status RogueConnection::SendRaw(absl::string_view bytes) {
-  std::memcpy(scratch_.data() + scratch_.size() - 65536, bytes.data(), bytes.size());
-  ibv_sge sge{reinterpret_cast<uint64_t>(scratch_.data() + scratch_.size() - 65536),
-              static_cast<uint32_t>(bytes.size()), scratch_mr_->lkey()};
-  ibv_send_wr wr{};
-  wr.wr_id = next_wr_++;
-  wr.opcode = IBV_WR_SEND;
-  wr.send_flags = IBV_SEND_SIGNALED;
-  wr.sg_list = &sge;
-  wr.num_sge = 1;
-  ibv_send_wr* bad;
-  if (ibv_post_send(qp_->get(), &wr, &bad) != 0) return absl::InternalError("ibv_post_send");
-  return absl::OkStatus();
+  return PostMessage(bytes, 0).status();
 }
 
 absl::Status RogueConnection::Call(const char* method, absl::string_view payload, uint16_t flags,
@@ -212,31 +210,27 @@ absl::StatusOr<Received> RogueConnection::Receive(uint8_t type, absl::Duration t
 
 absl::StatusOr<ibv_wc_status> RogueConnection::Read(uint64_t addr, uint32_t rkey,
                                                     uint32_t length, std::string* out) {
-  ibv_sge sge{reinterpret_cast<uint64_t>(scratch_.data()), length, scratch_mr_->lkey()};
-  ibv_send_wr wr{};
-  wr.wr_id = next_wr_++;
-  wr.opcode = IBV_WR_RDMA_READ;
-  wr.send_flags = IBV_SEND_SIGNALED;
-  wr.sg_list = &sge;
-  wr.num_sge = 1;
-  wr.wr.rdma.remote_addr = addr;
-  wr.wr.rdma.rkey = rkey;
-  ibv_send_wr* bad;
-  if (ibv_post_send(qp_->get(), &wr, &bad) != 0) return absl::InternalError("ibv_post_send");
-  auto wc = WaitSend(wr.wr_id, absl::Seconds(10));
-  if (!wc.ok()) return wc.status();
-  if (wc->status == IBV_WC_SUCCESS && out != nullptr) out->assign(scratch_.data(), length);
-  return wc->status;
+  auto status = Rdma(IBV_WR_RDMA_READ, addr, rkey, length);
+  if (status.ok() && *status == IBV_WC_SUCCESS && out != nullptr) {
+    out->assign(scratch_.data(), length);
+  }
+  return status;
 }
 
 absl::StatusOr<ibv_wc_status> RogueConnection::Write(uint64_t addr, uint32_t rkey,
                                                      absl::string_view data) {
+  if (data.size() > kRdmaScratch) return absl::InvalidArgumentError("larger than the scratch");
   std::memcpy(scratch_.data(), data.data(), data.size());
-  ibv_sge sge{reinterpret_cast<uint64_t>(scratch_.data()), static_cast<uint32_t>(data.size()),
-              scratch_mr_->lkey()};
+  return Rdma(IBV_WR_RDMA_WRITE, addr, rkey, static_cast<uint32_t>(data.size()));
+}
+
+absl::StatusOr<ibv_wc_status> RogueConnection::Rdma(ibv_wr_opcode opcode, uint64_t addr,
+                                                    uint32_t rkey, uint32_t length) {
+  if (length > kRdmaScratch) return absl::InvalidArgumentError("larger than the scratch");
+  ibv_sge sge{reinterpret_cast<uint64_t>(scratch_.data()), length, scratch_mr_->lkey()};
   ibv_send_wr wr{};
   wr.wr_id = next_wr_++;
-  wr.opcode = IBV_WR_RDMA_WRITE;
+  wr.opcode = opcode;
   wr.send_flags = IBV_SEND_SIGNALED;
   wr.sg_list = &sge;
   wr.num_sge = 1;

@@ -58,6 +58,16 @@ class RogueConnection {
 
  private:
   absl::StatusOr<ibv_wc> WaitSend(uint64_t wr_id, absl::Duration timeout);
+  // One signaled RDMA READ or WRITE between the head of the scratch and the peer's memory.
+  absl::StatusOr<ibv_wc_status> Rdma(ibv_wr_opcode opcode, uint64_t addr, uint32_t rkey,
+                                     uint32_t length);
+  // Posts `bytes` (copied into the scratch's message area) as one signaled SEND, or
+  // SEND_WITH_INV when `invalidate_rkey` is set; returns its wr_id without waiting.
+  absl::StatusOr<uint64_t> PostMessage(absl::string_view bytes, uint32_t invalidate_rkey);
+  // The scratch: RDMA at its head, outgoing messages in its last 64 KiB.
+  static constexpr uint32_t kScratchBytes = 32 << 20;
+  static constexpr uint32_t kMessageScratch = 65536;
+  static constexpr uint32_t kRdmaScratch = kScratchBytes - kMessageScratch;
   void PollOnce();
 
   std::shared_ptr<verbs::Context> ctx_;

@@ -25,6 +25,7 @@
 #include "absl/strings/str_cat.h"
 #include "rpc/server.h"
 #include "rpc/service.h"
+#include "rpc/testing/test_data.h"
 #include "rpc/wire.h"
 
 ABSL_FLAG(std::string, port_file, "", "where to write the control-plane port");
@@ -41,18 +42,10 @@ std::atomic<bool> g_stop{false};
 std::atomic<int> g_cancelled{0};
 swirl::Server* g_server = nullptr;
 
-uint64_t Fnv(absl::string_view data) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : data) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  return h;
-}
+using swirl::testing::Fnv;
+using swirl::testing::Pattern;
 
 // The pattern Fill produces: byte i of a fill of n bytes.
-char Pattern(size_t i) { return static_cast<char>((i * 131 + 7) & 0xff); }
-
 class E2E : public swirl::Service {
  public:
   E2E() : Service("test.E2E") {
