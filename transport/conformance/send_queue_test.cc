@@ -170,6 +170,23 @@ TEST_P(SendQueueTest, UnsignaledRequestsHoldTheirSlotsUntilASignaledCompletionIs
       << "unsignaled requests completed";
 }
 
+// A signaled request between unsignaled ones, with the queue far from full and a peer that
+// sends nothing back (no frame could carry an acknowledgement): it still completes.
+TEST_P(SendQueueTest, ASignaledRequestBetweenUnsignaledOnesCompletes) {
+  ASSERT_NO_FATAL_FAILURE(Connect());
+  const unsigned int flags[] = {0, IBV_SEND_SIGNALED, 0};
+  for (uint64_t i = 0; i < 3; ++i) {
+    ASSERT_EQ(SendWr(1 + i, IBV_WR_RDMA_WRITE, flags[i])
+                  .Local(*a_, 64 * i, 64)
+                  .Remote(b_->addr(64 * i), b_->rkey())
+                  .Post(a_->ibqp()),
+              0);
+  }
+  ExpectWc(Poll(a_->send_cq()), {.wr_id = 2, .qp_num = a_->qpn(), .opcode = IBV_WC_RDMA_WRITE});
+  EXPECT_TRUE(Observe(a_->send_cq(), absl::Milliseconds(10)).empty())
+      << "unsignaled requests completed";
+}
+
 TEST_P(SendQueueTest, SqSigAllSignalsEveryRequest) {
   EndpointOptions a_options;
   a_options.sq_sig_all = true;

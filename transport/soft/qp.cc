@@ -262,6 +262,7 @@ void ResetQueues(SoftQp* qp) {
   PurgeQp(qp->scq, qp);
   if (qp->rcq != qp->scq) PurgeQp(qp->rcq, qp);
   qp->sq_head = qp->sq_tx = qp->sq_tail;
+  qp->newest_signaled = qp->sq_tail - 1;
   qp->sq_released.store(qp->sq_tail, std::memory_order_release);
   qp->rd_atomic_outstanding = 0;
   qp->rq.head = qp->rq.tail;
@@ -328,6 +329,7 @@ void FillWqe(SoftQp* qp, uint32_t index, const ibv_send_wr* wr) {
   w.wr_id = wr->wr_id;
   w.opcode = wr->opcode;
   w.send_flags = wr->send_flags;
+  if (qp->sig_all || (wr->send_flags & IBV_SEND_SIGNALED)) qp->newest_signaled = index;
   w.state = SendWqe::kQueued;
   w.status = IBV_WC_SUCCESS;
   w.num_sge = static_cast<uint32_t>(wr->num_sge);
@@ -379,8 +381,11 @@ void FillWqe(SoftQp* qp, uint32_t index, const ibv_send_wr* wr) {
   if (wr->opcode == IBV_WR_LOCAL_INV || wr->opcode == IBV_WR_BIND_MW) w.length = 0;
 }
 
-int PostSendLocked(SoftQp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr, bool type1_bind) {
+// `wrote`: frames the caller already put on the ring, published with ours by one doorbell.
+int PostSendLocked(SoftQp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr, bool type1_bind,
+                   bool wrote) {
   if (qp->qstate != IBV_QPS_RTS && qp->qstate != IBV_QPS_ERR) {
+    if (wrote) PublishAndWake(qp, true);
     *bad_wr = wr;
     return EINVAL;
   }
@@ -421,7 +426,7 @@ int PostSendLocked(SoftQp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr, bool type1
     EnterError(qp);
     CompleteSq(qp);
   }
-  PublishAndWake(qp, qp->req_tx.head() != req_head);
+  PublishAndWake(qp, wrote || qp->req_tx.head() != req_head);
   return err;
 }
 
@@ -821,8 +826,10 @@ namespace {
 // inline or from one SGE, on an RTS QP with nothing queued ahead of it and room in the ring.
 // Returns false without side effects when the general path must handle the request.
 bool TryFastSend(SoftQp* qp, const ibv_send_wr* wr) {
+  // Whatever the general path would reject or treat specially (SGE limits, an overflowed
+  // CQ) goes there, so both paths answer alike.
   if (qp->qstate != IBV_QPS_RTS || qp->sq_tx != qp->sq_tail || wr->num_sge != 1 ||
-      wr->sg_list == nullptr ||
+      qp->max_send_sge == 0 || qp->cq_overflow || wr->sg_list == nullptr ||
       (wr->send_flags & (IBV_SEND_FENCE | IBV_SEND_SOLICITED)) != 0) {
     return false;
   }
@@ -871,6 +878,7 @@ bool TryFastSend(SoftQp* qp, const ibv_send_wr* wr) {
   h->total_length = sge.length;
   qp->req_tx.Commit(frame, pos, bytes);
   SendWqe& w = qp->sq[qp->sq_tail & qp->sq_mask];
+  if (qp->sig_all || (wr->send_flags & IBV_SEND_SIGNALED)) qp->newest_signaled = qp->sq_tail;
   w.wr_id = wr->wr_id;
   w.opcode = wr->opcode;
   w.send_flags = wr->send_flags;
@@ -901,11 +909,10 @@ int PostSend(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad_wr) {
     posted = true;
   }
   if (wr == nullptr) {
-    PublishAndWake(qp, true);
+    PublishAndWake(qp, posted);
     return 0;
   }
-  if (posted) PublishAndWake(qp, true);
-  return PostSendLocked(qp, wr, bad_wr, false);
+  return PostSendLocked(qp, wr, bad_wr, false, posted);
 }
 
 int BindMw(ibv_qp* ibqp, ibv_mw* mw, ibv_mw_bind* bind) {
@@ -925,7 +932,7 @@ int BindMw(ibv_qp* ibqp, ibv_mw* mw, ibv_mw_bind* bind) {
   // Type 1: the provider chooses the new key and the consumer sees it at once in mw->rkey.
   wr.bind_mw.rkey = qp->hca->keys.NewKey(smw->entry, mw->rkey);
   ibv_send_wr* bad = nullptr;
-  int err = PostSendLocked(qp, &wr, &bad, true);
+  int err = PostSendLocked(qp, &wr, &bad, true, false);
   if (err == 0) mw->rkey = wr.bind_mw.rkey;
   return err;
 }

@@ -287,7 +287,7 @@ bool ProcessResponses(SoftQp* qp) {
   while (qp->resp_rx.Peek(&h)) {
     const uint64_t avail = qp->resp_rx.ContiguousBytes();
     if (!wire::IsResponseOp(h.op) || h.length > wire::kMaxChunk ||
-        wire::FrameBytes(h.op, h.length) > avail) {
+        wire::FrameBytes(h.op, h.length) > avail || (h.flags & ~wire::kFlagsAll)) {
       ProtocolError(qp, "malformed response frame");
       return true;
     }
@@ -355,9 +355,10 @@ bool CompletionWanted(const SoftQp* qp) {
                          qp->max_send_wr / 2) {
     return true;
   }
-  const SendWqe& oldest = qp->sq[qp->sq_head & qp->sq_mask];
-  const SendWqe& newest = qp->sq[(qp->sq_tx - 1) & qp->sq_mask];
-  return (oldest.send_flags & IBV_SEND_SIGNALED) || (newest.send_flags & IBV_SEND_SIGNALED);
+  // Any signaled WQE still outstanding (the SQ completes in order, so the newest one is
+  // outstanding exactly when some is): its completion must not wait for a frame from a peer
+  // that may never send one.
+  return qp->newest_signaled - qp->sq_head < qp->sq_tail - qp->sq_head;
 }
 
 void CompleteSq(SoftQp* qp) {

@@ -29,7 +29,7 @@ class RingWriter {
   // known, nothing counts as consumed, so at most one ring's worth is written ahead.
   void SetConsumedSource(const std::atomic<uint64_t>* consumed) { consumed_ = consumed; }
 
-  // Returns `bytes` (a multiple of 64, at most size/2) of contiguous space for a frame and its
+  // Returns `bytes` (a multiple of wire::kFrameAlign, at most size/2) of contiguous space for a frame and its
   // position, first writing a PAD frame over a too-short ring tail; nullptr if the consumer has
   // not yet freed enough.
   char* Reserve(uint64_t bytes, uint64_t* pos, uint32_t ack) {

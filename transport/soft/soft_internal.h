@@ -174,9 +174,6 @@ struct PeerSegment {
   int wake_fd = -1;  // the peer HCA's wake eventfd
   ibv_gid gid{};
   uint32_t qp_num = 0;
-  const wire::SegmentHeader* header() const {
-    return reinterpret_cast<const wire::SegmentHeader*>(base);
-  }
   const wire::SegmentControl* control() const {
     return reinterpret_cast<const wire::SegmentControl*>(base + wire::kControlOffset);
   }
@@ -208,6 +205,9 @@ struct SoftQp : ibv_qp {
   std::vector<char> sq_inline;
   uint32_t sq_mask = 0;
   uint32_t sq_head = 0, sq_tx = 0, sq_tail = 0;
+  // Index of the newest signaled WQE posted (sq_head - 1 or older: none outstanding). A
+  // requester that owes a completion must look for acks even when no frame brings one.
+  uint32_t newest_signaled = ~0u;
   std::atomic<uint32_t> sq_released{0};  // written by the CQ poller
   uint32_t next_msn = 0;
   uint32_t rd_atomic_outstanding = 0;

@@ -67,7 +67,8 @@ inline void PlaceRemoteData(void* dst, const void* src, size_t n) { std::memcpy(
 #endif
 
 inline constexpr uint64_t kSegmentMagic = 0x314c525749575331ull;  // "1SWIWRL1"
-inline constexpr uint32_t kWireVersion = 1;
+// 2: frames 128-byte aligned (version 1 had 64); the hello and segment checks refuse a mismatch.
+inline constexpr uint32_t kWireVersion = 2;
 inline constexpr size_t kCacheLine = 64;
 inline constexpr size_t kFrameAlign = 128;
 inline constexpr uint64_t kStampValid = uint64_t{1} << 63;
