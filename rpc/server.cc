@@ -143,8 +143,12 @@ class Server::Impl final : public control::Control::Service {
       }
     }
     grpc_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Milliseconds(200)));
-    for (auto& w : workers_) w->Stop();
-    workers_.clear();
+    {
+      // gRPC may still be running a control handler that reached for a worker.
+      swirl::MutexLock lock(&workers_mu_);
+      for (auto& w : workers_) w->Stop();
+      workers_.clear();
+    }
     pool_.reset();
   }
 
@@ -208,6 +212,7 @@ class Server::Impl final : public control::Control::Service {
                          const verbs::PeerAddress& client_address,
                          const control::Negotiated& negotiated, const std::string& peer,
                          control::ConnectResponse* response) {
+    swirl::ReaderMutexLock lock(&workers_mu_);
     internal::Worker* worker = nullptr;
     uint32_t best = 0;
     for (auto& w : workers_) {
@@ -257,6 +262,7 @@ class Server::Impl final : public control::Control::Service {
 
   grpc::Status Disconnect(grpc::ServerContext*, const control::DisconnectRequest* request,
                           control::DisconnectResponse*) override {
+    swirl::ReaderMutexLock lock(&workers_mu_);
     for (auto& w : workers_) {
       if (w->Find(request->connection_id()) != nullptr) {
         w->Close(request->connection_id(), absl::CancelledError("client disconnected"));
@@ -281,6 +287,7 @@ class Server::Impl final : public control::Control::Service {
     s->set_connections_refused(refused_.load());
     s->set_connections_closed(closed_.load());
     uint64_t live = 0;
+    swirl::ReaderMutexLock lock(&workers_mu_);
     for (auto& w : workers_) {
       internal::WorkerStats ws = w->Stats();
       s->set_requests(s->requests() + ws.requests);
@@ -367,6 +374,9 @@ class Server::Impl final : public control::Control::Service {
   std::shared_ptr<verbs::ProtectionDomain> pd_;
   verbs::Capabilities caps_;
   std::unique_ptr<internal::ThreadPool> pool_;
+  // Control handlers run on gRPC's threads, which can outlive grpc::Server::Shutdown's
+  // deadline: they read workers_ under this lock, and Shutdown destroys the workers under it.
+  mutable swirl::Mutex workers_mu_;
   std::vector<std::unique_ptr<internal::Worker>> workers_;
   std::unique_ptr<grpc::Server> grpc_;
   int port_ = 0;

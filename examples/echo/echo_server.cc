@@ -65,7 +65,10 @@ int main(int argc, char** argv) {
               caps.remote_invalidation() ? "yes" : "no");
   std::fflush(stdout);
   if (!absl::GetFlag(FLAGS_port_file).empty()) {
-    std::ofstream(absl::GetFlag(FLAGS_port_file)) << server.port() << "\n";
+    // Written aside and renamed: whoever waits for the file never reads half of it.
+    const std::string path = absl::GetFlag(FLAGS_port_file);
+    std::ofstream(path + ".tmp") << server.port() << "\n";
+    std::rename((path + ".tmp").c_str(), path.c_str());
   }
   struct sigaction sa {};
   sa.sa_handler = [](int) { g_stop.store(true); };
