@@ -28,9 +28,9 @@ absl::StatusOr<BulkBuffer*> ServerContext::AllocateResponseBulk(size_t size) {
   const std::shared_ptr<internal::BulkPool>& pool = connection_->worker()->bulk_pool();
   if (pool == nullptr) return absl::FailedPreconditionError("this server has no bulk pool");
   if (size > connection_->negotiated().max_bulk_size()) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("bulk response of ", size, " bytes exceeds the negotiated maximum ",
-                     connection_->negotiated().max_bulk_size()));
+    return absl::ResourceExhaustedError(absl::StrCat("bulk response of ", size,
+                                                     " bytes exceeds the negotiated maximum ",
+                                                     connection_->negotiated().max_bulk_size()));
   }
   auto buffer = pool->Allocate(size);
   if (!buffer.ok()) return buffer.status();
@@ -154,8 +154,8 @@ void Worker::RevokeWindow(Connection* c, int32_t w, BulkOp::Kind kind, bool leas
   PostLocalInv(c, window.rkey, op);
 }
 
-void Worker::PostRdma(Connection* c, ibv_wr_opcode opcode, const BulkBuffer& local,
-                      uint32_t length, uint64_t remote_addr, uint32_t rkey, int32_t op) {
+void Worker::PostRdma(Connection* c, ibv_wr_opcode opcode, const BulkBuffer& local, uint32_t length,
+                      uint64_t remote_addr, uint32_t rkey, int32_t op) {
   ibv_sge sge{Addr(local.data()), length, bulk_pool_->lkey()};
   ibv_send_wr wr{};
   wr.opcode = opcode;
@@ -172,7 +172,7 @@ void Worker::SendBulkAck(Connection* c, uint64_t request_id, uint32_t rkey) {
     return;
   }
   *reinterpret_cast<MessageHeader*>(data) = MessageHeader{
-      rpc_wire::kProtocolVersion, rpc_wire::kBulkAck, 0, 0, request_id, 0, 0, 0, 0};
+      rpc_wire::kProtocolVersion, rpc_wire::kBulkAck, 0, 0, request_id, 0, 0, 0, rkey};
   // Fenced: an RDMA READ just posted on this QP finishes before the window goes away. Through
   // EmitMessage, so that without a credit it waits in line, ahead of the response to the same
   // request that the peer must not see first.
@@ -191,32 +191,36 @@ bool Worker::SendBulkCall(Connection* c, ClientCall* call, size_t message_size,
                           bool message_in_bulk) {
   const BulkBuffer* data = message_in_bulk ? &call->scratch_ : call->request_bulk_;
   if (bulk_pool_ == nullptr || !bulk_pool_->Contains(data->data(), data->size())) {
-    FinishCall(c, call, absl::InvalidArgumentError(
-                            "bulk data must be registered: use Channel::AllocateBulk"));
+    FinishCall(
+        c, call,
+        absl::InvalidArgumentError("bulk data must be registered: use Channel::AllocateBulk"));
     return true;
   }
   if (data->size() > c->negotiated_.max_bulk_size()) {
-    FinishCall(c, call, absl::ResourceExhaustedError(absl::StrFormat(
-                            "bulk request of %u bytes exceeds the negotiated maximum %u",
-                            data->size(), c->negotiated_.max_bulk_size())));
+    FinishCall(c, call,
+               absl::ResourceExhaustedError(
+                   absl::StrFormat("bulk request of %u bytes exceeds the negotiated maximum %u",
+                                   data->size(), c->negotiated_.max_bulk_size())));
     return true;
   }
   const control::BulkMode mode = c->negotiated_.bulk_mode();
-  const bool chunk = mode == control::BULK_MIRROR && call->response_bulk_ != nullptr &&
-                     *call->response_bulk_;
-  if (chunk && !bulk_pool_->Contains(call->response_bulk_->data(),
-                                     call->response_bulk_->capacity())) {
-    FinishCall(c, call, absl::InvalidArgumentError(
-                            "response_bulk must be registered: use Channel::AllocateBulk"));
+  const bool chunk =
+      mode == control::BULK_MIRROR && call->response_bulk_ != nullptr && *call->response_bulk_;
+  if (chunk &&
+      !bulk_pool_->Contains(call->response_bulk_->data(), call->response_bulk_->capacity())) {
+    FinishCall(
+        c, call,
+        absl::InvalidArgumentError("response_bulk must be registered: use Channel::AllocateBulk"));
     return true;
   }
   const size_t eager = message_in_bulk ? 0 : message_size;
   const uint32_t descriptors = chunk ? 2 : 1;
   const uint32_t payload = static_cast<uint32_t>(descriptors * sizeof(BulkDescriptor) + eager);
   if (payload > c->max_payload_) {
-    FinishCall(c, call, absl::ResourceExhaustedError(
-                            "the message sent next to bulk data exceeds the maximum message "
-                            "size"));
+    FinishCall(c, call,
+               absl::ResourceExhaustedError(
+                   "the message sent next to bulk data exceeds the maximum message "
+                   "size"));
     return true;
   }
   const uint32_t length = static_cast<uint32_t>(data->size());
@@ -268,9 +272,9 @@ bool Worker::SendBulkCall(Connection* c, ClientCall* call, size_t message_size,
   BulkDescriptor descriptor{};
   uint32_t invalidate = 0;
   if (mode == control::BULK_MIRROR) {
-    const uint32_t rkey = BindWindow(c, request_window, Addr(data->data()), length,
-                                     IBV_ACCESS_REMOTE_READ, Window::Purpose::kMirrorRequest,
-                                     request_id);
+    const uint32_t rkey =
+        BindWindow(c, request_window, Addr(data->data()), length, IBV_ACCESS_REMOTE_READ,
+                   Window::Purpose::kMirrorRequest, request_id);
     call->request_window_ = request_window;
     descriptor = {Addr(data->data()), length, rkey};
   } else {
@@ -282,26 +286,26 @@ bool Worker::SendBulkCall(Connection* c, ClientCall* call, size_t message_size,
     if (mode == control::BULK_SERVER_EXPOSES && remote_invalidation(c)) invalidate = g.rkey;
   }
   auto* h = reinterpret_cast<MessageHeader*>(msg);
-  *h = MessageHeader{rpc_wire::kProtocolVersion,
-                     rpc_wire::kRequest,
-                     static_cast<uint16_t>(rpc_wire::kFlagBulk |
-                                           (chunk ? rpc_wire::kFlagReplyChunk : 0)),
-                     call->method_id_,
-                     request_id,
-                     0,
-                     payload,
-                     0,
-                     message_in_bulk ? static_cast<uint32_t>(rpc_wire::kAuxBulkIsMessage) : 0u};
+  *h = MessageHeader{
+      rpc_wire::kProtocolVersion,
+      rpc_wire::kRequest,
+      static_cast<uint16_t>(rpc_wire::kFlagBulk | (chunk ? rpc_wire::kFlagReplyChunk : 0)),
+      call->method_id_,
+      request_id,
+      0,
+      payload,
+      0,
+      message_in_bulk ? static_cast<uint32_t>(rpc_wire::kAuxBulkIsMessage) : 0u};
   char* p = msg + kHeader;
   std::memcpy(p, &descriptor, sizeof(descriptor));
   p += sizeof(descriptor);
   if (chunk) {
     BulkBuffer* out = call->response_bulk_;
-    const uint32_t capacity = static_cast<uint32_t>(
-        std::min<size_t>(out->capacity(), c->negotiated_.max_bulk_size()));
-    const uint32_t rkey = BindWindow(c, reply_window, Addr(out->data()), capacity,
-                                     IBV_ACCESS_REMOTE_WRITE, Window::Purpose::kMirrorReply,
-                                     request_id);
+    const uint32_t capacity =
+        static_cast<uint32_t>(std::min<size_t>(out->capacity(), c->negotiated_.max_bulk_size()));
+    const uint32_t rkey =
+        BindWindow(c, reply_window, Addr(out->data()), capacity, IBV_ACCESS_REMOTE_WRITE,
+                   Window::Purpose::kMirrorReply, request_id);
     call->reply_window_ = reply_window;
     const BulkDescriptor reply{Addr(out->data()), capacity, rkey};
     std::memcpy(p, &reply, sizeof(reply));
@@ -367,10 +371,10 @@ void Worker::HandleBulkRequest(Connection* c, const MessageHeader& h, const char
       if (remote_invalidation(c)) {
         // The window was revoked as this message arrived; the payload can no longer change.
         if (!InvalidatedBy(wc, d.rkey)) {
-          return BulkViolation(c, absl::StrFormat(
-                                      "upload for request %u was not sealed by SEND_WITH_INV "
-                                      "of its window",
-                                      h.request_id));
+          return BulkViolation(
+              c, absl::StrFormat("upload for request %u was not sealed by SEND_WITH_INV "
+                                 "of its window",
+                                 h.request_id));
         }
         Bump(c->counters_.windows_remote_invalidated);
         Bump(totals_.windows_remote_invalidated);
@@ -513,8 +517,7 @@ void Worker::SendBulkResponse(Connection* c, const Incoming& request, Writer* wr
     if (w < 0) {
       if (buffer >= 0) send_pool_->Give(static_cast<uint32_t>(buffer));
       SendResponseBytes(c, request_id,
-                        absl::ResourceExhaustedError("no memory window free for the response"),
-                        {});
+                        absl::ResourceExhaustedError("no memory window free for the response"), {});
       return;
     }
     const uint32_t rkey = BindWindow(c, w, Addr(data.data()), length, IBV_ACCESS_REMOTE_READ,
@@ -523,16 +526,16 @@ void Worker::SendBulkResponse(Connection* c, const Incoming& request, Writer* wr
     d = {win.addr, length, rkey};
     win.buffer = std::move(data);
   }
-  *reinterpret_cast<MessageHeader*>(msg) = MessageHeader{
-      rpc_wire::kProtocolVersion,
-      rpc_wire::kResponse,
-      rpc_wire::kFlagBulk,
-      0,
-      request_id,
-      0,
-      payload,
-      0,
-      is_message ? static_cast<uint32_t>(rpc_wire::kAuxBulkIsMessage) : 0u};
+  *reinterpret_cast<MessageHeader*>(msg) =
+      MessageHeader{rpc_wire::kProtocolVersion,
+                    rpc_wire::kResponse,
+                    rpc_wire::kFlagBulk,
+                    0,
+                    request_id,
+                    0,
+                    payload,
+                    0,
+                    is_message ? static_cast<uint32_t>(rpc_wire::kAuxBulkIsMessage) : 0u};
   std::memcpy(msg + kHeader, &d, sizeof(d));
   Bump(c->counters_.responses_sent);
   EmitMessage(c, msg, kHeader + payload, buffer, invalidate);
@@ -564,8 +567,8 @@ void Worker::HandleBulkResponse(Connection* c, const MessageHeader& h, const cha
     ReleaseSlot(c, h.request_id);
     call->response_bulk_->resize(d.length);
     absl::Status status;
-    if (call->response_ != nullptr && !call->response_->ParseFromArray(eager.data(),
-                                                                     static_cast<int>(eager.size()))) {
+    if (call->response_ != nullptr &&
+        !call->response_->ParseFromArray(eager.data(), static_cast<int>(eager.size()))) {
       status = absl::DataLossError("response does not parse");
     } else if (call->response_bytes_ != nullptr) {
       call->response_bytes_->assign(eager.data(), eager.size());
@@ -601,16 +604,16 @@ void Worker::HandleBulkResponse(Connection* c, const MessageHeader& h, const cha
     dest = &call->owned_response_bulk_;
   }
   if (!*dest || dest->capacity() < d.length) {
-    absl::StatusOr<BulkBuffer> fresh = bulk_pool_ != nullptr
-                                           ? bulk_pool_->Allocate(d.length)
-                                           : absl::StatusOr<BulkBuffer>(absl::FailedPreconditionError(
-                                                 "no bulk pool"));
+    absl::StatusOr<BulkBuffer> fresh =
+        bulk_pool_ != nullptr
+            ? bulk_pool_->Allocate(d.length)
+            : absl::StatusOr<BulkBuffer>(absl::FailedPreconditionError("no bulk pool"));
     if (!fresh.ok() || dest == call->response_bulk_) {
       SendBulkAck(c, h.request_id, d.rkey);
       ReleaseSlot(c, h.request_id);
-      FinishCall(c, call,
-                 fresh.ok() ? absl::ResourceExhaustedError("response_bulk is too small")
-                            : fresh.status());
+      FinishCall(
+          c, call,
+          fresh.ok() ? absl::ResourceExhaustedError("response_bulk is too small") : fresh.status());
       return;
     }
     *dest = std::move(*fresh);
@@ -643,28 +646,34 @@ void Worker::HandleBulkAck(Connection* c, const MessageHeader& h, const ibv_wc& 
     c->static_download_.erase(it);
     return;
   }
+  // The rkey names the window; the request id alone would not, since a download window serves
+  // one of the peer's calls and a mirror request window one of ours, and the two sides number
+  // their calls independently (with calls both ways, the same id can name one of each).
   int32_t w = -1;
   for (size_t i = 0; i < c->windows_.size(); ++i) {
     const Window& win = c->windows_[i];
-    if (win.state == Window::State::kExposed && win.request_id == h.request_id &&
+    if (win.state == Window::State::kExposed && win.rkey == h.aux &&
         (win.purpose == Window::Purpose::kDownload ||
          win.purpose == Window::Purpose::kMirrorRequest)) {
       w = static_cast<int32_t>(i);
       break;
     }
   }
-  if (w < 0) return BulkViolation(c, "bulk ack names no window exposed for that request");
+  if (w < 0 || c->windows_[w].request_id != h.request_id) {
+    return BulkViolation(c, absl::StrFormat("bulk ack for request %u names no window exposed "
+                                            "for it (rkey 0x%x)",
+                                            h.request_id, h.aux));
+  }
   Window& win = c->windows_[w];
   if (remote_invalidation(c)) {
     // iSER's rule: the invalidated key must be exactly the one granted for this request.
     if (!InvalidatedBy(wc, win.rkey)) {
       return BulkViolation(
-          c, absl::StrFormat("bulk ack for request %u invalidated %s instead of rkey 0x%x",
-                             h.request_id,
-                             (wc.wc_flags & IBV_WC_WITH_INV)
-                                 ? absl::StrFormat("rkey 0x%x", wc.invalidated_rkey)
-                                 : std::string("nothing"),
-                             win.rkey));
+          c, absl::StrFormat(
+                 "bulk ack for request %u invalidated %s instead of rkey 0x%x", h.request_id,
+                 (wc.wc_flags & IBV_WC_WITH_INV) ? absl::StrFormat("rkey 0x%x", wc.invalidated_rkey)
+                                                 : std::string("nothing"),
+                 win.rkey));
     }
     Bump(c->counters_.windows_remote_invalidated);
     Bump(totals_.windows_remote_invalidated);
@@ -686,8 +695,7 @@ void Worker::HandleBulkAck(Connection* c, const MessageHeader& h, const ibv_wc& 
 
 void Worker::GrantWindows(Connection* c, uint32_t count, uint32_t size) {
   if (bulk_pool_ == nullptr) return;
-  const bool unsafe =
-      c->negotiated_.bulk_mode() == control::BULK_UNSAFE_STATIC_RKEY_BENCHMARK_ONLY;
+  const bool unsafe = c->negotiated_.bulk_mode() == control::BULK_UNSAFE_STATIC_RKEY_BENCHMARK_ONLY;
   size = std::min<uint32_t>(size, static_cast<uint32_t>(c->negotiated_.max_bulk_size()));
   count = std::min<uint32_t>({count, c->negotiated_.window_credits(),
                               c->max_payload_ / static_cast<uint32_t>(sizeof(BulkDescriptor))});
@@ -721,8 +729,8 @@ void Worker::GrantWindows(Connection* c, uint32_t count, uint32_t size) {
     } else {
       const int32_t w = AcquireWindow(c);
       if (w < 0) break;
-      d.rkey = BindWindow(c, w, d.addr, d.length, IBV_ACCESS_REMOTE_WRITE,
-                          Window::Purpose::kGrant, 0);
+      d.rkey =
+          BindWindow(c, w, d.addr, d.length, IBV_ACCESS_REMOTE_WRITE, Window::Purpose::kGrant, 0);
       c->windows_[w].buffer = std::move(*pooled);
     }
     ++outstanding;
@@ -740,8 +748,8 @@ void Worker::GrantWindows(Connection* c, uint32_t count, uint32_t size) {
     return;
   }
   const uint32_t payload = static_cast<uint32_t>(n * sizeof(BulkDescriptor));
-  *reinterpret_cast<MessageHeader*>(msg) = MessageHeader{
-      rpc_wire::kProtocolVersion, rpc_wire::kWindowGrant, 0, 0, 0, 0, payload, 0, n};
+  *reinterpret_cast<MessageHeader*>(msg) =
+      MessageHeader{rpc_wire::kProtocolVersion, rpc_wire::kWindowGrant, 0, 0, 0, 0, payload, 0, n};
   EmitMessage(c, msg, kHeader + payload, buffer, 0);
 }
 
@@ -792,8 +800,7 @@ void Worker::HandleWindowGrant(Connection* c, const MessageHeader& h, const char
         continue;
       }
       *p = call->next_;
-      FinishCall(c, call,
-                 absl::ResourceExhaustedError("the peer has no upload window to grant"));
+      FinishCall(c, call, absl::ResourceExhaustedError("the peer has no upload window to grant"));
     }
     c->backlog_tail_ = nullptr;
     for (ClientCall* q = c->backlog_head_; q != nullptr; q = q->next_) c->backlog_tail_ = q;
@@ -828,8 +835,7 @@ void Worker::HandleBulkOp(Connection* c, int32_t op, const ibv_wc& wc) {
       Bump(c->counters_.responses_received);
       absl::Status status;
       const bool is_message = (o.header.aux & rpc_wire::kAuxBulkIsMessage) != 0;
-      absl::string_view message =
-          is_message ? call->scratch_.view() : absl::string_view(o.eager);
+      absl::string_view message = is_message ? call->scratch_.view() : absl::string_view(o.eager);
       if (call->response_ != nullptr &&
           !call->response_->ParseFromArray(message.data(), static_cast<int>(message.size()))) {
         status = absl::DataLossError("response does not parse");
@@ -858,8 +864,7 @@ void Worker::HandleBulkOp(Connection* c, int32_t op, const ibv_wc& wc) {
       if (ok) {
         Bump(o.lease_expired ? c->counters_.windows_lease_expired
                              : c->counters_.windows_locally_invalidated);
-        Bump(o.lease_expired ? totals_.windows_lease_expired
-                             : totals_.windows_locally_invalidated);
+        Bump(o.lease_expired ? totals_.windows_lease_expired : totals_.windows_locally_invalidated);
       }
       ClientCall* call = o.call;
       if (o.kind == BulkOp::Kind::kRevoke) {

@@ -6,6 +6,7 @@
 #ifndef SWIRL_RPC_BULK_POOL_H_
 #define SWIRL_RPC_BULK_POOL_H_
 
+#include <bit>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -30,7 +31,9 @@ class BulkPool : public std::enable_shared_from_this<BulkPool> {
 
   // A buffer of at least `size` bytes, or RESOURCE_EXHAUSTED.
   absl::StatusOr<BulkBuffer> Allocate(size_t size);
-  size_t max_allocation() const { return bytes_; }
+  // The largest buffer Allocate can return: its biggest size class, a power of two no larger
+  // than the pool (a 48 MiB pool serves at most 32 MiB).
+  size_t max_allocation() const { return std::bit_floor(bytes_); }
 
   ibv_mr* mr() const { return mr_->get(); }
   uint32_t lkey() const { return mr_->lkey(); }

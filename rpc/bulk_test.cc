@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -368,8 +369,12 @@ class BulkSecurityTest : public ::testing::Test {
     return d;
   }
 
-  absl::Status Ack(testing::RogueConnection& rogue, uint64_t request_id, uint32_t rkey) {
-    MessageHeader h{rpc_wire::kProtocolVersion, rpc_wire::kBulkAck, 0, 0, request_id, 0, 0, 0, 0};
+  // A bulk acknowledgement naming the window `named_rkey` (default: the one invalidated) and
+  // sent as SEND_WITH_INV of `rkey`.
+  absl::Status Ack(testing::RogueConnection& rogue, uint64_t request_id, uint32_t rkey,
+                   std::optional<uint32_t> named_rkey = std::nullopt) {
+    MessageHeader h{rpc_wire::kProtocolVersion, rpc_wire::kBulkAck, 0, 0, request_id, 0, 0, 0,
+                    named_rkey.value_or(rkey)};
     return rogue.Send(h, {}, rkey);
   }
 
@@ -536,9 +541,9 @@ TEST_F(BulkSecurityTest, AnAcknowledgementInvalidatingTheWrongKeyEndsTheConnecti
   ASSERT_FALSE(grants.empty());
   uint64_t id;
   const BulkDescriptor d = Download(rogue, 4096, &id);
-  // Acknowledge the download, but invalidate one of our upload windows instead (a key the
-  // NIC accepts: the check that catches it is the server's).
-  ASSERT_TRUE(Ack(rogue, id, grants[0].rkey).ok());
+  // Acknowledge the download, naming its window, but invalidate one of our upload windows
+  // instead (a key the NIC accepts: the check that catches it is the server's).
+  ASSERT_TRUE(Ack(rogue, id, grants[0].rkey, d.rkey).ok());
   EXPECT_TRUE(rogue.CutOff(absl::Seconds(10)));
   const ServerStats after = Stats(*good_);
   EXPECT_EQ(after.violations, before.violations + 1);
@@ -550,6 +555,21 @@ TEST_F(BulkSecurityTest, AnAcknowledgementInvalidatingTheWrongKeyEndsTheConnecti
   ASSERT_TRUE(st.ok());
   EXPECT_EQ(*st, IBV_WC_REM_ACCESS_ERR);
   ExpectHealthy(*good_, 8);
+}
+
+TEST_F(BulkSecurityTest, AnAcknowledgementForAnotherRequestEndsTheConnection) {
+  testing::RogueConnection rogue;
+  ASSERT_TRUE(rogue.Connect(port_, "e2e").ok());
+  const ServerStats before = Stats(*good_);
+  uint64_t first, second;
+  const BulkDescriptor a = Download(rogue, 4096, &first);
+  const BulkDescriptor b = Download(rogue, 4096, &second);
+  ASSERT_NE(a.rkey, b.rkey);
+  // Invalidates and names window `a`, but claims the other request's id.
+  ASSERT_TRUE(Ack(rogue, second, a.rkey).ok());
+  EXPECT_TRUE(rogue.CutOff(absl::Seconds(10)));
+  EXPECT_EQ(Stats(*good_).violations, before.violations + 1);
+  ExpectHealthy(*good_, 12);
 }
 
 TEST_F(BulkSecurityTest, AReplyChunkWithoutBulkDataEndsOnlyThatConnection) {

@@ -15,7 +15,7 @@
 
 namespace swirl::internal {
 
-inline constexpr uint32_t kControlProtocolVersion = 1;
+inline constexpr uint32_t kControlProtocolVersion = 2;  // follows rpc_wire::kProtocolVersion
 inline constexpr uint32_t kMinCredits = 4;
 inline constexpr uint32_t kMaxCredits = 4096;
 inline constexpr uint32_t kMinMessage = 64;

@@ -3,6 +3,7 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 
+#include <bit>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -358,8 +359,11 @@ class Server::Impl final : public control::Control::Service {
     local.window_credits = options_.window_credits;
     local.require_remote_invalidation = options_.require_remote_invalidation;
     local.allow_local_fallback = options_.allow_local_invalidation_fallback;
-    local.max_bulk_size =
-        options_.bulk_pool_bytes == 0 ? 0 : std::min(options_.max_bulk_size, options_.bulk_pool_bytes);
+    // A worker's pool serves buffers of power-of-two size classes up to bit_floor(pool).
+    local.max_bulk_size = options_.bulk_pool_bytes == 0
+                              ? 0
+                              : std::min(options_.max_bulk_size,
+                                         std::bit_floor(options_.bulk_pool_bytes));
     local.allow_unsafe_static_rkey = options_.allow_unsafe_static_rkey_for_benchmarks;
     return local;
   }

@@ -29,9 +29,8 @@ absl::Status ValidateHeaderSlow(const MessageHeader& h, size_t received_bytes,
         absl::StrFormat("payload of %u bytes exceeds %u", h.payload_len, limits.max_payload));
   }
   if (h.credits > limits.max_credits) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("returns %u credits, more than the %u granted", h.credits,
-                        limits.max_credits));
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "returns %u credits, more than the %u granted", h.credits, limits.max_credits));
   }
   const bool is_call = h.type == kRequest || h.type == kOneWay;
   if (is_call != (h.method_id != 0)) {
@@ -63,10 +62,11 @@ absl::Status ValidateHeaderSlow(const MessageHeader& h, size_t received_bytes,
   if (h.payload_len < descriptors * sizeof(BulkDescriptor)) {
     return absl::DataLossError("bulk descriptors cut short");
   }
-  if ((h.aux & ~kAuxBulkIsMessage) != 0 && h.type != kWindowGrant) {
+  if ((h.aux & ~kAuxBulkIsMessage) != 0 && h.type != kWindowGrant && h.type != kBulkAck) {
     return absl::InvalidArgumentError("unknown aux bits");
   }
-  if ((h.aux & kAuxBulkIsMessage) && !(h.flags & kFlagBulk) && h.type != kWindowGrant) {
+  if ((h.aux & kAuxBulkIsMessage) && !(h.flags & kFlagBulk) && h.type != kWindowGrant &&
+      h.type != kBulkAck) {
     return absl::InvalidArgumentError("bulk message flag without bulk data");
   }
   if ((h.aux & kAuxBulkIsMessage) && (h.flags & kFlagBulk) &&

@@ -14,7 +14,7 @@
 
 namespace swirl::rpc_wire {
 
-inline constexpr uint8_t kProtocolVersion = 1;
+inline constexpr uint8_t kProtocolVersion = 2;  // 2: kBulkAck names its window's rkey in aux
 
 enum MessageType : uint8_t {
   kRequest = 1,      // a call; expects a kResponse with the same request_id
@@ -59,7 +59,8 @@ struct MessageHeader {
   uint32_t status;       // kResponse: absl::StatusCode (the gRPC code numbers); otherwise 0
   uint32_t payload_len;  // bytes following the header in this message
   uint32_t credits;      // receive buffers the sender re-posted for the peer since last report
-  uint32_t aux;          // type specific: kBulkAck/kWindowGrant counts; 0 otherwise
+  uint32_t aux;          // type specific: kWindowGrant counts, kBulkAck the window's rkey,
+                         // BulkAux bits on bulk requests/responses; 0 otherwise
 };
 static_assert(sizeof(MessageHeader) == 32, "the header is 32 bytes on the wire");
 static_assert(offsetof(MessageHeader, method_id) == 4);

@@ -32,6 +32,9 @@ TEST(ValidateHeader, AcceptsWellFormedMessages) {
   EXPECT_EQ(Check(mirror), absl::StatusCode::kOk);
   MessageHeader credit{kProtocolVersion, kCredit, 0, 0, 0, 0, 0, 32, 0};
   EXPECT_EQ(Check(credit), absl::StatusCode::kOk);
+  // A bulk acknowledgement names its window's rkey in aux: any 32-bit value.
+  MessageHeader ack{kProtocolVersion, kBulkAck, 0, 0, 7, 0, 0, 0, 0xdeadbe07};
+  EXPECT_EQ(Check(ack), absl::StatusCode::kOk);
 }
 
 TEST(ValidateHeader, RejectsShortOrMismatchedLengths) {
@@ -44,7 +47,9 @@ TEST(ValidateHeader, RejectsShortOrMismatchedLengths) {
 
 TEST(ValidateHeader, RejectsBadFields) {
   MessageHeader h = Request(0);
-  h.version = 2;
+  h.version = kProtocolVersion + 1;
+  EXPECT_NE(Check(h), absl::StatusCode::kOk);
+  h.version = kProtocolVersion - 1;
   EXPECT_NE(Check(h), absl::StatusCode::kOk);
   h = Request(0);
   h.type = 0;

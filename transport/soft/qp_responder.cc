@@ -9,10 +9,10 @@ namespace swirl::soft {
 namespace {
 
 // IB spec table of RNR timer values (min_rnr_timer encoding), in microseconds.
-constexpr int64_t kRnrTimerUs[32] = {
-    655360, 10,    20,    30,    40,    60,    80,    120,   160,    240,    320,
-    480,    640,   960,   1280,  1920,  2560,  3840,  5120,  7680,   10240,  15360,
-    20480,  30720, 40960, 61440, 81920, 122880, 163840, 245760, 327680, 491520};
+constexpr int64_t kRnrTimerUs[32] = {655360, 10,    20,    30,     40,     60,     80,     120,
+                                     160,    240,   320,   480,    640,    960,    1280,   1920,
+                                     2560,   3840,  5120,  7680,   10240,  15360,  20480,  30720,
+                                     40960,  61440, 81920, 122880, 163840, 245760, 327680, 491520};
 
 enum class Outcome { kDone, kStall, kFailed };
 
@@ -125,9 +125,8 @@ Outcome HandleSend(SoftQp* qp, const wire::FrameHeader& h, const char* payload) 
     ProtocolError(qp, "SEND chunk lengths do not add up");
     return Outcome::kFailed;
   }
-  if (h.length > 0 && !ScatterToSges(qp->hca->keys, qp->pd, qp->cur_recv.sge,
-                                     qp->cur_recv.num_sge, qp->cur_recv.offset, payload,
-                                     h.length)) {
+  if (h.length > 0 && !ScatterToSges(qp->hca->keys, qp->pd, qp->cur_recv.sge, qp->cur_recv.num_sge,
+                                     qp->cur_recv.offset, payload, h.length)) {
     qp->cur_recv.active = false;
     PushRecv(qp, qp->cur_recv.wr_id, IBV_WC_LOC_PROT_ERR, IBV_WC_RECV, 0, 0, 0, false);
     Nak(qp, h.msn, IBV_WC_REM_OP_ERR);
@@ -180,6 +179,16 @@ Outcome HandleWrite(SoftQp* qp, const wire::FrameHeader& h, const wire::RemoteEx
     ProtocolError(qp, first ? "WRITE starts inside another" : "WRITE continuation without a start");
     return Outcome::kFailed;
   }
+  if (first) {
+    qp->write_msn = h.msn;
+    qp->write_total = h.total_length;
+    qp->write_placed = 0;
+  }
+  if (h.msn != qp->write_msn || h.length > qp->write_total - qp->write_placed ||
+      (last && qp->write_placed + h.length != qp->write_total)) {
+    ProtocolError(qp, "WRITE chunk lengths do not add up");
+    return Outcome::kFailed;
+  }
   if (!(qp->attr.qp_access_flags & IBV_ACCESS_REMOTE_WRITE)) {
     Nak(qp, h.msn, IBV_WC_REM_ACCESS_ERR);
     return Outcome::kFailed;
@@ -199,6 +208,7 @@ Outcome HandleWrite(SoftQp* qp, const wire::FrameHeader& h, const wire::RemoteEx
     wire::PlaceRemoteData(reinterpret_cast<void*>(ext.remote_addr), payload, h.length);
     KeyTable::Unpin(e);
   }
+  qp->write_placed += h.length;
   qp->write_in_progress = !last;
   if (!last) return Outcome::kDone;
   if (h.flags & wire::kFlagWithImm) {
@@ -325,8 +335,8 @@ Outcome HandleAtomic(SoftQp* qp, const wire::FrameHeader& h, const wire::RemoteE
 KeyEntry* PinRemote(SoftQp* qp, uint32_t rkey, uint64_t addr, uint64_t length, int access) {
   KeyEntry* e = qp->hca->keys.Pin(rkey);
   if (e == nullptr) return nullptr;
-  bool ok = e->pd == qp->pd && (e->access & access) && length <= e->length &&
-            addr >= e->addr && addr - e->addr <= e->length - length;
+  bool ok = e->pd == qp->pd && (e->access & access) && length <= e->length && addr >= e->addr &&
+            addr - e->addr <= e->length - length;
   if (e->kind == KeyKind::kMw2) ok = ok && e->qp == qp;
   if (!ok) {
     KeyTable::Unpin(e);
@@ -408,10 +418,18 @@ bool ProcessRequests(SoftQp* qp) {
     }
     Outcome outcome;
     switch (h.op) {
-      case wire::kOpSend: outcome = HandleSend(qp, h, body); break;
-      case wire::kOpWrite: outcome = HandleWrite(qp, h, ext, body); break;
-      case wire::kOpReadRequest: outcome = HandleRead(qp, h, ext); break;
-      default: outcome = HandleAtomic(qp, h, ext); break;
+      case wire::kOpSend:
+        outcome = HandleSend(qp, h, body);
+        break;
+      case wire::kOpWrite:
+        outcome = HandleWrite(qp, h, ext, body);
+        break;
+      case wire::kOpReadRequest:
+        outcome = HandleRead(qp, h, ext);
+        break;
+      default:
+        outcome = HandleAtomic(qp, h, ext);
+        break;
     }
     if (outcome == Outcome::kStall) return did;
     qp->req_rx.Consume(bytes);
