@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <bit>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -32,11 +33,6 @@ constexpr uint32_t kArenaSlots = 64;
 constexpr uint32_t kHeader = sizeof(MessageHeader);
 constexpr uint32_t kBulkSqReserve = 64;
 
-uint32_t RoundUpPow2(uint32_t v) {
-  uint32_t p = 1;
-  while (p < v) p <<= 1;
-  return p;
-}
 
 // Single-writer counters: a plain load and store, no atomic read-modify-write on the hot path.
 inline void Bump(std::atomic<uint64_t>& counter, uint64_t n = 1) {
@@ -115,7 +111,7 @@ void Connection::Configure(const control::Negotiated& negotiated, bool is_server
   max_payload_ = negotiated.max_message_size();
   max_inline_ = is_server ? negotiated.server_max_inline() : negotiated.client_max_inline();
   max_windows_ = 2 * std::max(peer_credits_, local_credits_) + negotiated.window_credits() + 4;
-  const uint32_t slots = RoundUpPow2(std::max<uint32_t>(peer_credits_, 1));
+  const uint32_t slots = std::bit_ceil<uint32_t>(std::max<uint32_t>(peer_credits_, 1));
   pending_.assign(slots, nullptr);
   generation_.assign(slots, 0);
   free_slots_.clear();
@@ -167,7 +163,7 @@ absl::Status Worker::Init() {
     options_.max_connections = fit;
   }
   const uint32_t recv_total = options_.max_connections * options_.credits + 2 * options_.credits;
-  const uint32_t sq_depth = RoundUpPow2(options_.credits + kBulkSqReserve + kSignalInterval);
+  const uint32_t sq_depth = std::bit_ceil<uint32_t>(options_.credits + kBulkSqReserve + kSignalInterval);
   if (options_.own_thread && options_.adaptive_idle) {
     auto channel = verbs::CompletionChannel::Create(context_);
     if (!channel.ok()) return channel.status();
@@ -256,7 +252,7 @@ absl::StatusOr<std::shared_ptr<Connection>> Worker::CreateConnection(
   config.send_cq = cq_;
   config.recv_cq = cq_;
   config.srq = srq_;
-  config.max_send_wr = RoundUpPow2(options_.credits + kBulkSqReserve + kSignalInterval);
+  config.max_send_wr = std::bit_ceil<uint32_t>(options_.credits + kBulkSqReserve + kSignalInterval);
   config.max_send_sge = 1;
   config.max_inline_data = max_inline_;
   auto qp = verbs::QueuePair::Create(pd_, config);
@@ -270,7 +266,7 @@ absl::StatusOr<std::shared_ptr<Connection>> Worker::CreateConnection(
   }
   auto c = std::make_shared<Connection>(this, id, std::move(*qp), methods);
   c->sq_depth_ = config.max_send_wr;
-  c->sent_buffer_.assign(RoundUpPow2(config.max_send_wr), -1);
+  c->sent_buffer_.assign(std::bit_ceil<uint32_t>(config.max_send_wr), -1);
   c->op_at_seq_.assign(c->sent_buffer_.size(), -1);
   {
     swirl::MutexLock lock(&mu_);

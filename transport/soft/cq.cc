@@ -4,24 +4,24 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <bit>
 #include <cerrno>
 #include <cstring>
+#include <mutex>
 
 #include "transport/soft/qp_ops.h"
 
 namespace swirl::soft {
 namespace {
 
-uint32_t RoundUpPow2(uint32_t v) {
-  uint32_t p = 1;
-  while (p < v) p <<= 1;
-  return p;
-}
 
 // Progress for every QP completing into `cq`, so that polling a CQ is what moves its traffic.
-// A QP another thread is working on right now is skipped; that thread makes the progress.
+// A QP another thread is working on right now is skipped, and so is the whole list while another
+// poller walks it: that thread makes the progress. Progress can block for a while (a peer's
+// death unmaps and closes its link), and pollers of a shared CQ must not spin behind it.
 void ProgressAttached(SoftCq* cq) {
-  std::lock_guard<SpinLock> lock(cq->attach_lock);
+  std::unique_lock<SpinLock> lock(cq->attach_lock, std::try_to_lock);
+  if (!lock.owns_lock()) return;
   for (SoftQp* qp : cq->qps) {
     if (!qp->lock.try_lock()) continue;
     ProgressLocked(qp);
@@ -68,7 +68,7 @@ int CreateCq(SoftContext* sctx, int cqe, void* cq_context, ibv_comp_channel* cha
   cq->sctx = sctx;
   cq->sc = static_cast<SoftChannel*>(channel);
   // Like mlx5: the ring is a power of two and the CQ holds one less than that.
-  const uint32_t slots = RoundUpPow2(static_cast<uint32_t>(cqe) + 1);
+  const uint32_t slots = std::bit_ceil<uint32_t>(static_cast<uint32_t>(cqe) + 1);
   cq->ring.resize(slots);
   cq->context = &sctx->vctx.context;
   cq->channel = channel;

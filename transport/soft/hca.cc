@@ -15,6 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <bit>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -85,7 +86,6 @@ bool IsEventFd(int fd) {
   return std::strcmp(link, "anon_inode:[eventfd]") == 0;
 }
 
-bool IsPowerOfTwo(uint64_t v) { return v != 0 && (v & (v - 1)) == 0; }
 
 // Validates and maps a peer's segment. Everything here comes from another process.
 bool MapPeerSegment(const Hello& hello, int memfd, PeerSegment* out, std::string* why) {
@@ -109,7 +109,7 @@ bool MapPeerSegment(const Hello& hello, int memfd, PeerSegment* out, std::string
   wire::SegmentHeader header;
   std::memcpy(&header, base, sizeof(header));
   auto ring_ok = [&](uint64_t offset, uint64_t size) {
-    return IsPowerOfTwo(size) && size >= wire::kMinRingSize && size <= wire::kMaxRingSize &&
+    return std::has_single_bit(size) && size >= wire::kMinRingSize && size <= wire::kMaxRingSize &&
            offset >= wire::kRingsOffset && offset % 4096 == 0 && offset <= hello.segment_size &&
            size <= hello.segment_size - offset;
   };

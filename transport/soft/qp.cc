@@ -4,6 +4,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <bit>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -15,11 +16,6 @@
 namespace swirl::soft {
 namespace {
 
-uint32_t RoundUpPow2(uint32_t v) {
-  uint32_t p = 1;
-  while (p < v) p <<= 1;
-  return p;
-}
 
 uint64_t RingSize() {
   static const uint64_t size = [] {
@@ -690,7 +686,7 @@ int CreateQp(SoftContext* sctx, ibv_pd* pd, ibv_qp_init_attr* attr, ibv_qp** out
     cap.max_recv_wr = 0;
     cap.max_recv_sge = 0;
   }
-  const uint32_t depth = RoundUpPow2(std::max<uint32_t>(cap.max_send_wr, 1));
+  const uint32_t depth = std::bit_ceil<uint32_t>(std::max<uint32_t>(cap.max_send_wr, 1));
   qp->sq.resize(depth);
   qp->sq_mask = depth - 1;
   qp->sq_sge.resize(static_cast<size_t>(depth) * std::max<uint32_t>(cap.max_send_sge, 1));
@@ -992,7 +988,7 @@ int PostSrqRecv(ibv_srq* ibsrq, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) {
 }
 
 void RecvQueue::Init(uint32_t cap, uint32_t sges) {
-  const uint32_t depth = RoundUpPow2(cap);
+  const uint32_t depth = std::bit_ceil<uint32_t>(cap);
   capacity = cap;
   max_sge = sges;
   mask = depth - 1;
