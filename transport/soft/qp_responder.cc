@@ -416,6 +416,14 @@ bool ProcessRequests(SoftQp* qp) {
       }
       return true;
     }
+    // Nor may a message start before the one in progress has its last chunk: a requester never
+    // interleaves messages, and the one starting would share its MSN and run on its state (a
+    // WRITE_WITH_IMM inside a SEND completed the SEND's receive as its own; a SEND inside a
+    // WRITE completed, and left the WRITE to fail later). SEND and WRITE check their own kind.
+    if (starts_message && (qp->cur_recv.active || qp->write_in_progress)) {
+      ProtocolError(qp, "message starts inside another");
+      return true;
+    }
     Outcome outcome;
     switch (h.op) {
       case wire::kOpSend:

@@ -166,8 +166,13 @@ absl::Status RemoteInvalidationSelfTest(const std::shared_ptr<Context>& context,
   connect.gid_index = options.gid_index;
   connect.access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ;
   connect.rnr_retry = 0;
-  connect.retry_cnt = 1;
-  connect.timeout = 10;
+  // The transport timeout bounds how long the pair may take to link up, not only lost packets:
+  // the soft device fails a send that finds no link within timeout x (retry_cnt + 1). The old
+  // 4 ms x 2 failed whenever the machine was loaded (always under valgrind), so a server
+  // probed "no remote invalidation" by chance and fell back to LOCAL_INV. ~270 ms x 8 leaves
+  // WaitCompletion's selftest_timeout to decide.
+  connect.retry_cnt = 7;
+  connect.timeout = 16;
   auto requester_addr = (*requester)->LocalAddress(0x1000, connect);
   if (!requester_addr.ok()) return requester_addr.status();
   auto responder_addr = (*responder)->LocalAddress(0x2000, connect);
