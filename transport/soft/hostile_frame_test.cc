@@ -1,0 +1,878 @@
+// Hostile frames: a soft QP's peer writes the request ring it reads, so every frame is untrusted
+// (docs/SOFT_WIRE.md, "Validation"). Each test connects a fresh QP pair A <-> B in this process,
+// writes crafted frames straight into A's request ring the way qp_requester.cc writes real ones,
+// drives B by polling its CQs, and checks that B answers exactly as the responder code says it
+// must (a protocol error, or a NAK with the right status), that A completes its request with the
+// matching status, that B's receives are flushed, and that nothing outside what the frames were
+// entitled to touch changed (B's buffer has guard bytes around its registered region).
+//
+// A protocol error puts B in the error state without a response frame; A then sees B's link
+// state go to error and fails its outstanding request with RETRY_EXC_ERR (qp.cc, ProgressLocked).
+// A NAK is a frame on B's response ring; A fails the request it names with the NAK's status.
+
+#include <gtest/gtest.h>
+#include <infiniband/verbs.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "transport/soft/qp_ops.h"
+#include "transport/soft/soft_device.h"
+#include "transport/soft/soft_internal.h"
+#include "transport/soft/wire.h"
+#include "transport/verbs/verbs.h"
+
+namespace swirl::soft {
+namespace {
+
+using verbs::CompletionQueue;
+using verbs::Context;
+using verbs::MemoryRegion;
+using verbs::MemoryWindow;
+using verbs::ProtectionDomain;
+using verbs::QueuePair;
+
+// B's buffer: a guard, the registered region, a guard.
+constexpr size_t kGuard = 4096;
+constexpr size_t kRegion = 128 * 1024;
+constexpr char kGuardByte = '\xee';
+constexpr char kFillByte = '\x5a';     // the region's initial contents
+constexpr char kPayloadByte = '\xab';  // what crafted frames carry
+// B's two receives: a large one (so that a SEND is never refused for its length) and a small one.
+constexpr uint64_t kRecv1Offset = 0, kRecv1Length = 64 * 1024;
+constexpr uint64_t kRecv2Offset = 64 * 1024, kRecv2Length = 4096;
+constexpr uint64_t kRecvWrId1 = 0x101, kRecvWrId2 = 0x102;
+// Where crafted WRITEs aim (32 KiB, clear of the receives).
+constexpr uint64_t kTarget = 96 * 1024;
+// A's send-queue entry for the crafted request.
+constexpr uint64_t kRequestWrId = 0xa1;
+
+constexpr uint8_t kFirstLast = wire::kFlagFirst | wire::kFlagLast;
+
+// Two soft devices in this process, one RC QP on each, connected (as smoke_test.cc does).
+struct Pair {
+  std::shared_ptr<Context> a_ctx, b_ctx;
+  std::shared_ptr<ProtectionDomain> a_pd, b_pd;
+  std::shared_ptr<CompletionQueue> a_cq, b_send_cq, b_recv_cq;
+  std::unique_ptr<QueuePair> a_qp, b_qp;
+  std::vector<char> b_mem = std::vector<char>(kGuard + kRegion + kGuard, kGuardByte);
+  std::unique_ptr<MemoryRegion> b_mr;
+
+  // What polling collected.
+  std::vector<ibv_wc> a_wcs, b_send_wcs, b_recv_wcs;
+
+  SoftQp* a() const { return AsSoft(a_qp->get()); }
+  SoftQp* b() const { return AsSoft(b_qp->get()); }
+  char* region() { return b_mem.data() + kGuard; }
+  uint64_t addr(int64_t offset) { return reinterpret_cast<uint64_t>(region()) + offset; }
+  uint32_t rkey() const { return b_mr->rkey(); }
+};
+
+bool Linked(SoftQp* qp) {
+  std::lock_guard<SpinLock> lock(qp->lock);
+  return qp->linked;
+}
+
+// A fresh pair; B's region filled with kFillByte, both receives posted unless `post_recvs` is
+// false. Null on failure.
+std::unique_ptr<Pair> MakePair(bool post_recvs = true) {
+  auto p = std::make_unique<Pair>();
+  p->a_ctx = Context::Wrap(*OpenSoftDevice("soft0"));
+  p->b_ctx = Context::Wrap(*OpenSoftDevice("soft1"));
+  p->a_pd = *ProtectionDomain::Create(p->a_ctx);
+  p->b_pd = *ProtectionDomain::Create(p->b_ctx);
+  p->a_cq = *CompletionQueue::Create(p->a_ctx, 64);
+  p->b_send_cq = *CompletionQueue::Create(p->b_ctx, 64);
+  p->b_recv_cq = *CompletionQueue::Create(p->b_ctx, 64);
+  verbs::QueuePairConfig a_config;
+  a_config.send_cq = a_config.recv_cq = p->a_cq;
+  p->a_qp = *QueuePair::Create(p->a_pd, a_config);
+  verbs::QueuePairConfig b_config;
+  b_config.send_cq = p->b_send_cq;
+  b_config.recv_cq = p->b_recv_cq;
+  p->b_qp = *QueuePair::Create(p->b_pd, b_config);
+  std::memset(p->region(), kFillByte, kRegion);
+  p->b_mr = *MemoryRegion::Register(p->b_pd, p->region(), kRegion,
+                                    IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+                                        IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC |
+                                        IBV_ACCESS_MW_BIND);
+
+  verbs::ConnectOptions options;
+  auto aa = *p->a_qp->LocalAddress(100, options);
+  auto ba = *p->b_qp->LocalAddress(200, options);
+  if (!p->a_qp->Connect(ba, 100, options).ok() || !p->b_qp->Connect(aa, 200, options).ok()) {
+    ADD_FAILURE() << "connect failed";
+    return nullptr;
+  }
+  // The segments are exchanged by the HCA threads; polling adopts them.
+  const absl::Time deadline = absl::Now() + absl::Seconds(3);
+  while (!(Linked(p->a()) && Linked(p->b()))) {
+    if (absl::Now() > deadline) {
+      ADD_FAILURE() << "QPs not linked within 3 s";
+      return nullptr;
+    }
+    p->a_cq->Poll(0, nullptr);
+    p->b_recv_cq->Poll(0, nullptr);
+  }
+
+  if (!post_recvs) return p;
+  ibv_sge s1{p->addr(kRecv1Offset), kRecv1Length, p->b_mr->lkey()};
+  ibv_sge s2{p->addr(kRecv2Offset), kRecv2Length, p->b_mr->lkey()};
+  ibv_recv_wr r2{kRecvWrId2, nullptr, &s2, 1};
+  ibv_recv_wr r1{kRecvWrId1, &r2, &s1, 1};
+  ibv_recv_wr* bad = nullptr;
+  if (ibv_post_recv(p->b_qp->get(), &r1, &bad) != 0) {
+    ADD_FAILURE() << "post_recv failed";
+    return nullptr;
+  }
+  return p;
+}
+
+// ---- Writing crafted frames as A -----------------------------------------------------------
+
+struct Frame {
+  uint8_t op = wire::kOpSend;
+  uint8_t flags = kFirstLast;
+  uint32_t length = 0;  // the header's claim
+  uint32_t total_length = 0;
+  uint32_t msn = 0;
+  uint32_t imm_or_inv = 0;
+  std::optional<uint32_t> ack;  // default: A's expected_msn, as the requester writes it
+  bool extension = false;       // write `ext` even for an op that has none
+  wire::RemoteExtension ext{};
+  char fill = kPayloadByte;  // payload byte
+  uint64_t reserve = 0;      // ring bytes to take; default FrameBytes(op, length)
+};
+
+// A's next MSN for a crafted message, taken as AssignMsn does (A must never see an ack for an
+// MSN it did not hand out: that is itself a protocol error).
+uint32_t TakeMsn(SoftQp* a) {
+  std::lock_guard<SpinLock> lock(a->lock);
+  const uint32_t msn = a->next_msn;
+  a->next_msn = wire::NextMsn(msn);
+  return msn;
+}
+
+// Records in A's send queue the request that crafted frames with `msn` stand for, as TryFastSend
+// records a SEND it wrote: transmitted, awaiting B's ack, NAK or failure.
+void Outstanding(SoftQp* a, uint32_t msn, ibv_wr_opcode opcode, uint32_t length) {
+  std::lock_guard<SpinLock> lock(a->lock);
+  ASSERT_LT(a->sq_tail - a->sq_released.load(), a->max_send_wr);
+  SendWqe& w = a->sq[a->sq_tail & a->sq_mask];
+  std::memset(&w, 0, sizeof(w));
+  w.wr_id = kRequestWrId;
+  w.opcode = opcode;
+  w.send_flags = IBV_SEND_SIGNALED;
+  w.state = SendWqe::kAwaiting;
+  w.has_msn = true;
+  w.status = IBV_WC_SUCCESS;
+  w.msn = msn;
+  w.length = length;
+  w.sent = length;
+  if (opcode == IBV_WR_RDMA_READ || opcode == IBV_WR_ATOMIC_FETCH_AND_ADD) {
+    ++a->rd_atomic_outstanding;
+  }
+  a->newest_signaled = a->sq_tail;
+  ++a->sq_tail;
+  ++a->sq_tx;
+}
+
+// Writes `f` into A's request ring as TransmitData does: under A's lock, Reserve (which pads a
+// too-short ring tail), everything but the stamp, Commit (which stamps it), then A's doorbell.
+// Returns the frame's ring position.
+uint64_t Inject(SoftQp* a, const Frame& f) {
+  std::lock_guard<SpinLock> lock(a->lock);
+  const bool with_ext = f.extension || wire::HasRemoteExtension(f.op);
+  const uint64_t bytes = f.reserve != 0 ? f.reserve : wire::FrameBytes(f.op, f.length);
+  uint64_t pos = 0;
+  char* frame = a->req_tx.Reserve(bytes, &pos, a->expected_msn);
+  if (frame == nullptr) {
+    ADD_FAILURE() << "no room for " << bytes << " bytes in A's request ring";
+    return ~uint64_t{0};
+  }
+  auto* h = reinterpret_cast<wire::FrameHeader*>(frame);
+  h->op = f.op;
+  h->flags = f.flags;
+  h->rnr_retry = a->attr.rnr_retry;
+  h->reserved = 0;
+  h->length = f.length;
+  h->msn = f.msn;
+  h->ack = f.ack.value_or(a->expected_msn);
+  h->imm_or_inv = f.imm_or_inv;
+  h->total_length = f.total_length;
+  char* p = frame + sizeof(wire::FrameHeader);
+  if (with_ext) {
+    std::memcpy(p, &f.ext, sizeof(f.ext));
+    p += sizeof(f.ext);
+  }
+  // The payload, as far as the frame reaches (a frame may claim more than it holds).
+  const uint64_t room = bytes - static_cast<uint64_t>(p - frame);
+  std::memset(p, f.fill, std::min<uint64_t>(f.length, room));
+  a->req_tx.Commit(frame, pos, bytes);
+  PublishAndWake(a, true);
+  return pos;
+}
+
+Frame Send(uint32_t msn, uint8_t flags, uint32_t length, uint32_t total) {
+  Frame f;
+  f.op = wire::kOpSend;
+  f.flags = flags;
+  f.msn = msn;
+  f.length = length;
+  f.total_length = total;
+  return f;
+}
+
+Frame Write(uint32_t msn, uint8_t flags, uint32_t length, uint32_t total, uint64_t remote_addr,
+            uint32_t rkey) {
+  Frame f;
+  f.op = wire::kOpWrite;
+  f.flags = flags;
+  f.msn = msn;
+  f.length = length;
+  f.total_length = total;
+  f.ext.remote_addr = remote_addr;
+  f.ext.rkey = rkey;
+  f.ext.length = total;
+  return f;
+}
+
+// ---- Driving B and checking the outcome -----------------------------------------------------
+
+ibv_qp_state State(QueuePair& qp) {
+  absl::StatusOr<ibv_qp_state> s = qp.QueryState();  // the device's query_qp
+  return s.ok() ? *s : IBV_QPS_UNKNOWN;
+}
+
+void PollAll(Pair& p) {
+  ibv_wc wc[8];
+  for (int n = p.b_recv_cq->Poll(8, wc); n > 0; n = p.b_recv_cq->Poll(8, wc)) {
+    p.b_recv_wcs.insert(p.b_recv_wcs.end(), wc, wc + n);
+  }
+  for (int n = p.b_send_cq->Poll(8, wc); n > 0; n = p.b_send_cq->Poll(8, wc)) {
+    p.b_send_wcs.insert(p.b_send_wcs.end(), wc, wc + n);
+  }
+  for (int n = p.a_cq->Poll(8, wc); n > 0; n = p.a_cq->Poll(8, wc)) {
+    p.a_wcs.insert(p.a_wcs.end(), wc, wc + n);
+  }
+}
+
+// Polls every CQ until B and A are in the error state and A has `a_wcs` completions and B
+// `recv_wcs` receive completions, or for at most 3 s.
+void Drive(Pair& p, size_t a_wcs, size_t recv_wcs) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(3);
+  while (absl::Now() < deadline) {
+    PollAll(p);
+    if (State(*p.b_qp) == IBV_QPS_ERR && State(*p.a_qp) == IBV_QPS_ERR && p.a_wcs.size() >= a_wcs &&
+        p.b_recv_wcs.size() >= recv_wcs) {
+      break;
+    }
+  }
+  PollAll(p);  // anything queued behind what was waited for
+}
+
+// Frames B wrote on its response ring. They stay in B's own segment after A consumed them.
+std::vector<wire::FrameHeader> Responses(SoftQp* b) {
+  std::lock_guard<SpinLock> lock(b->lock);
+  std::vector<wire::FrameHeader> out;
+  const uint64_t size = b->resp_tx.size();
+  // The response ring follows the request ring (qp.cc, CreateSegment).
+  const char* ring = b->own_base + wire::kRingsOffset + b->req_tx.size();
+  for (uint64_t pos = 0; pos < b->resp_tx.head();) {
+    wire::FrameHeader h;
+    std::memcpy(&h, ring + (pos & (size - 1)), sizeof(h));
+    if (h.op == wire::kOpPad) {
+      pos += size - (pos & (size - 1));
+      continue;
+    }
+    out.push_back(h);
+    pos += wire::FrameBytes(h.op, h.length);
+  }
+  return out;
+}
+
+struct Expect {
+  // B's answer: a NAK for `msn` with `status`; none means a protocol error (no response frame).
+  struct Nak {
+    uint32_t msn;
+    ibv_wc_status status;
+  };
+  std::optional<Nak> nak;
+  // A's completion for its outstanding request (kRequestWrId); none: A has no request.
+  std::optional<ibv_wc_status> a_status;
+  // B's receive completions by wr_id.
+  std::map<uint64_t, ibv_wc_status> recv = {{kRecvWrId1, IBV_WC_WR_FLUSH_ERR},
+                                            {kRecvWrId2, IBV_WC_WR_FLUSH_ERR}};
+  // The region as it must be afterwards (default: untouched).
+  std::vector<char> region = std::vector<char>(kRegion, kFillByte);
+};
+
+Expect ProtocolErrorExpected() {
+  Expect e;
+  e.a_status = IBV_WC_RETRY_EXC_ERR;  // A sees B's link state go to error
+  return e;
+}
+
+Expect NakExpected(uint32_t msn, ibv_wc_status status) {
+  Expect e;
+  e.nak = Expect::Nak{msn, status};
+  e.a_status = status;
+  return e;
+}
+
+size_t FirstMismatch(const char* p, size_t n, char want) {
+  for (size_t i = 0; i < n; ++i) {
+    if (p[i] != want) return i;
+  }
+  return n;
+}
+
+void DriveAndCheck(Pair& p, const Expect& e) {
+  Drive(p, e.a_status ? 1 : 0, e.recv.size());
+
+  EXPECT_EQ(State(*p.b_qp), IBV_QPS_ERR) << "B accepted the frames";
+
+  // ProtocolError vs Nak: exactly the response frames the responder code writes.
+  std::vector<wire::FrameHeader> responses = Responses(p.b());
+  if (e.nak) {
+    ASSERT_EQ(responses.size(), 1u) << "expected exactly one NAK from B";
+    EXPECT_EQ(responses[0].op, wire::kOpNak);
+    EXPECT_EQ(responses[0].msn, e.nak->msn);
+    EXPECT_EQ(responses[0].imm_or_inv, static_cast<uint32_t>(e.nak->status))
+        << ibv_wc_status_str(static_cast<ibv_wc_status>(responses[0].imm_or_inv));
+  } else {
+    EXPECT_TRUE(responses.empty()) << "B answered a protocol violation with a frame (op "
+                                   << int{responses.empty() ? 0 : responses[0].op} << ")";
+  }
+
+  // A: its request completes with the status the case calls for, and A is in error.
+  EXPECT_EQ(State(*p.a_qp), IBV_QPS_ERR);
+  if (e.a_status) {
+    ASSERT_EQ(p.a_wcs.size(), 1u);
+    EXPECT_EQ(p.a_wcs[0].wr_id, kRequestWrId);
+    EXPECT_EQ(p.a_wcs[0].status, *e.a_status)
+        << ibv_wc_status_str(p.a_wcs[0].status) << ", expected " << ibv_wc_status_str(*e.a_status);
+  } else {
+    EXPECT_TRUE(p.a_wcs.empty());
+  }
+
+  // B's receives: each completes once, flushed unless the case says otherwise.
+  std::map<uint64_t, ibv_wc_status> recv;
+  for (const ibv_wc& wc : p.b_recv_wcs) {
+    EXPECT_TRUE(recv.emplace(wc.wr_id, wc.status).second) << "receive " << wc.wr_id << " twice";
+    if (wc.status == IBV_WC_WR_FLUSH_ERR) {
+      EXPECT_EQ(wc.byte_len, 0u);
+    } else if (wc.status == IBV_WC_SUCCESS) {
+      EXPECT_EQ(wc.opcode, IBV_WC_RECV);  // never RECV_RDMA_WITH_IMM from a crafted WRITE
+    }
+  }
+  EXPECT_EQ(recv, e.recv);
+  EXPECT_TRUE(p.b_send_wcs.empty() || p.b_send_wcs.back().opcode == IBV_WC_BIND_MW);
+
+  // Memory: the guards untouched, the region exactly as expected.
+  EXPECT_EQ(FirstMismatch(p.b_mem.data(), kGuard, kGuardByte), kGuard) << "leading guard written";
+  EXPECT_EQ(FirstMismatch(p.region() + kRegion, kGuard, kGuardByte), kGuard)
+      << "trailing guard written";
+  ASSERT_EQ(e.region.size(), kRegion);
+  const auto diff = std::mismatch(e.region.begin(), e.region.end(), p.region());
+  EXPECT_TRUE(diff.first == e.region.end())
+      << "region differs at offset " << (diff.first - e.region.begin());
+}
+
+void Place(std::vector<char>& region, uint64_t offset, uint64_t length, char byte) {
+  std::memset(region.data() + offset, byte, length);
+}
+
+// ---- (1) WRITE chunks must add up to the total the first chunk announced -------------------
+
+TEST(HostileFrame, WriteSingleChunkShorterThanItsTotal) {
+  auto p = MakePair();
+  ASSERT_NE(p, nullptr);
+  const uint32_t msn = TakeMsn(p->a());
+  Outstanding(p->a(), msn, IBV_WR_RDMA_WRITE, 100);
+  // First and last chunk at once, announcing 100 bytes and carrying 10.
+  Inject(p->a(), Write(msn, kFirstLast, 10, 100, p->addr(kTarget), p->rkey()));
+  // Nothing placed: the check comes before the placement.
+  DriveAndCheck(*p, ProtocolErrorExpected());
+}
+
+TEST(HostileFrame, WriteSecondChunkOvershootsTotal) {
+  auto p = MakePair();
+  ASSERT_NE(p, nullptr);
+  const uint32_t msn = TakeMsn(p->a());
+  Outstanding(p->a(), msn, IBV_WR_RDMA_WRITE, 100);
+  Inject(p->a(), Write(msn, wire::kFlagFirst, 64, 100, p->addr(kTarget), p->rkey()));
+  Frame second = Write(msn, wire::kFlagLast, 64, 100, p->addr(kTarget + 64), p->rkey());
+  second.fill = '\xcd';
+  Inject(p->a(), second);
+  Expect e = ProtocolErrorExpected();
+  // The first chunk was valid and placed; nothing of the second.
+  Place(e.region, kTarget, 64, kPayloadByte);
+  DriveAndCheck(*p, e);
+}
+
+TEST(HostileFrame, WriteLastChunkShortOfTotal) {
+  auto p = MakePair();
+  ASSERT_NE(p, nullptr);
+  const uint32_t msn = TakeMsn(p->a());
+  Outstanding(p->a(), msn, IBV_WR_RDMA_WRITE, 256);
+  Inject(p->a(), Write(msn, wire::kFlagFirst, 64, 256, p->addr(kTarget), p->rkey()));
+  Frame last = Write(msn, wire::kFlagLast, 64, 256, p->addr(kTarget + 64), p->rkey());
+  last.fill = '\xcd';
+  Inject(p->a(), last);
+  Expect e = ProtocolErrorExpected();
+  Place(e.region, kTarget, 64, kPayloadByte);
+  DriveAndCheck(*p, e);
+}
+
+// ---- (2) WRITE_WITH_IMM whose chunks do not add up: no receive completion --------------------
+
+TEST(HostileFrame, WriteWithImmSingleChunkShorterThanItsTotal) {
+  auto p = MakePair();
+  ASSERT_NE(p, nullptr);
+  const uint32_t msn = TakeMsn(p->a());
+  Outstanding(p->a(), msn, IBV_WR_RDMA_WRITE_WITH_IMM, 100);
+  Frame f = Write(msn, kFirstLast | wire::kFlagWithImm, 10, 100, p->addr(kTarget), p->rkey());
+  f.imm_or_inv = 0x12345678;
+  Inject(p->a(), f);
+  // Both receives flush: none completes as RECV_RDMA_WITH_IMM with byte_len 100.
+  DriveAndCheck(*p, ProtocolErrorExpected());
+}
+
+TEST(HostileFrame, WriteWithImmChunksShortOfTotal) {
+  auto p = MakePair();
+  ASSERT_NE(p, nullptr);
+  const uint32_t msn = TakeMsn(p->a());
+  Outstanding(p->a(), msn, IBV_WR_RDMA_WRITE_WITH_IMM, 200);
+  Inject(p->a(), Write(msn, wire::kFlagFirst, 64, 200, p->addr(kTarget), p->rkey()));
+  Frame last =
+      Write(msn, wire::kFlagLast | wire::kFlagWithImm, 64, 200, p->addr(kTarget + 64), p->rkey());
+  last.imm_or_inv = 0x12345678;
+  last.fill = '\xcd';
+  Inject(p->a(), last);
+  Expect e = ProtocolErrorExpected();
+  Place(e.region, kTarget, 64, kPayloadByte);
+  DriveAndCheck(*p, e);
+}
+
+// ---- (3) SEND chunk lengths must add up ---------------------------------------------------------
+
+TEST(HostileFrame, SendChunkLongerThanTotal) {
+  struct Case {
+    const char* name;
+    uint8_t flags;
+    uint32_t length, total;
+  };
+  for (const Case& c : {Case{"only chunk longer than total", kFirstLast, 100, 10},
+                        Case{"first chunk longer than total", wire::kFlagFirst, 100, 10},
+                        Case{"only chunk shorter than total", kFirstLast, 10, 100}}) {
+    SCOPED_TRACE(c.name);
+    auto p = MakePair();
+    ASSERT_NE(p, nullptr);
+    const uint32_t msn = TakeMsn(p->a());
+    Outstanding(p->a(), msn, IBV_WR_SEND, c.total);
+    Inject(p->a(), Send(msn, c.flags, c.length, c.total));
+    // The receive was taken for the message; it is flushed with the QP, and nothing of the chunk
+    // reached its buffer.
+    DriveAndCheck(*p, ProtocolErrorExpected());
+  }
+}
+
+// ---- (4) Continuation chunks belong to the message in progress -------------------------------
+
+TEST(HostileFrame, SendContinuationWithoutFirstChunk) {
+  auto p = MakePair();
+  ASSERT_NE(p, nullptr);
+  // A complete, valid SEND first: it leaves the responder's last receive state behind
+  // (offset == total == 16), which a zero-length "last" chunk would otherwise complete again.
+  const uint32_t valid = TakeMsn(p->a());
+  Inject(p->a(), Send(valid, kFirstLast, 16, 16));
+  const uint32_t msn = TakeMsn(p->a());
+  Outstanding(p->a(), msn, IBV_WR_SEND, 0);
+  Inject(p->a(), Send(msn, wire::kFlagLast, 0, 0));
+  Expect e = ProtocolErrorExpected();
+  e.recv[kRecvWrId1] = IBV_WC_SUCCESS;  // the valid SEND
+  Place(e.region, kRecv1Offset, 16, kPayloadByte);
+  DriveAndCheck(*p, e);
+}
+
+TEST(HostileFrame, SendContinuationInsideWrite) {
+  auto p = MakePair();
+  ASSERT_NE(p, nullptr);
+  const uint32_t msn = TakeMsn(p->a());
+  Outstanding(p->a(), msn, IBV_WR_RDMA_WRITE, 128);
+  Inject(p->a(), Write(msn, wire::kFlagFirst, 64, 128, p->addr(kTarget), p->rkey()));
+  Inject(p->a(), Send(msn, wire::kFlagLast, 0, 0));
+  Expect e = ProtocolErrorExpected();
+  Place(e.region, kTarget, 64, kPayloadByte);
+  DriveAndCheck(*p, e);
+}
+
+TEST(HostileFrame, WriteContinuationWithoutFirstChunk) {
+  auto p = MakePair();
+  ASSERT_NE(p, nullptr);
+  // After a complete WRITE, a "last" chunk of a WRITE that never started.
+  const uint32_t valid = TakeMsn(p->a());
+  Inject(p->a(), Write(valid, kFirstLast, 64, 64, p->addr(kTarget), p->rkey()));
+  const uint32_t msn = TakeMsn(p->a());
+  Outstanding(p->a(), msn, IBV_WR_RDMA_WRITE, 64);
+  Frame f = Write(msn, wire::kFlagLast, 64, 64, p->addr(kTarget + 64), p->rkey());
+  f.fill = '\xcd';
+  Inject(p->a(), f);
+  Expect e = ProtocolErrorExpected();
+  Place(e.region, kTarget, 64, kPayloadByte);
+  DriveAndCheck(*p, e);
+}
+
+// The responder copies and validates a frame's header each time it looks at it: a frame it is
+// stalled on (no receive for a WRITE_WITH_IMM) may change under it, and is judged as it is now.
+TEST(HostileFrame, StalledFrameRewrittenAsContinuation) {
+  auto p = MakePair(/*post_recvs=*/false);
+  ASSERT_NE(p, nullptr);
+  const uint32_t msn = TakeMsn(p->a());
+  Outstanding(p->a(), msn, IBV_WR_RDMA_WRITE_WITH_IMM, 128);
+  const uint64_t pos = Inject(
+      p->a(), Write(msn, kFirstLast | wire::kFlagWithImm, 128, 128, p->addr(kTarget), p->rkey()));
+  // B waits for a receive (rnr_retry 7: for ever) with the frame unconsumed.
+  const absl::Time deadline = absl::Now() + absl::Seconds(3);
+  bool waiting = false;
+  while (!waiting && absl::Now() < deadline) {
+    p->b_recv_cq->Poll(0, nullptr);
+    std::lock_guard<SpinLock> lock(p->b()->lock);
+    waiting = p->b()->rnr_waiting;
+  }
+  ASSERT_TRUE(waiting) << "B never waited for a receive";
+  {
+    // A turns it into the last chunk of a WRITE that never started (same stamp, same MSN).
+    std::lock_guard<SpinLock> lock(p->a()->lock);
+    char* ring = p->a()->own_base + wire::kRingsOffset;
+    auto* h = reinterpret_cast<wire::FrameHeader*>(ring + (pos & (p->a()->req_tx.size() - 1)));
+    __atomic_store_n(&h->flags, uint8_t{wire::kFlagLast}, __ATOMIC_RELEASE);
+  }
+  Expect e = ProtocolErrorExpected();
+  e.recv.clear();  // none posted
+  DriveAndCheck(*p, e);
+}
+
+// A message may not start while another is in progress: it would share its MSN, and it would
+// run on the state of the message it interrupted (a WRITE_WITH_IMM inside a SEND completed the
+// SEND's receive as its own).
+TEST(HostileFrame, MessageStartingInsideAnother) {
+  enum Outer { kSend, kWrite };
+  struct Case {
+    const char* name;
+    Outer outer;
+    Frame inner;  // msn, remote address and rkey filled in below
+    ibv_wr_opcode opcode;
+  };
+  Frame imm = Write(0, kFirstLast | wire::kFlagWithImm, 16, 16, 0, 0);
+  imm.imm_or_inv = 0x1234;
+  Frame write = Write(0, kFirstLast, 16, 16, 0, 0);
+  Frame send = Send(0, kFirstLast, 16, 16);
+  Frame read;
+  read.op = wire::kOpReadRequest;
+  read.total_length = 16;
+  read.ext.length = 16;
+  Frame fetch_add;
+  fetch_add.op = wire::kOpFetchAdd;
+  fetch_add.total_length = 8;
+  fetch_add.ext.compare_add = 1;
+  for (const Case& c : {Case{"WRITE_WITH_IMM inside a SEND", kSend, imm, IBV_WR_SEND},
+                        Case{"WRITE inside a SEND", kSend, write, IBV_WR_SEND},
+                        Case{"FETCH_ADD inside a SEND", kSend, fetch_add, IBV_WR_SEND},
+                        Case{"SEND inside a WRITE", kWrite, send, IBV_WR_RDMA_WRITE},
+                        Case{"READ inside a WRITE", kWrite, read, IBV_WR_RDMA_WRITE}}) {
+    SCOPED_TRACE(c.name);
+    auto p = MakePair();
+    ASSERT_NE(p, nullptr);
+    const uint32_t msn = TakeMsn(p->a());
+    Outstanding(p->a(), msn, c.opcode, 64);
+    Expect e = ProtocolErrorExpected();
+    if (c.outer == kSend) {
+      Inject(p->a(), Send(msn, wire::kFlagFirst, 32, 64));
+      Place(e.region, kRecv1Offset, 32, kPayloadByte);  // the SEND's first chunk
+    } else {
+      Inject(p->a(), Write(msn, wire::kFlagFirst, 32, 64, p->addr(kTarget), p->rkey()));
+      Place(e.region, kTarget, 32, kPayloadByte);
+    }
+    Frame inner = c.inner;
+    inner.msn = msn;  // the MSN the responder still expects
+    inner.ext.remote_addr = p->addr(kTarget + 4096);
+    inner.ext.rkey = p->rkey();
+    inner.fill = '\xcd';
+    Inject(p->a(), inner);
+    DriveAndCheck(*p, e);
+  }
+}
+
+// ---- (5) Unknown opcodes and flag bits ------------------------------------------------------
+
+TEST(HostileFrame, UnknownOpcode) {
+  // 0, 7, 15 and 255 are no op at all; 16..18 are response ops, not valid on the request ring.
+  for (uint8_t op : {0, 7, 15, 16, 17, 18, 255}) {
+    SCOPED_TRACE(testing::Message() << "op " << int{op});
+    auto p = MakePair();
+    ASSERT_NE(p, nullptr);
+    const uint32_t msn = TakeMsn(p->a());
+    Outstanding(p->a(), msn, IBV_WR_SEND, 0);
+    // Shaped like a FETCH_ADD of 1 at the target (an unchecked op falls through to the atomics).
+    Frame f;
+    f.op = op;
+    f.msn = msn;
+    f.extension = true;
+    f.ext.remote_addr = p->addr(kTarget);
+    f.ext.rkey = p->rkey();
+    f.ext.compare_add = 1;
+    Inject(p->a(), f);
+    DriveAndCheck(*p, ProtocolErrorExpected());
+  }
+}
+
+TEST(HostileFrame, UnknownFlagBits) {
+  for (uint8_t flag : {0x20, 0x40, 0x80}) {
+    SCOPED_TRACE(testing::Message() << "flag 0x" << std::hex << int{flag});
+    auto p = MakePair();
+    ASSERT_NE(p, nullptr);
+    const uint32_t msn = TakeMsn(p->a());
+    Outstanding(p->a(), msn, IBV_WR_SEND, 16);
+    Inject(p->a(), Send(msn, kFirstLast | flag, 16, 16));  // otherwise a valid SEND
+    DriveAndCheck(*p, ProtocolErrorExpected());
+  }
+}
+
+// ---- (6) Frame length limits -----------------------------------------------------------------
+
+TEST(HostileFrame, FrameLongerThanMaxChunk) {
+  auto p = MakePair();
+  ASSERT_NE(p, nullptr);
+  const uint32_t msn = TakeMsn(p->a());
+  Outstanding(p->a(), msn, IBV_WR_SEND, wire::kMaxChunk + 1);
+  // A SEND claiming one byte more than a frame may carry (the receive could hold it), in a
+  // frame that takes one alignment unit of the ring.
+  Frame f = Send(msn, kFirstLast, wire::kMaxChunk + 1, wire::kMaxChunk + 1);
+  f.reserve = wire::kFrameAlign;
+  Inject(p->a(), f);
+  DriveAndCheck(*p, ProtocolErrorExpected());
+}
+
+TEST(HostileFrame, FrameRunningPastRingEnd) {
+  auto p = MakePair();
+  ASSERT_NE(p, nullptr);
+  const uint64_t ring = p->a()->req_tx.size();
+  const uint64_t filler = wire::FrameBytes(wire::kOpWrite, wire::kMaxChunk);
+  // Valid 32 KiB WRITEs (of the region's own fill, so it stays as it was) until less than one
+  // full frame is left before the ring's end.
+  uint64_t left = ring;
+  int fillers = 0;
+  while (left > filler) {
+    Frame f = Write(TakeMsn(p->a()), kFirstLast, wire::kMaxChunk, wire::kMaxChunk, p->addr(kTarget),
+                    p->rkey());
+    f.fill = kFillByte;
+    Inject(p->a(), f);
+    left -= filler;
+    ++fillers;
+  }
+  if (left == filler) {  // make it strictly less: one empty WRITE
+    Inject(p->a(), Write(TakeMsn(p->a()), kFirstLast, 0, 0, p->addr(kTarget), p->rkey()));
+    left -= wire::FrameBytes(wire::kOpWrite, 0);
+  }
+  ASSERT_GT(fillers, 0);
+  const uint32_t msn = TakeMsn(p->a());
+  Outstanding(p->a(), msn, IBV_WR_SEND, wire::kMaxChunk);
+  // A maximal SEND (a legal length) in the last `left` bytes: it would run past the ring's end.
+  ASSERT_GT(wire::FrameBytes(wire::kOpSend, wire::kMaxChunk), left);
+  Frame f = Send(msn, kFirstLast, wire::kMaxChunk, wire::kMaxChunk);
+  f.reserve = wire::kFrameAlign;
+  const uint64_t pos = Inject(p->a(), f);
+  ASSERT_EQ(ring - pos % ring, left) << "the frame was not placed at the ring's tail";
+  DriveAndCheck(*p, ProtocolErrorExpected());
+  std::lock_guard<SpinLock> lock(p->b()->lock);
+  EXPECT_EQ(p->b()->expected_msn, msn) << "B did not accept the valid WRITEs before it";
+}
+
+// ---- (7) MSNs out of sequence -----------------------------------------------------------------
+
+TEST(HostileFrame, MessageWithFutureMsnIsNaked) {
+  auto p = MakePair();
+  ASSERT_NE(p, nullptr);
+  // A request three MSNs ahead of what B expects: what a PSN error looks like. B NAKs it with
+  // RETRY_EXC_ERR, and A (which sent it under that MSN) fails it with that status.
+  uint32_t msn = TakeMsn(p->a());
+  for (int i = 0; i < 3; ++i) msn = TakeMsn(p->a());
+  Outstanding(p->a(), msn, IBV_WR_SEND, 16);
+  Inject(p->a(), Send(msn, kFirstLast, 16, 16));
+  DriveAndCheck(*p, NakExpected(msn, IBV_WC_RETRY_EXC_ERR));
+}
+
+TEST(HostileFrame, ReplayedMsnIsNaked) {
+  auto p = MakePair();
+  ASSERT_NE(p, nullptr);
+  const uint32_t msn = TakeMsn(p->a());
+  Inject(p->a(), Send(msn, kFirstLast, 16, 16));
+  Frame replay = Send(msn, kFirstLast, 16, 16);
+  replay.fill = '\xcd';
+  Inject(p->a(), replay);
+  // A has no request under that MSN any more (it completed): the NAK names none, so A fails
+  // too, without a completion.
+  Expect e;
+  e.nak = Expect::Nak{msn, IBV_WC_RETRY_EXC_ERR};
+  e.recv[kRecvWrId1] = IBV_WC_SUCCESS;
+  Place(e.region, kRecv1Offset, 16, kPayloadByte);
+  DriveAndCheck(*p, e);
+}
+
+TEST(HostileFrame, ContinuationWithAnotherMsn) {
+  for (bool send : {true, false}) {
+    SCOPED_TRACE(send ? "SEND" : "WRITE");
+    auto p = MakePair();
+    ASSERT_NE(p, nullptr);
+    const uint32_t msn = TakeMsn(p->a());
+    const uint32_t next = TakeMsn(p->a());
+    Outstanding(p->a(), msn, send ? IBV_WR_SEND : IBV_WR_RDMA_WRITE, 128);
+    Expect e = ProtocolErrorExpected();
+    if (send) {
+      Inject(p->a(), Send(msn, wire::kFlagFirst, 64, 128));
+      Inject(p->a(), Send(next, wire::kFlagLast, 64, 128));
+      Place(e.region, kRecv1Offset, 64, kPayloadByte);
+    } else {
+      Inject(p->a(), Write(msn, wire::kFlagFirst, 64, 128, p->addr(kTarget), p->rkey()));
+      Inject(p->a(), Write(next, wire::kFlagLast, 64, 128, p->addr(kTarget + 64), p->rkey()));
+      Place(e.region, kTarget, 64, kPayloadByte);
+    }
+    DriveAndCheck(*p, e);
+  }
+}
+
+TEST(HostileFrame, AckOfRequestsNeverSent) {
+  auto p = MakePair();
+  ASSERT_NE(p, nullptr);
+  const uint32_t msn = TakeMsn(p->a());
+  Outstanding(p->a(), msn, IBV_WR_SEND, 16);
+  uint32_t b_next;
+  {
+    std::lock_guard<SpinLock> lock(p->b()->lock);
+    b_next = p->b()->next_msn;
+  }
+  Frame f = Send(msn, kFirstLast, 16, 16);  // otherwise a valid SEND
+  f.ack = (b_next + 5) & wire::kMsnMask;    // B never sent anything
+  Inject(p->a(), f);
+  DriveAndCheck(*p, ProtocolErrorExpected());
+}
+
+// ---- (8) Remote keys and ranges: the responder NAKs ------------------------------------------
+
+TEST(HostileFrame, WriteOutsideRegisteredRange) {
+  struct Case {
+    const char* name;
+    int64_t offset;  // from the region's start
+    uint32_t length;
+  };
+  for (const Case& c : {Case{"straddling the end", static_cast<int64_t>(kRegion) - 32, 64},
+                        Case{"just past the end", static_cast<int64_t>(kRegion), 16},
+                        Case{"before the start", -64, 64}, Case{"straddling the start", -1, 64}}) {
+    SCOPED_TRACE(c.name);
+    auto p = MakePair();
+    ASSERT_NE(p, nullptr);
+    const uint32_t msn = TakeMsn(p->a());
+    Outstanding(p->a(), msn, IBV_WR_RDMA_WRITE, c.length);
+    Inject(p->a(), Write(msn, kFirstLast, c.length, c.length, p->addr(c.offset), p->rkey()));
+    DriveAndCheck(*p, NakExpected(msn, IBV_WC_REM_ACCESS_ERR));
+  }
+}
+
+TEST(HostileFrame, WriteAddressWrappingAround) {
+  auto p = MakePair();
+  ASSERT_NE(p, nullptr);
+  const uint32_t msn = TakeMsn(p->a());
+  Outstanding(p->a(), msn, IBV_WR_RDMA_WRITE, 64);
+  // addr + length overflows 64 bits: a naive end check would pass it.
+  Inject(p->a(), Write(msn, kFirstLast, 64, 64, ~uint64_t{0} - 31, p->rkey()));
+  DriveAndCheck(*p, NakExpected(msn, IBV_WC_REM_ACCESS_ERR));
+}
+
+TEST(HostileFrame, WriteWithWrongRkey) {
+  struct Case {
+    const char* name;
+    uint32_t rkey_xor;
+  };
+  for (const Case& c :
+       {Case{"another key byte, same slot", 0x1}, Case{"another slot", 0x100}, Case{"zero", 0}}) {
+    SCOPED_TRACE(c.name);
+    auto p = MakePair();
+    ASSERT_NE(p, nullptr);
+    const uint32_t rkey = c.rkey_xor == 0 ? 0 : p->rkey() ^ c.rkey_xor;
+    const uint32_t msn = TakeMsn(p->a());
+    Outstanding(p->a(), msn, IBV_WR_RDMA_WRITE, 64);
+    Inject(p->a(), Write(msn, kFirstLast, 64, 64, p->addr(kTarget), rkey));
+    DriveAndCheck(*p, NakExpected(msn, IBV_WC_REM_ACCESS_ERR));
+  }
+}
+
+TEST(HostileFrame, WriteSecondChunkOutsideRegisteredRange) {
+  auto p = MakePair();
+  ASSERT_NE(p, nullptr);
+  const uint32_t msn = TakeMsn(p->a());
+  Outstanding(p->a(), msn, IBV_WR_RDMA_WRITE, 128);
+  // Each chunk names its own address and key, and each is checked.
+  Inject(p->a(), Write(msn, wire::kFlagFirst, 64, 128, p->addr(kRegion - 64), p->rkey()));
+  Inject(p->a(), Write(msn, wire::kFlagLast, 64, 128, p->addr(kRegion), p->rkey()));
+  Expect e = NakExpected(msn, IBV_WC_REM_ACCESS_ERR);
+  Place(e.region, kRegion - 64, 64, kPayloadByte);
+  DriveAndCheck(*p, e);
+}
+
+TEST(HostileFrame, WriteOutsideMemoryWindow) {
+  constexpr uint64_t kWindow = kTarget, kWindowLength = 4096;
+  struct Case {
+    const char* name;
+    int64_t offset;  // from the window's start
+  };
+  for (const Case& c :
+       {Case{"straddling the window's end", kWindowLength - 32}, Case{"before the window", -64}}) {
+    SCOPED_TRACE(c.name);
+    auto p = MakePair();
+    ASSERT_NE(p, nullptr);
+    // A type 2 window over part of B's region, bound through B's QP.
+    auto mw = MemoryWindow::Allocate(p->b_pd, IBV_MW_TYPE_2);
+    ASSERT_TRUE(mw.ok()) << mw.status();
+    const uint32_t window_rkey = ibv_inc_rkey((*mw)->rkey());
+    ibv_send_wr bind{};
+    bind.wr_id = 0xb1d;
+    bind.opcode = IBV_WR_BIND_MW;
+    bind.send_flags = IBV_SEND_SIGNALED;
+    bind.bind_mw.mw = (*mw)->get();
+    bind.bind_mw.rkey = window_rkey;
+    bind.bind_mw.bind_info.mr = p->b_mr->get();
+    bind.bind_mw.bind_info.addr = p->addr(kWindow);
+    bind.bind_mw.bind_info.length = kWindowLength;
+    bind.bind_mw.bind_info.mw_access_flags = IBV_ACCESS_REMOTE_WRITE;
+    ibv_send_wr* bad = nullptr;
+    ASSERT_EQ(ibv_post_send(p->b_qp->get(), &bind, &bad), 0);
+    const absl::Time deadline = absl::Now() + absl::Seconds(3);
+    while (p->b_send_wcs.empty() && absl::Now() < deadline) PollAll(*p);
+    ASSERT_EQ(p->b_send_wcs.size(), 1u);
+    ASSERT_EQ(p->b_send_wcs[0].status, IBV_WC_SUCCESS);
+
+    // A valid WRITE through the window first (the key works), then one outside it, inside the
+    // region the window is bound over.
+    const uint32_t valid = TakeMsn(p->a());
+    Inject(p->a(), Write(valid, kFirstLast, 64, 64, p->addr(kWindow + 512), window_rkey));
+    const uint32_t msn = TakeMsn(p->a());
+    Outstanding(p->a(), msn, IBV_WR_RDMA_WRITE, 64);
+    Frame f = Write(msn, kFirstLast, 64, 64, p->addr(kWindow + c.offset), window_rkey);
+    f.fill = '\xcd';
+    Inject(p->a(), f);
+    Expect e = NakExpected(msn, IBV_WC_REM_ACCESS_ERR);
+    Place(e.region, kWindow + 512, 64, kPayloadByte);
+    DriveAndCheck(*p, e);
+  }
+}
+
+}  // namespace
+}  // namespace swirl::soft
