@@ -76,13 +76,4 @@ absl::Status ValidateHeaderSlow(const MessageHeader& h, size_t received_bytes,
   return absl::OkStatus();
 }
 
-uint32_t MethodId(const char* full_name) {
-  uint32_t hash = 2166136261u;
-  for (const char* p = full_name; *p != 0; ++p) {
-    hash ^= static_cast<unsigned char>(*p);
-    hash *= 16777619u;
-  }
-  return hash == 0 ? 1 : hash;
-}
-
 }  // namespace swirl::rpc_wire

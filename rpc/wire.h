@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string_view>
 
 #include "absl/status/status.h"
 
@@ -97,8 +98,16 @@ inline absl::Status ValidateHeader(const MessageHeader& h, size_t received_bytes
 }
 
 // Stable 32-bit id of a method's full name ("/package.Service/Method"): FNV-1a. Both sides
-// compute it, so no method table is exchanged. Never 0.
-uint32_t MethodId(const char* full_name);
+// compute it, so no method table is exchanged. Never 0. constexpr: generated stubs carry their
+// ids as constants.
+constexpr uint32_t MethodId(std::string_view full_name) {
+  uint32_t hash = 2166136261u;
+  for (char c : full_name) {
+    hash ^= static_cast<unsigned char>(c);
+    hash *= 16777619u;
+  }
+  return hash == 0 ? 1 : hash;
+}
 
 }  // namespace swirl::rpc_wire
 

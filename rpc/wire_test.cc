@@ -139,6 +139,9 @@ TEST(MethodId, IsStableAndNeverZero) {
   EXPECT_EQ(MethodId("/a.B/C"), MethodId("/a.B/C"));
   EXPECT_NE(MethodId("/a.B/C"), MethodId("/a.B/D"));
   EXPECT_NE(MethodId(""), 0u);
+  // FNV-1a's published test vector, and the same value from the compiler.
+  EXPECT_EQ(MethodId("a"), 0xe40c292cu);
+  static_assert(MethodId("a") == 0xe40c292cu);
 }
 
 }  // namespace

@@ -397,14 +397,14 @@ void EmitStubDefinition(const Service& service, std::string* out) {
   const std::string& cls = service.stub_class;
   Vars vars = {{"class", cls}};
   Emit(out, vars,
-       "// Method ids (rpc_wire::MethodId of \"/<service>/<method>\"), computed once.\n"
+       "// Method ids (rpc_wire::MethodId of \"/<service>/<method>\"), computed by the compiler.\n"
        "struct $class$::MethodIds {\n");
   for (const Method& method : service.methods) {
     const std::string wire_name =
         absl::StrCat("/", service.descriptor->full_name(), "/", method.descriptor->name());
-    absl::StrAppend(out, "  static ::std::uint32_t ", method.name,
+    absl::StrAppend(out, "  static constexpr ::std::uint32_t ", method.name,
                     "() {\n"
-                    "    static const ::std::uint32_t id = ::swirl::rpc_wire::MethodId(\"",
+                    "    constexpr ::std::uint32_t id = ::swirl::rpc_wire::MethodId(\"",
                     wire_name,
                     "\");\n"
                     "    return id;\n"
