@@ -266,6 +266,41 @@ TEST_P(BulkModesTest, MoreUploadsInFlightThanWindowCreditsWaitInsteadOfFailing) 
   }
 }
 
+TEST_P(BulkModesTest, PoolHandlersSendLargeMessagesAndAttachments) {
+  const Mode mode = GetParam();
+  ChannelOptions options;
+  options.auth_token = "e2e";
+  options.bulk_mode = mode.bulk;
+  options.local_invalidation_only = mode.local_only;
+  auto channel = Channel::Create(absl::StrCat("127.0.0.1:", port_), options);
+  ASSERT_TRUE(channel.ok()) << channel.status();
+  for (size_t size : {100, 3000, 65536, (1 << 20) + 13}) {
+    std::string request = Payload(size, static_cast<int>(size));
+    std::string response;
+    absl::Status s = CallRaw(**channel, Id("/test.E2E/PoolEcho"), request, &response, {});
+    ASSERT_TRUE(s.ok()) << size << ": " << s;
+    ASSERT_TRUE(response == request) << size;
+  }
+  auto landing = (*channel)->AllocateBulk(1 << 20);
+  ASSERT_TRUE(landing.ok());
+  for (size_t size : {4096, 500000}) {
+    CallOptions call_options;
+    call_options.response_bulk = &*landing;
+    std::string response;
+    absl::Status s = CallRaw(**channel, Id("/test.E2E/PoolFill"), std::to_string(size),
+                             &response, call_options);
+    ASSERT_TRUE(s.ok()) << size << ": " << s;
+    EXPECT_EQ(response, "filled");
+    ASSERT_EQ(landing->size(), size);
+    for (size_t i = 0; i < size; i += 997) ASSERT_EQ(landing->data()[i], Pattern(i)) << i;
+  }
+  // An odd size makes the handler answer a 10000-byte message beside its attachment.
+  std::string response;
+  absl::Status s = CallRaw(**channel, Id("/test.E2E/PoolFill"), "4097", &response, {});
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  ExpectHealthy(**channel, 7);
+}
+
 TEST_P(BulkModesTest, AnAttachmentNeedsAnEagerMessage) {
   const Mode mode = GetParam();
   ChannelOptions options;

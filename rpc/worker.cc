@@ -743,25 +743,27 @@ void Worker::DispatchCall(Connection* c, Incoming& in) {
     writer.Abandon();
     return;
   }
-  if (ctx.mutable_response_bulk() && ctx.mutable_response_bulk().size() == 0) {
-    ctx.mutable_response_bulk().Release();  // an empty attachment is no attachment
-  }
-  if (status.ok() && writer.in_bulk() && ctx.mutable_response_bulk()) {
+  SendHandlerResult(c, in, std::move(status), &writer, std::move(ctx.mutable_response_bulk()));
+}
+
+void Worker::SendHandlerResult(Connection* c, Incoming& in, absl::Status status, Writer* writer,
+                               BulkBuffer attachment) {
+  if (attachment && attachment.size() == 0) attachment.Release();  // empty: no attachment
+  if (status.ok() && writer->in_bulk() && attachment) {
     // One descriptor per response: the attachment's. The message must then travel eagerly.
-    writer.Abandon();
-    ctx.mutable_response_bulk().Release();
+    writer->Abandon();
+    attachment.Release();
     status = absl::ResourceExhaustedError(absl::StrFormat(
         "a response with a bulk attachment must keep its message within the eager threshold "
         "(%u bytes)",
         c->negotiated_.eager_threshold()));
   }
-  if (status.ok() && writer.in_bulk()) {
-    SendBulkResponse(c, in, &writer, writer.TakeBulk(), /*is_message=*/true);
-  } else if (status.ok() && ctx.mutable_response_bulk()) {
-    SendBulkResponse(c, in, &writer, std::move(ctx.mutable_response_bulk()),
-                     /*is_message=*/false);
+  if (status.ok() && writer->in_bulk()) {
+    SendBulkResponse(c, in, writer, writer->TakeBulk(), /*is_message=*/true);
+  } else if (status.ok() && attachment) {
+    SendBulkResponse(c, in, writer, std::move(attachment), /*is_message=*/false);
   } else {
-    SendResponse(c, h.request_id, status, &writer);
+    SendResponse(c, in.header.request_id, status, writer);
   }
 }
 
@@ -822,39 +824,13 @@ void Worker::RunOnPool(Connection* c, Incoming& in, const Service::Method* metho
       in.header = header;
       in.has_chunk = has_chunk;
       in.chunk = chunk;
-      if (bulk && bulk.size() == 0) bulk.Release();  // an empty attachment is no attachment
-      if (status.ok() && bulk && response.size() > c->negotiated_.eager_threshold()) {
-        status = absl::ResourceExhaustedError(absl::StrFormat(
-            "a response with a bulk attachment must keep its message within the eager "
-            "threshold (%u bytes)",
-            c->negotiated_.eager_threshold()));
-        bulk.Release();
+      // From here as an inline handler's result: the writer moves a response above the eager
+      // threshold into bulk memory by itself.
+      Writer writer(this, c);
+      if (status.ok() && !writer.Append(response)) {
+        status = absl::ResourceExhaustedError("response exceeds the maximum message size");
       }
-      if (status.ok() && (bulk || response.size() > c->negotiated_.eager_threshold())) {
-        // Large or zero-copy responses leave through a window, like inline handlers' do.
-        Writer writer(this, c);
-        BulkBuffer data;
-        bool is_message = false;
-        if (bulk) {
-          data = std::move(bulk);
-          if (!writer.Append(response)) status = absl::ResourceExhaustedError("response too big");
-        } else if (bulk_pool_ != nullptr) {
-          auto buffer = bulk_pool_->Allocate(response.size());
-          if (buffer.ok()) {
-            std::memcpy(buffer->data(), response.data(), response.size());
-            data = std::move(*buffer);
-            is_message = true;
-          } else {
-            status = buffer.status();
-          }
-        }
-        if (status.ok() && data) {
-          SendBulkResponse(c, in, &writer, std::move(data), is_message);
-          return;
-        }
-        writer.Abandon();
-      }
-      SendResponseBytes(c, header.request_id, status, response);
+      SendHandlerResult(c, in, std::move(status), &writer, std::move(bulk));
     });
   });
 }

@@ -104,6 +104,27 @@ class E2E : public swirl::Service {
       out.Append("filled");
       return absl::OkStatus();
     });
+    // The same two on the handler thread pool, whose results take another road to the wire.
+    AddRawMethod(
+        "PoolEcho",
+        [](swirl::ServerContext&, absl::string_view in, swirl::ResponseWriter& out) {
+          return out.Append(in) ? absl::OkStatus() : absl::ResourceExhaustedError("too big");
+        },
+        swirl::MethodOptions{swirl::Execution::kThreadPool, false});
+    AddRawMethod(
+        "PoolFill",
+        [](swirl::ServerContext& ctx, absl::string_view in, swirl::ResponseWriter& out) {
+          size_t n = 0;
+          if (!absl::SimpleAtoi(in, &n)) return absl::InvalidArgumentError("Fill wants a size");
+          auto bulk = ctx.AllocateResponseBulk(n);
+          if (!bulk.ok()) return bulk.status();
+          for (size_t i = 0; i < n; ++i) (*bulk)->data()[i] = Pattern(i);
+          (*bulk)->resize(n);
+          // A message above the eager threshold cannot travel beside an attachment.
+          out.Append(n % 2 == 1 ? std::string(10000, 'm') : std::string("filled"));
+          return absl::OkStatus();
+        },
+        swirl::MethodOptions{swirl::Execution::kThreadPool, false});
     AddRawMethod("Sum", [](swirl::ServerContext& ctx, absl::string_view,
                            swirl::ResponseWriter& out) {
       swirl::BulkBuffer* in = ctx.request_bulk();
