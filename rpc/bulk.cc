@@ -89,8 +89,16 @@ int32_t Worker::AcquireWindow(Connection* c) {
   Window window;
   window.rkey = (*mw)->rkey();
   window.mw = std::move(*mw);
+  const auto w = static_cast<int32_t>(c->windows_.size());
+  c->window_by_index_[window.rkey >> 8] = w;
   c->windows_.push_back(std::move(window));
-  return static_cast<int32_t>(c->windows_.size() - 1);
+  return w;
+}
+
+int32_t Worker::WindowByRkey(const Connection* c, uint32_t rkey) const {
+  auto it = c->window_by_index_.find(rkey >> 8);
+  if (it == c->window_by_index_.end() || c->windows_[it->second].rkey != rkey) return -1;
+  return it->second;
 }
 
 uint32_t Worker::BindWindow(Connection* c, int32_t w, uint64_t addr, uint32_t length, int access,
@@ -143,7 +151,7 @@ void Worker::PostLocalInv(Connection* c, uint32_t rkey, int32_t op) {
   QueueRawWr(c, wr, nullptr, -1, op);
 }
 
-void Worker::RevokeWindow(Connection* c, int32_t w, BulkOp::Kind kind, bool lease_expired) {
+int32_t Worker::RevokeWindow(Connection* c, int32_t w, BulkOp::Kind kind, bool lease_expired) {
   Window& window = c->windows_[w];
   window.state = Window::State::kRevoking;
   const int32_t op = NewOp(c);
@@ -152,6 +160,7 @@ void Worker::RevokeWindow(Connection* c, int32_t w, BulkOp::Kind kind, bool leas
   c->ops_[op].lease_expired = lease_expired;
   window.revoke_op = op;
   PostLocalInv(c, window.rkey, op);
+  return op;
 }
 
 void Worker::PostRdma(Connection* c, ibv_wr_opcode opcode, const BulkBuffer& local, uint32_t length,
@@ -352,14 +361,11 @@ void Worker::HandleBulkRequest(Connection* c, const MessageHeader& h, const char
   const bool with_inv = (wc.wc_flags & IBV_WC_WITH_INV) != 0;
   switch (c->negotiated_.bulk_mode()) {
     case control::BULK_SERVER_EXPOSES: {
-      int32_t w = -1;
-      for (size_t i = 0; i < c->windows_.size(); ++i) {
-        const Window& win = c->windows_[i];
-        if (win.state == Window::State::kExposed && win.purpose == Window::Purpose::kGrant &&
-            win.rkey == d.rkey && win.addr == d.addr) {
-          w = static_cast<int32_t>(i);
-          break;
-        }
+      int32_t w = WindowByRkey(c, d.rkey);
+      if (w >= 0 && (c->windows_[w].state != Window::State::kExposed ||
+                     c->windows_[w].purpose != Window::Purpose::kGrant ||
+                     c->windows_[w].addr != d.addr)) {
+        w = -1;
       }
       if (w < 0 || d.length > c->windows_[w].length) {
         return BulkViolation(c, "upload names no window granted to this connection");
@@ -649,15 +655,11 @@ void Worker::HandleBulkAck(Connection* c, const MessageHeader& h, const ibv_wc& 
   // The rkey names the window; the request id alone would not, since a download window serves
   // one of the peer's calls and a mirror request window one of ours, and the two sides number
   // their calls independently (with calls both ways, the same id can name one of each).
-  int32_t w = -1;
-  for (size_t i = 0; i < c->windows_.size(); ++i) {
-    const Window& win = c->windows_[i];
-    if (win.state == Window::State::kExposed && win.rkey == h.aux &&
-        (win.purpose == Window::Purpose::kDownload ||
-         win.purpose == Window::Purpose::kMirrorRequest)) {
-      w = static_cast<int32_t>(i);
-      break;
-    }
+  int32_t w = WindowByRkey(c, h.aux);
+  if (w >= 0 && (c->windows_[w].state != Window::State::kExposed ||
+                 (c->windows_[w].purpose != Window::Purpose::kDownload &&
+                  c->windows_[w].purpose != Window::Purpose::kMirrorRequest))) {
+    w = -1;
   }
   if (w < 0 || c->windows_[w].request_id != h.request_id) {
     return BulkViolation(c, absl::StrFormat("bulk ack for request %u names no window exposed "
@@ -927,15 +929,10 @@ void Worker::FinishCall(Connection* c, ClientCall* call, absl::Status status) {
     if (w < 0) continue;
     Window& win = c->windows_[w];
     if (win.state == Window::State::kExposed) {
-      win.state = Window::State::kRevoking;
-      const int32_t op = NewOp(c);
+      const int32_t op = RevokeWindow(c, w, BulkOp::Kind::kRevokeThenComplete, false);
       BulkOp& o = c->ops_[op];
-      o.kind = BulkOp::Kind::kRevokeThenComplete;
-      o.window = w;
       o.call = call;
       o.status = status;
-      win.revoke_op = op;
-      PostLocalInv(c, win.rkey, op);
       pending = true;
     } else if (win.state == Window::State::kRevoking && win.revoke_op >= 0) {
       // A revocation is already on its way (fallback ack, lease): complete behind it.
@@ -1015,6 +1012,7 @@ void Worker::ReleaseBulk(Connection* c) {
     }
   }
   c->windows_.clear();
+  c->window_by_index_.clear();
   c->free_windows_.clear();
   c->ops_.clear();
   c->free_ops_.clear();

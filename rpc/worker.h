@@ -189,6 +189,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
     int32_t revoke_op = -1;  // kRevoking: the LOCAL_INV op in flight
   };
   std::vector<Window> windows_;
+  // A window keeps its rkey's index bits for life (a bind changes only the key byte): they find
+  // the window a peer names without scanning.
+  absl::flat_hash_map<uint32_t, int32_t> window_by_index_;
   std::vector<uint32_t> free_windows_;
   uint32_t max_windows_ = 0;
   // Upload windows the peer granted us (we are the client in kServerExposes mode).
@@ -426,12 +429,16 @@ class Worker {
   void SendOwedGrant(Connection* c);
   void HandleBulkOp(Connection* c, int32_t op, const ibv_wc& wc);
   int32_t AcquireWindow(Connection* c);
+  // The window whose current key is `rkey`, or -1.
+  int32_t WindowByRkey(const Connection* c, uint32_t rkey) const;
   // Binds window `w` over [addr, addr+length) of the pool with `access`, for `purpose` on behalf
   // of `request_id` (0 for grants); returns the new rkey. Every purpose but a grant is leased:
   // this side revokes it if no acknowledgement arrives within window_lease.
   uint32_t BindWindow(Connection* c, int32_t w, uint64_t addr, uint32_t length, int access,
                       Connection::Window::Purpose purpose, uint64_t request_id);
-  void RevokeWindow(Connection* c, int32_t w, Connection::BulkOp::Kind kind, bool lease_expired);
+  // Posts a LOCAL_INV of window `w` and returns the op that completes it.
+  int32_t RevokeWindow(Connection* c, int32_t w, Connection::BulkOp::Kind kind,
+                       bool lease_expired);
   // Completes `call`, first revoking any window still exposing its buffers (mirror mode).
   void FinishCall(Connection* c, ClientCall* call, absl::Status status);
   // The call waiting for `request_id` (the slot stays taken), or nullptr.
