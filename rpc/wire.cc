@@ -39,7 +39,7 @@ absl::Status ValidateHeaderSlow(const MessageHeader& h, size_t received_bytes,
   if (h.type != kResponse && h.status != 0) {
     return absl::InvalidArgumentError("status set on a non-response");
   }
-  if (h.status > static_cast<uint32_t>(absl::StatusCode::kUnauthenticated)) {
+  if (h.status > kMaxStatusCode) {
     return absl::InvalidArgumentError(absl::StrFormat("status code %u", h.status));
   }
   if ((h.type == kCredit || h.type == kPing || h.type == kPong || h.type == kCancel ||

@@ -76,6 +76,10 @@ struct Limits {
   uint32_t max_credits;  // credits the peer may return at once (what we granted)
 };
 
+// The last status code a response may carry: absl's (and gRPC's) numbering ends there.
+inline constexpr uint32_t kMaxStatusCode = static_cast<uint32_t>(absl::StatusCode::kUnauthenticated);
+static_assert(kMaxStatusCode == 16);
+
 // Checks a received header against the number of bytes that arrived and the connection's
 // limits. OkStatus or an InvalidArgument/DataLoss status saying what was wrong.
 absl::Status ValidateHeaderSlow(const MessageHeader& header, size_t received_bytes,
@@ -90,7 +94,7 @@ inline absl::Status ValidateHeader(const MessageHeader& h, size_t received_bytes
       h.payload_len == received_bytes - sizeof(MessageHeader) &&
       h.payload_len <= limits.max_payload && h.credits <= limits.max_credits &&
       is_call == (h.method_id != 0) &&
-      (h.type == kResponse ? h.status <= 16 : h.status == 0) &&
+      (h.type == kResponse ? h.status <= kMaxStatusCode : h.status == 0) &&
       (h.type != kCredit || h.payload_len == 0)) {
     return absl::OkStatus();
   }
