@@ -131,7 +131,10 @@ absl::Status RogueConnection::Send(const rpc_wire::MessageHeader& header,
 }
 
 absl::Status RogueConnection::SendRaw(absl::string_view bytes) {
-  return PostMessage(bytes, 0).status();
+  auto wr_id = PostMessage(bytes, 0);
+  if (!wr_id.ok()) return wr_id.status();
+  unwatched_.insert(*wr_id);
+  return absl::OkStatus();
 }
 
 absl::Status RogueConnection::Call(const char* method, absl::string_view payload, uint16_t flags,
@@ -172,7 +175,7 @@ void RogueConnection::PollOnce() {
         ibv_recv_wr* bad;
         ibv_post_recv(qp_->get(), &wr, &bad);
       }
-    } else {
+    } else if (unwatched_.erase(wc[i].wr_id) == 0) {
       send_done_.push_back(wc[i]);
     }
   }

@@ -12,6 +12,7 @@
 #include <string>
 #include <utility>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
@@ -83,6 +84,7 @@ class RogueConnection {
   uint64_t next_wr_ = 1;
   std::vector<Received> inbox_;
   std::vector<ibv_wc> send_done_;
+  absl::flat_hash_set<uint64_t> unwatched_;  // SendRaw's WRs: nobody waits for them
 };
 
 }  // namespace swirl::testing
