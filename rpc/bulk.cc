@@ -558,6 +558,13 @@ void Worker::HandleBulkResponse(Connection* c, const MessageHeader& h, const cha
   const absl::string_view eager(payload + sizeof(d), h.payload_len - sizeof(d));
   const bool is_message = (h.aux & rpc_wire::kAuxBulkIsMessage) != 0;
   ClientCall* call = PendingCall(c, h.request_id);
+  if (call != nullptr && call->read_op_ >= 0) {
+    // Its response came already and is being read into the call's buffer: a second one would
+    // post another READ into it, or replace (free) that buffer under the first READ.
+    return ProtocolError(
+        c, absl::InvalidArgumentError(
+               absl::StrFormat("a second response for request %u", h.request_id)));
+  }
   const bool with_inv = (wc.wc_flags & IBV_WC_WITH_INV) != 0;
   if (d.length == 0 || d.length > c->negotiated_.max_bulk_size()) {
     return BulkViolation(c, absl::StrCat("bulk response of ", d.length, " bytes"));
@@ -570,6 +577,11 @@ void Worker::HandleBulkResponse(Connection* c, const MessageHeader& h, const cha
       return BulkViolation(c, "response names our reply window with another range");
     }
     if (is_message) return BulkViolation(c, "a response message written into a reply window");
+    if (!remote_invalidation(c) && with_inv) {
+      // Checked before the slot is released: a violation after that would leave the call with
+      // no slot for the connection failure to complete, and its caller waiting forever.
+      return BulkViolation(c, "SEND_WITH_INV outside remote invalidation mode");
+    }
     ReleaseSlot(c, h.request_id);
     call->response_bulk_->resize(d.length);
     absl::Status status;
@@ -589,8 +601,6 @@ void Worker::HandleBulkResponse(Connection* c, const MessageHeader& h, const cha
       Bump(totals_.windows_remote_invalidated);
       FreeWindow(c, call->reply_window_);
       call->reply_window_ = -1;
-    } else if (with_inv) {
-      return BulkViolation(c, "SEND_WITH_INV outside remote invalidation mode");
     }
     FinishCall(c, call, std::move(status));
     return;

@@ -653,5 +653,77 @@ TEST_F(BulkSecurityTest, UploadGrantsAreCappedPerConnection) {
   EXPECT_TRUE(CallRaw(*good_, Id("/test.E2E/Sum"), "", &response, call_options).ok());
 }
 
+// Server-to-client calls: the rogue is the one answering. A response whose bulk data the server
+// is still reading must not be followed by another response for the same call: that one would
+// complete the call (with whatever it says) while the RDMA READ still writes into the call's
+// buffer, which goes back to the pool and to another call.
+TEST_F(BulkSecurityTest, ASecondResponseWhileTheFirstIsBeingReadEndsTheConnection) {
+  testing::RogueConnection rogue;
+  // The local fallback: the server's ack is a plain SEND, which our memory region can take.
+  ASSERT_TRUE(
+      rogue.Connect(port_, "e2e", control::BULK_SERVER_EXPOSES, /*remote_invalidation=*/false)
+          .ok());
+  auto before = good_->ServerStats();
+  ASSERT_TRUE(before.ok()) << before.status();
+  uint64_t id;
+  ASSERT_TRUE(rogue.Call("/test.E2E/CallBack", "hi", 0, 0, &id).ok());
+  auto ping = rogue.Receive(rpc_wire::kRequest);
+  ASSERT_TRUE(ping.ok()) << ping.status();
+  ASSERT_EQ(ping->header.method_id, Id("/test.Client/Ping"));
+  // A large download, so that its READ is still running when the second response arrives.
+  const std::string data = Payload(8 << 20, 21);
+  const BulkDescriptor d = rogue.Expose(data);
+  ASSERT_NE(d.rkey, 0u);
+  MessageHeader bulk{rpc_wire::kProtocolVersion, rpc_wire::kResponse, rpc_wire::kFlagBulk, 0,
+                     ping->header.request_id,    0, static_cast<uint32_t>(sizeof(d)), 0, 0};
+  ASSERT_TRUE(rogue.Send(bulk, absl::string_view(reinterpret_cast<const char*>(&d), sizeof(d)))
+                  .ok());
+  MessageHeader forged{rpc_wire::kProtocolVersion, rpc_wire::kResponse, 0, 0,
+                       ping->header.request_id,    0, 6, 0, 0};
+  ASSERT_TRUE(rogue.Send(forged, "forged").ok());
+  EXPECT_TRUE(rogue.CutOff(absl::Seconds(10)));
+  // The forged answer never completed the server's call: CallBack never answered at all, the
+  // connection having failed under it.
+  auto answer = rogue.Receive(rpc_wire::kResponse, absl::Milliseconds(200));
+  EXPECT_FALSE(answer.ok()) << "CallBack (request " << id << ") answered "
+                            << answer->header.status << " " << answer->payload;
+  auto after = good_->ServerStats();
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(after->server().protocol_errors(), before->server().protocol_errors() + 1);
+  ExpectHealthy(*good_, 13);
+}
+
+// A peer that keeps calling while it returns almost none of the credits the answers need: the
+// answers wait in the worker's send buffers, which every connection on that worker shares. One
+// connection may park only so many; beyond that it is failed, before the pool runs dry for all.
+TEST_F(BulkSecurityTest, APeerThatHoldsBackCreditsCannotParkUnboundedResponses) {
+  testing::RogueConnection rogue;
+  ASSERT_TRUE(rogue.Connect(port_, "e2e").ok());
+  auto before = good_->ServerStats();
+  ASSERT_TRUE(before.ok()) << before.status();
+  uint32_t available = rogue.negotiated().client_credits();
+  uint64_t request_id = 1000;
+  int sent = 0;
+  absl::Time progress = absl::Now();
+  while (sent < 3000 && absl::Now() - progress < absl::Seconds(2)) {
+    available += rogue.TakeCredits();
+    if (available == 0) continue;
+    // Our last credit carries back a single one of the many we owe.
+    MessageHeader h{rpc_wire::kProtocolVersion, rpc_wire::kRequest, 0, Id("/test.E2E/Echo"),
+                    request_id++, 0, 1, available == 1 ? 1u : 0u, 0};
+    if (!rogue.Send(h, "x").ok()) break;
+    --available;
+    ++sent;
+    progress = absl::Now();
+  }
+  // The server's limit is 4 x 32 parked messages for this connection; without one, this rogue
+  // parks a response per call until the worker's 16384 send buffers are gone.
+  EXPECT_LT(sent, 1000) << "the server kept parking responses for a peer returning no credits";
+  auto after = good_->ServerStats();
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(after->server().protocol_errors(), before->server().protocol_errors() + 1);
+  ExpectHealthy(*good_, 14);
+}
+
 }  // namespace
 }  // namespace swirl

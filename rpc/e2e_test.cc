@@ -220,6 +220,40 @@ TEST_F(E2ETest, ProtocolVersionMismatchIsRefused) {
   EXPECT_NE(s.error_message().find("version 99"), std::string::npos) << s.error_message();
 }
 
+// Stats lists every connection's id to anyone who asks; Disconnect must not take such an id from
+// a caller without the token, or anyone could cut every client off.
+TEST_F(E2ETest, DisconnectWithoutTheTokenIsRefused) {
+  auto good = Connect(port_);
+  ASSERT_TRUE(good.ok()) << good.status();
+  ASSERT_EQ(Echo(**good, "before"), "before");
+  auto stats = Stats(port_);
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  bool listed = false;
+  for (const auto& c : stats->connections()) listed |= c.connection_id() == (*good)->connection_id();
+  ASSERT_TRUE(listed);
+  for (const char* token : {"", "wrong"}) {
+    SCOPED_TRACE(token);
+    auto grpc_channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", port_),
+                                            grpc::InsecureChannelCredentials());
+    auto stub = control::Control::NewStub(grpc_channel);
+    grpc::ClientContext ctx;
+    if (*token != '\0') ctx.AddMetadata("authorization", absl::StrCat("Bearer ", token));
+    control::DisconnectRequest request;
+    request.set_connection_id((*good)->connection_id());
+    control::DisconnectResponse response;
+    grpc::Status s = stub->Disconnect(&ctx, request, &response);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED) << s.error_message();
+  }
+  absl::SleepFor(absl::Milliseconds(100));  // a close, had there been one, takes effect
+  std::string response;
+  CallOptions options;
+  options.timeout = absl::Seconds(5);
+  absl::Status s = CallRaw(**good, Id("/test.E2E/Echo"), "after", &response, options);
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(response, "after");
+  EXPECT_TRUE((*good)->connected());
+}
+
 // A hand-rolled client that completes the real handshake and then puts garbage on the wire.
 class RogueClient {
  public:

@@ -170,16 +170,7 @@ class Server::Impl final : public control::Control::Service {
                          control::ConnectResponse* response) {
     // Everything is checked before any QP or buffer is committed to this client.
     if (!accepting_.load()) return absl::UnavailableError("server is shutting down");
-    if (!options_.auth_token.empty()) {
-      auto it = context->client_metadata().find("authorization");
-      absl::string_view presented =
-          it == context->client_metadata().end()
-              ? absl::string_view()
-              : absl::string_view(it->second.data(), it->second.size());
-      if (!internal::TokenMatches(presented, options_.auth_token)) {
-        return absl::UnauthenticatedError("missing or wrong token");
-      }
-    }
+    if (!Authenticated(context)) return absl::UnauthenticatedError("missing or wrong token");
     // The version first: an incompatible client is told so before anything else is parsed.
     internal::LocalConfig local = LocalConfig();
     auto negotiated = internal::Negotiate(request, caps_, local);
@@ -207,6 +198,15 @@ class Server::Impl final : public control::Control::Service {
     absl::Status s = Establish(id, request, *client_address, *negotiated, context->peer(), response);
     if (!s.ok()) OnClosed(id);
     return s;
+  }
+
+  bool Authenticated(const grpc::ServerContext* context) const {
+    if (options_.auth_token.empty()) return true;
+    auto it = context->client_metadata().find("authorization");
+    absl::string_view presented = it == context->client_metadata().end()
+                                      ? absl::string_view()
+                                      : absl::string_view(it->second.data(), it->second.size());
+    return internal::TokenMatches(presented, options_.auth_token);
   }
 
   absl::Status Establish(uint64_t id, const control::ConnectRequest& request,
@@ -261,8 +261,21 @@ class Server::Impl final : public control::Control::Service {
     return absl::OkStatus();
   }
 
-  grpc::Status Disconnect(grpc::ServerContext*, const control::DisconnectRequest* request,
+  grpc::Status Disconnect(grpc::ServerContext* context, const control::DisconnectRequest* request,
                           control::DisconnectResponse*) override {
+    // Connection ids are no secret (Stats lists them to anyone): ending a connection takes the
+    // token Connect took, and the address that connection was made from, or anyone could cut
+    // every client off.
+    if (!Authenticated(context)) {
+      return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "missing or wrong token");
+    }
+    {
+      swirl::MutexLock lock(&mu_);
+      auto it = owners_.find(request->connection_id());
+      if (it == owners_.end() || it->second != internal::ClientKey(context->peer())) {
+        return grpc::Status(grpc::StatusCode::NOT_FOUND, "no such connection");
+      }
+    }
     swirl::ReaderMutexLock lock(&workers_mu_);
     for (auto& w : workers_) {
       if (w->Find(request->connection_id()) != nullptr) {

@@ -768,6 +768,14 @@ void Worker::SendHandlerResult(Connection* c, Incoming& in, absl::Status status,
 }
 
 void Worker::CompleteCall(Connection* c, const MessageHeader& h, const char* payload) {
+  // A call whose response already came with bulk data has an RDMA READ writing into its
+  // buffer: a second response would complete it (and hand that buffer back) under the device.
+  if (const ClientCall* pending = PendingCall(c, h.request_id);
+      pending != nullptr && pending->read_op_ >= 0) {
+    ProtocolError(c, absl::InvalidArgumentError(
+                         absl::StrFormat("a second response for request %u", h.request_id)));
+    return;
+  }
   ClientCall* call = ReleaseSlot(c, h.request_id);
   if (call == nullptr) return;  // cancelled or timed out already; the late response is dropped
   Bump(c->counters_.responses_received);
@@ -911,7 +919,21 @@ void Worker::EmitMessage(Connection* c, char* data, uint32_t length, int32_t buf
     QueueWr(c, data, length, buffer, invalidate_rkey, flags);
     return;
   }
-  // No credit now: park it in a send buffer until the peer returns some.
+  // No credit now: park it in a send buffer until the peer returns some. The send pool is the
+  // worker's, shared by all its connections; a peer that keeps calling while it holds back the
+  // credits to answer it would otherwise park responses until the pool is gone for everyone.
+  // Bounded per connection: its share of the pool, and at least twice what a peer that honours
+  // the protocol can have waiting (a response plus an ack or grant for each of its calls, of
+  // which it has at most 2 x local_credits_ slots).
+  const size_t max_backlog = std::max<size_t>(4 * size_t{c->local_credits_},
+                                              send_pool_->count() / options_.max_connections);
+  if (c->response_backlog_.size() >= max_backlog) {
+    if (buffer >= 0) send_pool_->Give(static_cast<uint32_t>(buffer));
+    ProtocolError(c, absl::ResourceExhaustedError(absl::StrFormat(
+                         "%u messages wait for credits the peer does not return",
+                         c->response_backlog_.size())));
+    return;
+  }
   if (buffer < 0) {
     if (send_pool_->empty()) {
       FailConnection(c, absl::ResourceExhaustedError("send buffers exhausted"));

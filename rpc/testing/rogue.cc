@@ -2,6 +2,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -20,7 +21,7 @@ constexpr uint64_t kRecvTag = uint64_t{1} << 62;
 }  // namespace
 
 absl::Status RogueConnection::Connect(int port, const std::string& token,
-                                      control::BulkMode bulk_mode) {
+                                      control::BulkMode bulk_mode, bool remote_invalidation) {
   auto ctx = OpenDevice("");
   if (!ctx.ok()) return ctx.status();
   ctx_ = *ctx;
@@ -79,7 +80,7 @@ absl::Status RogueConnection::Connect(int port, const std::string& token,
   caps->set_recv_credits(kRecvs);
   caps->set_recv_buffer_size(kRecvSize);
   caps->set_max_message_size(kRecvSize - sizeof(rpc_wire::MessageHeader));
-  caps->set_remote_invalidation(true);
+  caps->set_remote_invalidation(remote_invalidation);
   caps->set_mw_type2(true);
   caps->set_eager_threshold(2048);
   caps->set_window_credits(8);
@@ -165,6 +166,7 @@ void RogueConnection::PollOnce() {
         std::memcpy(&r.header, buffer, sizeof(r.header));
         r.payload.assign(buffer + sizeof(r.header), wc[i].byte_len - sizeof(r.header));
         r.wc_flags = wc[i].wc_flags;
+        credits_received_ += r.header.credits;
         r.invalidated_rkey = wc[i].invalidated_rkey;
         inbox_.push_back(std::move(r));
         ibv_sge sge{reinterpret_cast<uint64_t>(buffer), kRecvSize, recv_mr_->lkey()};
@@ -173,7 +175,7 @@ void RogueConnection::PollOnce() {
         wr.sg_list = &sge;
         wr.num_sge = 1;
         ibv_recv_wr* bad;
-        ibv_post_recv(qp_->get(), &wr, &bad);
+        if (ibv_post_recv(qp_->get(), &wr, &bad) == 0) ++credits_owed_;
       }
     } else if (unwatched_.erase(wc[i].wr_id) == 0) {
       send_done_.push_back(wc[i]);
@@ -246,16 +248,55 @@ absl::StatusOr<ibv_wc_status> RogueConnection::Rdma(ibv_wr_opcode opcode, uint64
   return wc->status;
 }
 
+rpc_wire::BulkDescriptor RogueConnection::Expose(absl::string_view data) {
+  if (exposed_mr_ == nullptr || exposed_.size() < data.size()) {
+    exposed_mr_.reset();
+    exposed_.assign(std::max<size_t>(data.size(), 4096), '\0');
+    auto mr = verbs::MemoryRegion::Register(
+        pd_, exposed_.data(), exposed_.size(),
+        IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE);
+    if (!mr.ok()) return {};
+    exposed_mr_ = std::move(*mr);
+  }
+  std::memcpy(exposed_.data(), data.data(), data.size());
+  return {reinterpret_cast<uint64_t>(exposed_.data()), static_cast<uint32_t>(data.size()),
+          exposed_mr_->rkey()};
+}
+
+uint32_t RogueConnection::TakeCredits() {
+  PollOnce();
+  const uint32_t n = credits_received_;
+  credits_received_ = 0;
+  return n;
+}
+
 bool RogueConnection::CutOff(absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
+  absl::Time ping_sent = absl::InfinitePast();
+  bool ping_out = false;
   while (absl::Now() < deadline) {
     PollOnce();
     auto state = qp_->QueryState();
     if (state.ok() && *state == IBV_QPS_ERR) return true;
-    // A link the server dropped fails our next request; poke it.
-    rpc_wire::MessageHeader ping{rpc_wire::kProtocolVersion, rpc_wire::kPing, 0, 0, 0, 0, 0, 0, 0};
-    std::string bytes(reinterpret_cast<const char*>(&ping), sizeof(ping));
-    (void)SendRaw(bytes);
+    for (size_t i = 0; i < inbox_.size(); ++i) {
+      if (inbox_[i].header.type == rpc_wire::kPong) {
+        inbox_.erase(inbox_.begin() + static_cast<long>(i));
+        ping_out = false;
+        break;
+      }
+    }
+    // A link the server dropped shows only when we next send: poke it. One ping at a time,
+    // returning the credits we owe, so that the poke itself never breaks flow control (the
+    // server would cut us off for that, whatever the test was about); a pong that does not come
+    // within 100 ms is no proof of anything, so then poke again.
+    if (!ping_out || absl::Now() - ping_sent > absl::Milliseconds(100)) {
+      rpc_wire::MessageHeader ping{
+          rpc_wire::kProtocolVersion, rpc_wire::kPing, 0, 0, 0, 0, 0, credits_owed_, 0};
+      std::string bytes(reinterpret_cast<const char*>(&ping), sizeof(ping));
+      if (SendRaw(bytes).ok()) credits_owed_ = 0;
+      ping_out = true;
+      ping_sent = absl::Now();
+    }
     absl::SleepFor(absl::Milliseconds(2));
   }
   return false;

@@ -32,8 +32,10 @@ struct Received {
 class RogueConnection {
  public:
   // Completes Control.Connect with `token` and moves our QP to RTS.
+  // `remote_invalidation` is what we declare: false negotiates the explicit local fallback.
   absl::Status Connect(int port, const std::string& token,
-                       control::BulkMode bulk_mode = control::BULK_SERVER_EXPOSES);
+                       control::BulkMode bulk_mode = control::BULK_SERVER_EXPOSES,
+                       bool remote_invalidation = true);
   const control::Negotiated& negotiated() const { return negotiated_; }
 
   // Sends one message (inline when small): SEND, or SEND_WITH_INV when invalidate_rkey != 0.
@@ -53,6 +55,14 @@ class RogueConnection {
   absl::StatusOr<ibv_wc_status> Read(uint64_t addr, uint32_t rkey, uint32_t length,
                                      std::string* out);
   absl::StatusOr<ibv_wc_status> Write(uint64_t addr, uint32_t rkey, absl::string_view data);
+
+  // Copies `data` into a region of ours the peer may READ (and WRITE) and describes it, as a
+  // bulk descriptor of our own (responses to the server's calls, mirror requests).
+  rpc_wire::BulkDescriptor Expose(absl::string_view data);
+
+  // Credits the server returned (the `credits` fields of everything received) since the last
+  // call; polls first.
+  uint32_t TakeCredits();
 
   // True once our QP is in the error state (the server cut us off), within `timeout`.
   bool CutOff(absl::Duration timeout);
@@ -79,6 +89,10 @@ class RogueConnection {
   std::string scratch_;
   std::unique_ptr<verbs::MemoryRegion> recv_mr_;
   std::unique_ptr<verbs::MemoryRegion> scratch_mr_;
+  std::string exposed_;
+  std::unique_ptr<verbs::MemoryRegion> exposed_mr_;
+  uint32_t credits_received_ = 0;
+  uint32_t credits_owed_ = 0;  // receives re-posted since we last returned credits (CutOff)
   control::Negotiated negotiated_;
   uint64_t next_request_ = 1;
   uint64_t next_wr_ = 1;
