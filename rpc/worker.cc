@@ -454,7 +454,11 @@ bool Worker::RunOnce() {
     }
   }
   did |= n > 0;
-  if (!repost_.empty()) RepostRecvs();
+  // Receive buffers go back to the SRQ when the loop comes up empty or a batch has gathered:
+  // off the critical path of a request/response exchange, one doorbell per batch under load.
+  // The SRQ holds two connections' worth of credits beyond what is granted, more than the
+  // batch held back, so a peer within its credits still never meets an empty queue.
+  if (!repost_.empty() && (!did || repost_.size() >= options_.credits)) RepostRecvs();
   // Timers need the clock, which costs more than an idle iteration: look every 64th.
   if ((++iterations_ & 63) == 0) {
     absl::Time now = absl::Now();
