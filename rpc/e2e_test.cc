@@ -254,6 +254,40 @@ TEST_F(E2ETest, DisconnectWithoutTheTokenIsRefused) {
   EXPECT_TRUE((*good)->connected());
 }
 
+// Blocking handlers wait in a queue for the pool, holding what they were sent, and the peer has
+// its credits back at once: one connection may have only 2 x its credits queued. One-way calls
+// (no call slot bounds them) to a handler that blocks until the gate opens: exactly that many
+// get through, the rest are dropped, and the server answers everyone throughout.
+TEST_F(E2ETest, QueuedBlockingCallsAreBoundedPerConnection) {
+  auto flood = Connect(port_);
+  ASSERT_TRUE(flood.ok()) << flood.status();
+  const int limit = 2 * static_cast<int>((*flood)->negotiated().client_credits());
+  for (int i = 0; i < 3 * limit; ++i) {
+    ClientCall call;
+    call.SetMethod(Id("/test.E2E/Gate"));
+    call.SetOneWay(true);
+    (*flood)->Start(&call);
+    ASSERT_TRUE(call.Wait().ok()) << i << ": " << call.status();
+  }
+  auto other = Connect(port_);
+  ASSERT_TRUE(other.ok()) << other.status();
+  ASSERT_EQ(Echo(**other, "meanwhile"), "meanwhile");
+  ASSERT_EQ(Echo(**flood, "meanwhile"), "meanwhile");
+  std::string passed;
+  ASSERT_TRUE(CallRaw(**other, Id("/test.E2E/GatePassed"), "", &passed, {}).ok());
+  EXPECT_EQ(passed, "0") << "the gate is shut: nothing got through yet";
+  ASSERT_TRUE(CallRaw(**other, Id("/test.E2E/OpenGate"), "", &passed, {}).ok());
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  do {
+    ASSERT_TRUE(CallRaw(**other, Id("/test.E2E/GatePassed"), "", &passed, {}).ok());
+  } while (passed != std::to_string(limit) && absl::Now() < deadline);
+  EXPECT_EQ(passed, std::to_string(limit));
+  // Nothing beyond the limit was queued to run later.
+  ASSERT_EQ(Echo(**flood, "after"), "after");
+  ASSERT_TRUE(CallRaw(**other, Id("/test.E2E/GatePassed"), "", &passed, {}).ok());
+  EXPECT_EQ(passed, std::to_string(limit));
+}
+
 // A hand-rolled client that completes the real handshake and then puts garbage on the wire.
 class RogueClient {
  public:

@@ -801,9 +801,26 @@ void Worker::CompleteCall(Connection* c, const MessageHeader& h, const char* pay
 
 void Worker::RunOnPool(Connection* c, Incoming& in, const Service::Method* method) {
   const MessageHeader& h = in.header;
-  ++c->pool_handlers_;
-  auto cancelled = std::make_shared<std::atomic<bool>>(false);
   const bool one_way = h.type == rpc_wire::kOneWay;
+  // Queued blocking handlers hold their request and attachment until a pool thread gets to
+  // them, and the peer has its credits back at once: without a bound, one peer could queue
+  // without end (one-way calls take no call slot) or pin the bulk pool through attachments.
+  const uint64_t held = in.eager.size() + in.bulk.capacity();
+  if (c->pool_handlers_ >= 2 * c->local_credits_ ||
+      c->pool_bytes_ + held > options_.grant_bytes_per_connection) {
+    if (!one_way) {
+      SendResponseBytes(c, h.request_id,
+                        absl::ResourceExhaustedError(absl::StrFormat(
+                            "%u blocking calls (%u bytes) of this connection wait for the "
+                            "handler pool already",
+                            c->pool_handlers_, c->pool_bytes_)),
+                        {});
+    }
+    return;  // the attachment, if any, goes back to the pool with `in`
+  }
+  ++c->pool_handlers_;
+  c->pool_bytes_ += held;
+  auto cancelled = std::make_shared<std::atomic<bool>>(false);
   if (!one_way) c->running_[h.request_id] = cancelled;
   const bool message_in_bulk = (h.aux & rpc_wire::kAuxBulkIsMessage) != 0;
   // The pool path copies the (eager) message: blocking handlers are not the zero-copy path.
@@ -812,7 +829,7 @@ void Worker::RunOnPool(Connection* c, Incoming& in, const Service::Method* metho
   if (message_in_bulk) in.bulk.Release();
   const bool has_chunk = in.has_chunk;
   const rpc_wire::BulkDescriptor chunk = in.chunk;
-  pool_->Schedule([this, connection = c->shared_from_this(), method, header = h, one_way,
+  pool_->Schedule([this, connection = c->shared_from_this(), method, header = h, one_way, held,
                    request = std::move(request), attachment = std::move(attachment), cancelled,
                    has_chunk, chunk]() mutable {
     thread_local absl::flat_hash_map<const Service::Method*, std::unique_ptr<Service::Invoker>>
@@ -825,11 +842,12 @@ void Worker::RunOnPool(Connection* c, Incoming& in, const Service::Method* metho
                             ? connection->negotiated().max_bulk_size()
                             : connection->max_payload_);
     absl::Status status = invoker->Invoke(ctx, request, writer);
-    RunInLoop([this, connection, header, one_way, status = std::move(status),
+    RunInLoop([this, connection, header, one_way, held, status = std::move(status),
                response = writer.Take(), bulk = std::move(ctx.mutable_response_bulk()),
                has_chunk, chunk]() mutable {
       Connection* c = connection.get();
       --c->pool_handlers_;
+      c->pool_bytes_ -= held;
       c->running_.erase(header.request_id);
       if (one_way || c->state_.load() >= Connection::State::kClosing) return;
       Incoming in;

@@ -244,6 +244,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   uint32_t peer_available_ = 0;         // credits the peer holds (it may send this many more)
   uint32_t pool_handlers_ = 0;          // blocking handlers still running
+  uint64_t pool_bytes_ = 0;             // requests and attachments they hold
   absl::flat_hash_map<uint64_t, std::shared_ptr<std::atomic<bool>>> running_;  // pool handlers
   bool received_ = false;               // something arrived since the last timer pass
   absl::Time last_received_;

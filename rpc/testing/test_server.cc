@@ -40,6 +40,9 @@ namespace {
 
 std::atomic<bool> g_stop{false};
 std::atomic<int> g_cancelled{0};
+// Gate: blocking handlers wait for OpenGate (at most 20 s); GatePassed counts those through.
+std::atomic<bool> g_gate_open{false};
+std::atomic<int> g_gate_passed{0};
 swirl::Server* g_server = nullptr;
 
 using swirl::testing::Fnv;
@@ -71,6 +74,24 @@ class E2E : public swirl::Service {
           return absl::OkStatus();
         },
         swirl::MethodOptions{swirl::Execution::kThreadPool, false});
+    AddRawMethod(
+        "Gate",
+        [](swirl::ServerContext&, absl::string_view, swirl::ResponseWriter&) {
+          const absl::Time until = absl::Now() + absl::Seconds(20);
+          while (!g_gate_open.load() && absl::Now() < until) absl::SleepFor(absl::Milliseconds(1));
+          g_gate_passed.fetch_add(1);
+          return absl::OkStatus();
+        },
+        swirl::MethodOptions{swirl::Execution::kThreadPool, /*one_way=*/true});
+    AddRawMethod("OpenGate", [](swirl::ServerContext&, absl::string_view, swirl::ResponseWriter&) {
+      g_gate_open.store(true);
+      return absl::OkStatus();
+    });
+    AddRawMethod("GatePassed", [](swirl::ServerContext&, absl::string_view,
+                                  swirl::ResponseWriter& out) {
+      out.Append(std::to_string(g_gate_passed.load()));
+      return absl::OkStatus();
+    });
     AddRawMethod("Cancelled", [](swirl::ServerContext&, absl::string_view,
                                  swirl::ResponseWriter& out) {
       out.Append(std::to_string(g_cancelled.load()));
