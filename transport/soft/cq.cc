@@ -14,7 +14,6 @@
 namespace swirl::soft {
 namespace {
 
-
 // Progress for every QP completing into `cq`, so that polling a CQ is what moves its traffic.
 // A QP another thread is working on right now is skipped, and so is the whole list while another
 // poller walks it: that thread makes the progress. Progress can block for a while (a peer's
