@@ -132,6 +132,7 @@ uint32_t Worker::BindWindow(Connection* c, int32_t w, uint64_t addr, uint32_t le
 
 void Worker::FreeWindow(Connection* c, int32_t w) {
   Window& window = c->windows_[w];
+  if (window.purpose == Window::Purpose::kDownload) c->download_bytes_ -= window.buffer.capacity();
   if (window.state != Window::State::kFree) {
     windows_exposed_.store(windows_exposed_.load(std::memory_order_relaxed) - 1,
                            std::memory_order_relaxed);
@@ -519,6 +520,20 @@ void Worker::SendBulkResponse(Connection* c, const Incoming& request, Writer* wr
     c->static_download_[request_id] = d.addr;
     c->static_exposed_[d.addr] = std::move(data);
   } else {
+    // Downloads the peer has not acknowledged keep their buffers out of the worker's pool, which
+    // all its connections share: a peer that never acknowledges may hold only so much (and each
+    // window only for its lease).
+    if (c->download_bytes_ + data.capacity() > options_.download_bytes_per_connection) {
+      if (buffer >= 0) send_pool_->Give(static_cast<uint32_t>(buffer));
+      SendResponseBytes(c, request_id,
+                        absl::ResourceExhaustedError(absl::StrFormat(
+                            "a %u-byte download would take this connection's unacknowledged "
+                            "downloads (%u bytes) past its limit (%u)",
+                            data.capacity(), c->download_bytes_,
+                            options_.download_bytes_per_connection)),
+                        {});
+      return;
+    }
     const int32_t w = AcquireWindow(c);
     if (w < 0) {
       if (buffer >= 0) send_pool_->Give(static_cast<uint32_t>(buffer));
@@ -531,6 +546,7 @@ void Worker::SendBulkResponse(Connection* c, const Incoming& request, Writer* wr
     Window& win = c->windows_[w];
     d = {win.addr, length, rkey};
     win.buffer = std::move(data);
+    c->download_bytes_ += win.buffer.capacity();
   }
   *reinterpret_cast<MessageHeader*>(msg) =
       MessageHeader{rpc_wire::kProtocolVersion,

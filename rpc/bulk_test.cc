@@ -375,6 +375,57 @@ TEST(BulkNegotiation, UnsafeStaticRkeyNeedsTheServersOptIn) {
 
 // ---- Security: what a misbehaving client can and cannot do ------------------------------------
 
+// Downloads a peer leaves unacknowledged hold pool memory every connection of the worker shares:
+// past download_bytes_per_connection the server answers RESOURCE_EXHAUSTED instead of exposing
+// more, and an acknowledgement makes room again.
+TEST(BulkLimits, UnacknowledgedDownloadsAreCappedPerConnection) {
+  auto server = testing::SpawnServer(kServer, {"--download_bytes=262144"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  testing::RogueConnection rogue;
+  ASSERT_TRUE(rogue.Connect(server->second, "e2e").ok());
+  auto download = [&](uint64_t* id) -> absl::StatusOr<testing::Received> {
+    if (auto s = rogue.Call("/test.E2E/Fill", "65536", 0, 0, id); !s.ok()) return s;
+    return rogue.Receive(rpc_wire::kResponse);
+  };
+  std::vector<std::pair<uint64_t, BulkDescriptor>> held;
+  for (int i = 0; i < 4; ++i) {  // 4 x 64 KiB: exactly the budget
+    uint64_t id;
+    auto r = download(&id);
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_EQ(r->header.status, 0u) << i << ": " << r->payload;
+    ASSERT_TRUE(r->header.flags & rpc_wire::kFlagBulk);
+    BulkDescriptor d;
+    std::memcpy(&d, r->payload.data(), sizeof(d));
+    held.push_back({id, d});
+  }
+  uint64_t id;
+  auto refused = download(&id);
+  ASSERT_TRUE(refused.ok()) << refused.status();
+  EXPECT_EQ(refused->header.status, static_cast<uint32_t>(absl::StatusCode::kResourceExhausted))
+      << refused->payload;
+  EXPECT_FALSE(refused->header.flags & rpc_wire::kFlagBulk);
+  // Reading and acknowledging one makes room for one more.
+  std::string data;
+  auto st = rogue.Read(held[0].second.addr, held[0].second.rkey, held[0].second.length, &data);
+  ASSERT_TRUE(st.ok());
+  ASSERT_EQ(*st, IBV_WC_SUCCESS);
+  MessageHeader ack{rpc_wire::kProtocolVersion, rpc_wire::kBulkAck, 0, 0, held[0].first, 0, 0, 0,
+                    held[0].second.rkey};
+  ASSERT_TRUE(rogue.Send(ack, {}, held[0].second.rkey).ok());
+  // One QP, in order: the server has the acknowledgement before the next call.
+  auto again = download(&id);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->header.status, 0u) << again->payload;
+  // Other clients never noticed.
+  ChannelOptions options;
+  options.auth_token = "e2e";
+  auto good = Channel::Create(absl::StrCat("127.0.0.1:", server->second), options);
+  ASSERT_TRUE(good.ok()) << good.status();
+  ExpectHealthy(**good, 13);
+}
+
+
+
 class BulkSecurityTest : public ::testing::Test {
  protected:
   void SetUp() override {

@@ -62,6 +62,8 @@ struct ServerOptions {
   uint32_t window_credits = 8;           // upload windows granted ahead of need, per size class
                                          // per connection (within grant_bytes_per_connection)
   size_t grant_bytes_per_connection = 32 << 20;  // pool memory one peer may hold in grants
+  // ... and in downloads it has not acknowledged yet (beyond: RESOURCE_EXHAUSTED responses).
+  size_t download_bytes_per_connection = 64 << 20;
   size_t bulk_pool_bytes = 128 << 20;    // per worker; 0: no bulk
   size_t max_bulk_size = 16 << 20;       // per transfer
   // Refuse clients whose device cannot do remote invalidation (no local fallback).

@@ -245,6 +245,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   uint32_t peer_available_ = 0;         // credits the peer holds (it may send this many more)
   uint32_t pool_handlers_ = 0;          // blocking handlers still running
   uint64_t pool_bytes_ = 0;             // requests and attachments they hold
+  uint64_t download_bytes_ = 0;         // buffers behind download windows not yet acknowledged
   absl::flat_hash_map<uint64_t, std::shared_ptr<std::atomic<bool>>> running_;  // pool handlers
   bool received_ = false;               // something arrived since the last timer pass
   absl::Time last_received_;
@@ -269,6 +270,8 @@ struct WorkerOptions {
   // Pool memory one connection may hold through upload windows granted to its peer and not
   // used yet (a peer cannot pin the whole pool by asking for grants it never uses).
   uint64_t grant_bytes_per_connection = 32 << 20;
+  // Pool memory one connection may hold in downloads its peer has not acknowledged.
+  uint64_t download_bytes_per_connection = 64 << 20;
   bool unsafe_static_rkey = false;   // also register the pool for remote access (benchmarks)
   absl::Duration window_lease = absl::Seconds(5);
   // Called on the loop thread when a connection is gone for good.

@@ -33,6 +33,7 @@ ABSL_FLAG(std::string, token, "e2e", "authentication token");
 ABSL_FLAG(int, max_per_client, 64, "connections per client address");
 ABSL_FLAG(int, shutdown_ms, 3000, "graceful shutdown deadline");
 ABSL_FLAG(int, window_lease_ms, 5000, "bulk window lease");
+ABSL_FLAG(int64_t, download_bytes, 64 << 20, "unacknowledged download bytes per connection");
 ABSL_FLAG(bool, allow_unsafe, false, "allow the unsafe static-rkey bulk mode");
 ABSL_FLAG(bool, no_local_fallback, false, "refuse clients without remote invalidation");
 
@@ -186,6 +187,7 @@ int main(int argc, char** argv) {
   options.max_connections_per_client = absl::GetFlag(FLAGS_max_per_client);
   options.keepalive = absl::Seconds(1);
   options.window_lease = absl::Milliseconds(absl::GetFlag(FLAGS_window_lease_ms));
+  options.download_bytes_per_connection = static_cast<size_t>(absl::GetFlag(FLAGS_download_bytes));
   options.allow_unsafe_static_rkey_for_benchmarks = absl::GetFlag(FLAGS_allow_unsafe);
   options.allow_local_invalidation_fallback = !absl::GetFlag(FLAGS_no_local_fallback);
   E2E service;
