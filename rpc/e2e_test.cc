@@ -43,12 +43,13 @@ std::string Echo(Channel& channel, const std::string& request) {
   return s.ok() ? response : s.ToString();
 }
 
-absl::StatusOr<control::StatsResponse> Stats(int port) {
+absl::StatusOr<control::StatsResponse> Stats(int port, const std::string& token = "e2e") {
   auto channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", port),
                                      grpc::InsecureChannelCredentials());
   auto stub = control::Control::NewStub(channel);
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+  if (!token.empty()) ctx.AddMetadata("authorization", absl::StrCat("Bearer ", token));
   control::StatsRequest request;
   control::StatsResponse response;
   grpc::Status s = stub->Stats(&ctx, request, &response);
@@ -220,9 +221,12 @@ TEST_F(E2ETest, ProtocolVersionMismatchIsRefused) {
   EXPECT_NE(s.error_message().find("version 99"), std::string::npos) << s.error_message();
 }
 
-// Stats lists every connection's id to anyone who asks; Disconnect must not take such an id from
-// a caller without the token, or anyone could cut every client off.
+// Connection ids are no secret to a client holding the token (Stats lists them); Disconnect must
+// not take such an id from a caller without the token, or anyone could cut every client off.
+// Stats itself wants the token too.
 TEST_F(E2ETest, DisconnectWithoutTheTokenIsRefused) {
+  EXPECT_FALSE(Stats(port_, "").ok());
+  EXPECT_FALSE(Stats(port_, "wrong").ok());
   auto good = Connect(port_);
   ASSERT_TRUE(good.ok()) << good.status();
   ASSERT_EQ(Echo(**good, "before"), "before");

@@ -287,8 +287,13 @@ class Server::Impl final : public control::Control::Service {
     return grpc::Status(grpc::StatusCode::NOT_FOUND, "no such connection");
   }
 
-  grpc::Status Stats(grpc::ServerContext*, const control::StatsRequest* request,
+  grpc::Status Stats(grpc::ServerContext* context, const control::StatsRequest* request,
                      control::StatsResponse* response) override {
+    // Connection ids, client names and traffic are the server's business: the token, as for
+    // Connect. (The gRPC health service stays open for probes.)
+    if (!Authenticated(context)) {
+      return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "missing or wrong token");
+    }
     *response = CollectStats(request->connection_id());
     return grpc::Status::OK;
   }
