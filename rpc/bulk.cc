@@ -641,8 +641,9 @@ void Worker::HandleBulkResponse(Connection* c, const MessageHeader& h, const cha
             ? bulk_pool_->Allocate(d.length)
             : absl::StatusOr<BulkBuffer>(absl::FailedPreconditionError("no bulk pool"));
     if (!fresh.ok() || dest == call->response_bulk_) {
-      SendBulkAck(c, h.request_id, d.rkey);
+      // The slot first: if the ack fails the connection, the call is completed once, below.
       ReleaseSlot(c, h.request_id);
+      SendBulkAck(c, h.request_id, d.rkey);
       FinishCall(
           c, call,
           fresh.ok() ? absl::ResourceExhaustedError("response_bulk is too small") : fresh.status());

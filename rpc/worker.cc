@@ -148,21 +148,25 @@ absl::Status Worker::Init() {
   if (options_.buffer_size < kHeader + 64 || options_.credits < 4) {
     return absl::InvalidArgumentError("worker: buffer_size >= 96 and credits >= 4 required");
   }
+  const uint32_t slack = 2 * options_.credits + kPollBatch;  // see recv_total below
   if (caps_.max_srq_wr > 0 &&
-      options_.max_connections * options_.credits + 2 * options_.credits > caps_.max_srq_wr) {
+      options_.max_connections * options_.credits + slack > caps_.max_srq_wr) {
     // The shared receive queue must hold every credit granted; fewer connections fit.
-    if (caps_.max_srq_wr < 3 * options_.credits) {
+    if (caps_.max_srq_wr < options_.credits + slack) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "worker: the device's SRQ (%u) cannot hold one connection of %u credits",
           caps_.max_srq_wr, options_.credits));
     }
-    const uint32_t fit = (caps_.max_srq_wr - 2 * options_.credits) / options_.credits;
+    const uint32_t fit = (caps_.max_srq_wr - slack) / options_.credits;
     SWIRL_LOG(WARNING, "%s: %u connections x %u credits exceed the device's SRQ (%u); limiting "
               "this worker to %u connections", options_.name, options_.max_connections,
               options_.credits, caps_.max_srq_wr, fit);
     options_.max_connections = fit;
   }
-  const uint32_t recv_total = options_.max_connections * options_.credits + 2 * options_.credits;
+  // Two connections' worth of slack beyond every credit granted, plus a poll batch: credits go
+  // back to peers with our next message, and consumed buffers are re-posted a little later
+  // (RunOnce), up to credits - 1 of them plus what one more poll takes in.
+  const uint32_t recv_total = options_.max_connections * options_.credits + slack;
   const uint32_t sq_depth = std::bit_ceil<uint32_t>(options_.credits + kBulkSqReserve + kSignalInterval);
   if (options_.own_thread && options_.adaptive_idle) {
     auto channel = verbs::CompletionChannel::Create(context_);
@@ -807,7 +811,7 @@ void Worker::RunOnPool(Connection* c, Incoming& in, const Service::Method* metho
   // without end (one-way calls take no call slot) or pin the bulk pool through attachments.
   const uint64_t held = in.eager.size() + in.bulk.capacity();
   if (c->pool_handlers_ >= 2 * c->local_credits_ ||
-      c->pool_bytes_ + held > options_.grant_bytes_per_connection) {
+      (c->pool_handlers_ > 0 && c->pool_bytes_ + held > options_.grant_bytes_per_connection)) {
     if (!one_way) {
       SendResponseBytes(c, h.request_id,
                         absl::ResourceExhaustedError(absl::StrFormat(
@@ -911,7 +915,7 @@ void Worker::SendResponseBytes(Connection* c, uint64_t request_id, const absl::S
     FailConnection(c, absl::ResourceExhaustedError("send buffers exhausted"));
     return;
   }
-  std::memcpy(p, body.data(), n);
+  if (n > 0) std::memcpy(p, body.data(), n);  // an empty body may have no data() at all
   writer.Commit(n);
   if (status.ok() && n < body.size()) {
     writer.Abandon();
@@ -937,6 +941,12 @@ void Worker::EmitResponse(Connection* c, Writer* writer, uint64_t request_id, ui
 
 void Worker::EmitMessage(Connection* c, char* data, uint32_t length, int32_t buffer,
                          uint32_t invalidate_rkey, unsigned int flags) {
+  if (c->state_.load(std::memory_order_relaxed) >= Connection::State::kClosing) {
+    // Failed already (possibly by a step of the operation that is emitting this): nothing will
+    // send or give back what is parked from now on.
+    if (buffer >= 0) send_pool_->Give(static_cast<uint32_t>(buffer));
+    return;
+  }
   if (c->send_credits_ > 0 && c->response_backlog_.empty()) {
     QueueWr(c, data, length, buffer, invalidate_rkey, flags);
     return;
@@ -944,16 +954,19 @@ void Worker::EmitMessage(Connection* c, char* data, uint32_t length, int32_t buf
   // No credit now: park it in a send buffer until the peer returns some. The send pool is the
   // worker's, shared by all its connections; a peer that keeps calling while it holds back the
   // credits to answer it would otherwise park responses until the pool is gone for everyone.
-  // Bounded per connection: its share of the pool, and at least twice what a peer that honours
-  // the protocol can have waiting (a response plus an ack or grant for each of its calls, of
-  // which it has at most 2 x local_credits_ slots).
+  // Bounded per connection: its share of the pool, and at least four messages per credit. A
+  // peer that withholds credits reaches it; so can an honest one that keeps calling while it
+  // cannot take our answers (calls it gave up on free its slots, their answers still wait).
+  // Either way the connection is shed, saying why, before the pool runs dry for everyone.
   const size_t max_backlog = std::max<size_t>(4 * size_t{c->local_credits_},
                                               send_pool_->count() / options_.max_connections);
   if (c->response_backlog_.size() >= max_backlog) {
     if (buffer >= 0) send_pool_->Give(static_cast<uint32_t>(buffer));
-    ProtocolError(c, absl::ResourceExhaustedError(absl::StrFormat(
-                         "%u messages wait for credits the peer does not return",
-                         c->response_backlog_.size())));
+    SWIRL_LOG(WARNING, "%s: connection %u (%s): %u messages wait for credits the peer does not "
+              "return; closing it", options_.name, c->id_, c->peer_, c->response_backlog_.size());
+    FailConnection(c, absl::ResourceExhaustedError(absl::StrFormat(
+                          "%u messages waited for credits the peer did not return",
+                          c->response_backlog_.size())));
     return;
   }
   if (buffer < 0) {
@@ -1303,6 +1316,8 @@ void Worker::FinishClose(Connection* c) {
     b = -1;
   }
   c->completed_seq_ = c->next_seq_ - 1;
+  for (const Connection::QueuedMessage& m : c->response_backlog_) send_pool_->Give(m.buffer);
+  c->response_backlog_.clear();
   ReleaseBulk(c);  // windows are deallocated (and so revoked) before the QP goes
   by_qpn_.erase(c->qp_->qp_num());
   last_connection_ = nullptr;
