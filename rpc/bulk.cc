@@ -821,18 +821,11 @@ void Worker::HandleWindowGrant(Connection* c, const MessageHeader& h, const char
   c->grant_requested_ = false;
   if (h.aux == 0) {
     // The server could not grant anything: calls waiting for a window fail rather than hang.
-    for (ClientCall** p = &c->backlog_head_; *p != nullptr;) {
-      ClientCall* call = *p;
-      const bool bulk = call->request_bulk_ != nullptr || call->scratch_;
-      if (!bulk) {
-        p = &call->next_;
-        continue;
-      }
-      *p = call->next_;
+    for (ClientCall* call : UnlinkBacklog(c, [](const ClientCall* call) {
+           return call->request_bulk_ != nullptr || call->scratch_;
+         })) {
       FinishCall(c, call, absl::ResourceExhaustedError("the peer has no upload window to grant"));
     }
-    c->backlog_tail_ = nullptr;
-    for (ClientCall* q = c->backlog_head_; q != nullptr; q = q->next_) c->backlog_tail_ = q;
   }
   PumpBacklog(c);
 }

@@ -1211,11 +1211,37 @@ void Worker::PumpBacklog(Connection* c) {
             m.invalidate_rkey, m.flags);
   }
   while (c->backlog_head_ != nullptr && c->response_backlog_.empty()) {
+    // Unlinked before it is tried: TrySendCall may complete it (a one-way call, a failure),
+    // after which its owner may free it, or its callback start calls that join this list.
     ClientCall* call = c->backlog_head_;
-    if (!TrySendCall(c, call)) break;
     c->backlog_head_ = call->next_;
     if (c->backlog_head_ == nullptr) c->backlog_tail_ = nullptr;
+    call->next_ = nullptr;
+    if (!TrySendCall(c, call)) {  // not completed: back to the front, and wait for credits
+      call->next_ = c->backlog_head_;
+      c->backlog_head_ = call;
+      if (c->backlog_tail_ == nullptr) c->backlog_tail_ = call;
+      break;
+    }
   }
+}
+
+std::vector<ClientCall*> Worker::UnlinkBacklog(Connection* c,
+                                               absl::FunctionRef<bool(const ClientCall*)> drop) {
+  std::vector<ClientCall*> out;
+  c->backlog_tail_ = nullptr;
+  for (ClientCall** p = &c->backlog_head_; *p != nullptr;) {
+    ClientCall* call = *p;
+    if (drop(call)) {
+      *p = call->next_;
+      call->next_ = nullptr;
+      out.push_back(call);
+    } else {
+      c->backlog_tail_ = call;
+      p = &call->next_;
+    }
+  }
+  return out;
 }
 
 uint64_t Worker::AllocateSlot(Connection* c, ClientCall* call) {
@@ -1352,17 +1378,12 @@ void Worker::Timers(absl::Time now) {
     }
     if (!c->windows_.empty()) BulkTimers(c, now);
     if (c->grant_owed_) SendOwedGrant(c);
-    for (ClientCall** p = &c->backlog_head_; *p != nullptr;) {
-      ClientCall* call = *p;
-      if (call->deadline_ > now) {
-        p = &call->next_;
-        continue;
+    if (c->backlog_head_ != nullptr) {
+      for (ClientCall* call :
+           UnlinkBacklog(c, [now](const ClientCall* call) { return call->deadline_ <= now; })) {
+        FinishCall(c, call, absl::DeadlineExceededError("deadline exceeded before sending"));
       }
-      *p = call->next_;
-      FinishCall(c, call, absl::DeadlineExceededError("deadline exceeded before sending"));
     }
-    c->backlog_tail_ = nullptr;
-    for (ClientCall* q = c->backlog_head_; q != nullptr; q = q->next_) c->backlog_tail_ = q;
     if (options_.keepalive > absl::ZeroDuration()) {
       if (c->received_) {
         c->received_ = false;

@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/functional/function_ref.h"
 #include "absl/random/random.h"
 #include "absl/status/statusor.h"
 #include "base/mutex.h"
@@ -416,6 +417,10 @@ class Worker {
   void FlushSends();
   void FlushConnection(Connection* c);
   void PumpBacklog(Connection* c);
+  // Takes the backlog's calls that `drop` selects out of it, leaving the list and its tail
+  // whole before any of them completes (their callbacks may start calls that join it).
+  std::vector<ClientCall*> UnlinkBacklog(Connection* c,
+                                         absl::FunctionRef<bool(const ClientCall*)> drop);
   void FillHeader(Connection* c, rpc_wire::MessageHeader* h);
   char* InlineSlot();
 
