@@ -573,14 +573,7 @@ void Worker::HandleBulkResponse(Connection* c, const MessageHeader& h, const cha
   std::memcpy(&d, payload, sizeof(d));
   const absl::string_view eager(payload + sizeof(d), h.payload_len - sizeof(d));
   const bool is_message = (h.aux & rpc_wire::kAuxBulkIsMessage) != 0;
-  ClientCall* call = PendingCall(c, h.request_id);
-  if (call != nullptr && call->read_op_ >= 0) {
-    // Its response came already and is being read into the call's buffer: a second one would
-    // post another READ into it, or replace (free) that buffer under the first READ.
-    return ProtocolError(
-        c, absl::InvalidArgumentError(
-               absl::StrFormat("a second response for request %u", h.request_id)));
-  }
+  ClientCall* call = PendingCall(c, h.request_id);  // HandleRecv refused a second response
   const bool with_inv = (wc.wc_flags & IBV_WC_WITH_INV) != 0;
   if (d.length == 0 || d.length > c->negotiated_.max_bulk_size()) {
     return BulkViolation(c, absl::StrCat("bulk response of ", d.length, " bytes"));

@@ -62,11 +62,12 @@ absl::Status ValidateHeaderSlow(const MessageHeader& h, size_t received_bytes,
   if (h.payload_len < descriptors * sizeof(BulkDescriptor)) {
     return absl::DataLossError("bulk descriptors cut short");
   }
-  if ((h.aux & ~kAuxBulkIsMessage) != 0 && h.type != kWindowGrant && h.type != kBulkAck) {
+  // Window grants (a count) and bulk acks (an rkey) carry a value in aux; the rest flag bits.
+  const bool aux_is_value = h.type == kWindowGrant || h.type == kBulkAck;
+  if ((h.aux & ~kAuxBulkIsMessage) != 0 && !aux_is_value) {
     return absl::InvalidArgumentError("unknown aux bits");
   }
-  if ((h.aux & kAuxBulkIsMessage) && !(h.flags & kFlagBulk) && h.type != kWindowGrant &&
-      h.type != kBulkAck) {
+  if ((h.aux & kAuxBulkIsMessage) && !(h.flags & kFlagBulk) && !aux_is_value) {
     return absl::InvalidArgumentError("bulk message flag without bulk data");
   }
   if ((h.aux & kAuxBulkIsMessage) && (h.flags & kFlagBulk) &&

@@ -632,6 +632,17 @@ void Worker::HandleRecv(const ibv_wc& wc) {
   ++c->credits_to_return_;
   c->received_ = true;
   Bump(c->counters_.bytes_received, wc.byte_len);
+  if (h.type == rpc_wire::kResponse) {
+    // A call whose response came with bulk data has an RDMA READ writing into its buffer: a
+    // second response, eager or bulk, would complete it (handing that buffer back under the
+    // device) or post another READ into it.
+    const ClientCall* pending = PendingCall(c, h.request_id);
+    if (pending != nullptr && pending->read_op_ >= 0) {
+      ProtocolError(c, absl::InvalidArgumentError(
+                           absl::StrFormat("a second response for request %u", h.request_id)));
+      return;
+    }
+  }
   const bool bulk = (h.flags & (rpc_wire::kFlagBulk | rpc_wire::kFlagReplyChunk)) != 0;
   if (bulk || h.type == rpc_wire::kBulkAck || h.type == rpc_wire::kWindowGrant) {
     if (bulk && bulk_pool_ == nullptr) {
@@ -776,14 +787,6 @@ void Worker::SendHandlerResult(Connection* c, Incoming& in, absl::Status status,
 }
 
 void Worker::CompleteCall(Connection* c, const MessageHeader& h, const char* payload) {
-  // A call whose response already came with bulk data has an RDMA READ writing into its
-  // buffer: a second response would complete it (and hand that buffer back) under the device.
-  if (const ClientCall* pending = PendingCall(c, h.request_id);
-      pending != nullptr && pending->read_op_ >= 0) {
-    ProtocolError(c, absl::InvalidArgumentError(
-                         absl::StrFormat("a second response for request %u", h.request_id)));
-    return;
-  }
   ClientCall* call = ReleaseSlot(c, h.request_id);
   if (call == nullptr) return;  // cancelled or timed out already; the late response is dropped
   Bump(c->counters_.responses_received);

@@ -99,11 +99,7 @@ Outcome ReceiverNotReady(SoftQp* qp, const wire::FrameHeader& h) {
 Outcome HandleSend(SoftQp* qp, const wire::FrameHeader& h, const char* payload) {
   const bool first = h.flags & wire::kFlagFirst;
   const bool last = h.flags & wire::kFlagLast;
-  if (first) {
-    if (qp->cur_recv.active) {
-      ProtocolError(qp, "SEND starts inside another message");
-      return Outcome::kFailed;
-    }
+  if (first) {  // ProcessRequests saw to it that no other message is in progress
     if (!TakeRecv(qp)) return ReceiverNotReady(qp, h);
     qp->rnr_waiting = false;
     qp->cur_recv.msn = h.msn;
@@ -175,16 +171,16 @@ Outcome HandleWrite(SoftQp* qp, const wire::FrameHeader& h, const wire::RemoteEx
                     const char* payload) {
   const bool first = h.flags & wire::kFlagFirst;
   const bool last = h.flags & wire::kFlagLast;
-  if (first == qp->write_in_progress) {
-    ProtocolError(qp, first ? "WRITE starts inside another" : "WRITE continuation without a start");
+  // A start inside another message, or a continuation of another MSN, ProcessRequests refused.
+  if (!first && !qp->write_in_progress) {
+    ProtocolError(qp, "WRITE continuation without a start");
     return Outcome::kFailed;
   }
   if (first) {
-    qp->write_msn = h.msn;
     qp->write_total = h.total_length;
     qp->write_placed = 0;
   }
-  if (h.msn != qp->write_msn || h.length > qp->write_total - qp->write_placed ||
+  if (h.length > qp->write_total - qp->write_placed ||
       (last && qp->write_placed + h.length != qp->write_total)) {
     ProtocolError(qp, "WRITE chunk lengths do not add up");
     return Outcome::kFailed;
@@ -419,7 +415,7 @@ bool ProcessRequests(SoftQp* qp) {
     // Nor may a message start before the one in progress has its last chunk: a requester never
     // interleaves messages, and the one starting would share its MSN and run on its state (a
     // WRITE_WITH_IMM inside a SEND completed the SEND's receive as its own; a SEND inside a
-    // WRITE completed, and left the WRITE to fail later). SEND and WRITE check their own kind.
+    // WRITE completed, and left the WRITE to fail later). SEND and WRITE check their continuations.
     if (starts_message && (qp->cur_recv.active || qp->write_in_progress)) {
       ProtocolError(qp, "message starts inside another");
       return true;

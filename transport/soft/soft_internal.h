@@ -222,9 +222,8 @@ struct SoftQp : ibv_qp {
   uint64_t resp_consumed_published = 0;
   bool discard_requests = false;  // the requester is failing: consume without executing
   bool write_in_progress = false;  // between the first and last chunk of an RDMA WRITE
-  // That WRITE's message number, announced total and bytes placed so far: a peer's chunks must
-  // add up to the total it announced (WRITE_WITH_IMM reports the total as byte_len).
-  uint32_t write_msn = 0;
+  // That WRITE's announced total and bytes placed so far: a peer's chunks must add up to the
+  // total it announced (WRITE_WITH_IMM reports the total as byte_len).
   uint32_t write_total = 0;
   uint32_t write_placed = 0;
   struct {
