@@ -63,6 +63,33 @@ void ExpectHealthy(Channel& channel, int seed) {
   EXPECT_TRUE(response == request) << "echo of " << request.size() << " bytes came back wrong";
 }
 
+// Each size's payload comes back whole from `method` (an echo).
+void ExpectEchoes(Channel& channel, const char* method, std::initializer_list<size_t> sizes) {
+  for (size_t size : sizes) {
+    std::string request = Payload(size, static_cast<int>(size));
+    std::string response;
+    absl::Status s = CallRaw(channel, Id(method), request, &response, {});
+    ASSERT_TRUE(s.ok()) << size << ": " << s;
+    ASSERT_TRUE(response == request) << size;
+  }
+}
+
+// `method` (a Fill) lands each size's pattern in `landing`, zero-copy, beside "filled".
+void ExpectFillsInto(Channel& channel, const char* method, BulkBuffer& landing,
+                     std::initializer_list<size_t> sizes) {
+  for (size_t size : sizes) {
+    CallOptions call_options;
+    call_options.response_bulk = &landing;
+    std::string response;
+    absl::Status s =
+        CallRaw(channel, Id(method), std::to_string(size), &response, call_options);
+    ASSERT_TRUE(s.ok()) << size << ": " << s;
+    EXPECT_EQ(response, "filled");
+    ASSERT_EQ(landing.size(), size);
+    for (size_t i = 0; i < size; i += 997) ASSERT_EQ(landing.data()[i], Pattern(i)) << i;
+  }
+}
+
 struct Mode {
   const char* name;
   BulkMode bulk;
@@ -78,6 +105,15 @@ class BulkModesTest : public ::testing::TestWithParam<Mode> {
     port_ = server->second;
   }
   static void TearDownTestSuite() { delete server_; }
+
+  // A channel to the suite's server in this test's bulk mode.
+  static absl::StatusOr<std::shared_ptr<Channel>> ConnectInMode(ChannelOptions options = {}) {
+    options.auth_token = "e2e";
+    options.bulk_mode = GetParam().bulk;
+    options.local_invalidation_only = GetParam().local_only;
+    return Channel::Create(absl::StrCat("127.0.0.1:", port_), options);
+  }
+
   static testing::ChildProcess* server_;
   static int port_;
 };
@@ -86,38 +122,22 @@ int BulkModesTest::port_ = 0;
 
 TEST_P(BulkModesTest, LargePayloadsMoveCorrectlyAndEveryWindowIsAccountedFor) {
   const Mode mode = GetParam();
-  ChannelOptions options;
-  options.auth_token = "e2e";
-  options.bulk_mode = mode.bulk;
-  options.local_invalidation_only = mode.local_only;
-  auto channel = Channel::Create(absl::StrCat("127.0.0.1:", port_), options);
+  auto channel = ConnectInMode();
   ASSERT_TRUE(channel.ok()) << channel.status();
   EXPECT_EQ((*channel)->negotiated().invalidation(),
             mode.local_only ? control::INVALIDATION_LOCAL : control::INVALIDATION_REMOTE);
   const ServerStats before = Stats(**channel);
 
   // Large messages (serialized into registered memory) both ways.
-  for (size_t size : {3000, 65536, (1 << 20) + 13}) {
-    std::string request = Payload(size, static_cast<int>(size));
-    std::string response;
-    absl::Status s = CallRaw(**channel, Id("/test.E2E/Echo"), request, &response, {});
-    ASSERT_TRUE(s.ok()) << size << ": " << s;
-    ASSERT_TRUE(response == request) << size;
-  }
+  ASSERT_NO_FATAL_FAILURE(
+      ExpectEchoes(**channel, "/test.E2E/Echo", {3000, 65536, (1 << 20) + 13}));
   // Zero-copy download into a buffer we chose, and into one the call allocates.
   auto landing = (*channel)->AllocateBulk(1 << 20);
   ASSERT_TRUE(landing.ok());
+  ASSERT_NO_FATAL_FAILURE(
+      ExpectFillsInto(**channel, "/test.E2E/Fill", *landing, {4096, 500000}));
   for (size_t size : {4096, 500000}) {
-    CallOptions call_options;
-    call_options.response_bulk = &*landing;
     std::string response;
-    ASSERT_TRUE(CallRaw(**channel, Id("/test.E2E/Fill"), std::to_string(size), &response,
-                        call_options)
-                    .ok());
-    EXPECT_EQ(response, "filled");
-    ASSERT_EQ(landing->size(), size);
-    for (size_t i = 0; i < size; i += 997) ASSERT_EQ(landing->data()[i], Pattern(i)) << i;
-
     ClientCall call;
     call.SetMethod(Id("/test.E2E/Fill"));
     std::string request = std::to_string(size);
@@ -181,11 +201,8 @@ TEST_P(BulkModesTest, ServerToClientCallsCarryLargePayloadsBothWays) {
   const Mode mode = GetParam();
   ClientSide client_side;
   ChannelOptions options;
-  options.auth_token = "e2e";
-  options.bulk_mode = mode.bulk;
-  options.local_invalidation_only = mode.local_only;
   options.services = {&client_side};
-  auto channel = Channel::Create(absl::StrCat("127.0.0.1:", port_), options);
+  auto channel = ConnectInMode(options);
   ASSERT_TRUE(channel.ok()) << channel.status();
   // The server calls us with the payload (bulk, server to client), we answer it (bulk again),
   // and its answer to our call carries it back (bulk, server to client).
@@ -207,12 +224,7 @@ TEST_P(BulkModesTest, ServerToClientCallsCarryLargePayloadsBothWays) {
 }
 
 TEST_P(BulkModesTest, ALargeResponseMessageArrivesWholeWhenAReplyWindowWasOffered) {
-  const Mode mode = GetParam();
-  ChannelOptions options;
-  options.auth_token = "e2e";
-  options.bulk_mode = mode.bulk;
-  options.local_invalidation_only = mode.local_only;
-  auto channel = Channel::Create(absl::StrCat("127.0.0.1:", port_), options);
+  auto channel = ConnectInMode();
   ASSERT_TRUE(channel.ok()) << channel.status();
   // A response buffer is offered (mirror mode exposes it as a reply window), but the response
   // has no attachment: its message, above the eager threshold, must still arrive whole.
@@ -229,12 +241,7 @@ TEST_P(BulkModesTest, ALargeResponseMessageArrivesWholeWhenAReplyWindowWasOffere
 }
 
 TEST_P(BulkModesTest, MoreUploadsInFlightThanWindowCreditsWaitInsteadOfFailing) {
-  const Mode mode = GetParam();
-  ChannelOptions options;
-  options.auth_token = "e2e";
-  options.bulk_mode = mode.bulk;
-  options.local_invalidation_only = mode.local_only;
-  auto channel = Channel::Create(absl::StrCat("127.0.0.1:", port_), options);
+  auto channel = ConnectInMode();
   ASSERT_TRUE(channel.ok()) << channel.status();
   // Three times the window credits of one size class, all at once: those beyond the credits
   // wait for the windows the server grants as the first ones arrive.
@@ -267,33 +274,14 @@ TEST_P(BulkModesTest, MoreUploadsInFlightThanWindowCreditsWaitInsteadOfFailing) 
 }
 
 TEST_P(BulkModesTest, PoolHandlersSendLargeMessagesAndAttachments) {
-  const Mode mode = GetParam();
-  ChannelOptions options;
-  options.auth_token = "e2e";
-  options.bulk_mode = mode.bulk;
-  options.local_invalidation_only = mode.local_only;
-  auto channel = Channel::Create(absl::StrCat("127.0.0.1:", port_), options);
+  auto channel = ConnectInMode();
   ASSERT_TRUE(channel.ok()) << channel.status();
-  for (size_t size : {100, 3000, 65536, (1 << 20) + 13}) {
-    std::string request = Payload(size, static_cast<int>(size));
-    std::string response;
-    absl::Status s = CallRaw(**channel, Id("/test.E2E/PoolEcho"), request, &response, {});
-    ASSERT_TRUE(s.ok()) << size << ": " << s;
-    ASSERT_TRUE(response == request) << size;
-  }
+  ASSERT_NO_FATAL_FAILURE(
+      ExpectEchoes(**channel, "/test.E2E/PoolEcho", {100, 3000, 65536, (1 << 20) + 13}));
   auto landing = (*channel)->AllocateBulk(1 << 20);
   ASSERT_TRUE(landing.ok());
-  for (size_t size : {4096, 500000}) {
-    CallOptions call_options;
-    call_options.response_bulk = &*landing;
-    std::string response;
-    absl::Status s = CallRaw(**channel, Id("/test.E2E/PoolFill"), std::to_string(size),
-                             &response, call_options);
-    ASSERT_TRUE(s.ok()) << size << ": " << s;
-    EXPECT_EQ(response, "filled");
-    ASSERT_EQ(landing->size(), size);
-    for (size_t i = 0; i < size; i += 997) ASSERT_EQ(landing->data()[i], Pattern(i)) << i;
-  }
+  ASSERT_NO_FATAL_FAILURE(
+      ExpectFillsInto(**channel, "/test.E2E/PoolFill", *landing, {4096, 500000}));
   // An odd size makes the handler answer a 10000-byte message beside its attachment.
   std::string response;
   absl::Status s = CallRaw(**channel, Id("/test.E2E/PoolFill"), "4097", &response, {});
@@ -302,12 +290,7 @@ TEST_P(BulkModesTest, PoolHandlersSendLargeMessagesAndAttachments) {
 }
 
 TEST_P(BulkModesTest, AnAttachmentNeedsAnEagerMessage) {
-  const Mode mode = GetParam();
-  ChannelOptions options;
-  options.auth_token = "e2e";
-  options.bulk_mode = mode.bulk;
-  options.local_invalidation_only = mode.local_only;
-  auto channel = Channel::Create(absl::StrCat("127.0.0.1:", port_), options);
+  auto channel = ConnectInMode();
   ASSERT_TRUE(channel.ok()) << channel.status();
   auto upload = (*channel)->AllocateBulk(8192);
   ASSERT_TRUE(upload.ok());

@@ -49,14 +49,24 @@ swirl::Server* g_server = nullptr;
 using swirl::testing::Fnv;
 using swirl::testing::Pattern;
 
-// The pattern Fill produces: byte i of a fill of n bytes.
+absl::Status Echo(swirl::ServerContext&, absl::string_view in, swirl::ResponseWriter& out) {
+  return out.Append(in) ? absl::OkStatus() : absl::ResourceExhaustedError("too big");
+}
+
+// Fill's attachment: `in` (a decimal size) bytes of Pattern(i), zero-copy; its size in *n.
+absl::Status FillAttachment(swirl::ServerContext& ctx, absl::string_view in, size_t* n) {
+  if (!absl::SimpleAtoi(in, n)) return absl::InvalidArgumentError("Fill wants a size");
+  auto bulk = ctx.AllocateResponseBulk(*n);
+  if (!bulk.ok()) return bulk.status();
+  for (size_t i = 0; i < *n; ++i) (*bulk)->data()[i] = Pattern(i);
+  (*bulk)->resize(*n);
+  return absl::OkStatus();
+}
+
 class E2E : public swirl::Service {
  public:
   E2E() : Service("test.E2E") {
-    AddRawMethod("Echo", [](swirl::ServerContext&, absl::string_view in,
-                            swirl::ResponseWriter& out) {
-      return out.Append(in) ? absl::OkStatus() : absl::ResourceExhaustedError("too big");
-    });
+    AddRawMethod("Echo", Echo);
     AddRawMethod(
         "Sleep",
         [](swirl::ServerContext& ctx, absl::string_view in, swirl::ResponseWriter& out) {
@@ -118,30 +128,17 @@ class E2E : public swirl::Service {
     AddRawMethod("Fill", [](swirl::ServerContext& ctx, absl::string_view in,
                             swirl::ResponseWriter& out) {
       size_t n = 0;
-      if (!absl::SimpleAtoi(in, &n)) return absl::InvalidArgumentError("Fill wants a size");
-      auto bulk = ctx.AllocateResponseBulk(n);
-      if (!bulk.ok()) return bulk.status();
-      for (size_t i = 0; i < n; ++i) (*bulk)->data()[i] = Pattern(i);
-      (*bulk)->resize(n);
+      if (auto s = FillAttachment(ctx, in, &n); !s.ok()) return s;
       out.Append("filled");
       return absl::OkStatus();
     });
     // The same two on the handler thread pool, whose results take another road to the wire.
-    AddRawMethod(
-        "PoolEcho",
-        [](swirl::ServerContext&, absl::string_view in, swirl::ResponseWriter& out) {
-          return out.Append(in) ? absl::OkStatus() : absl::ResourceExhaustedError("too big");
-        },
-        swirl::MethodOptions{swirl::Execution::kThreadPool, false});
+    AddRawMethod("PoolEcho", Echo, swirl::MethodOptions{swirl::Execution::kThreadPool, false});
     AddRawMethod(
         "PoolFill",
         [](swirl::ServerContext& ctx, absl::string_view in, swirl::ResponseWriter& out) {
           size_t n = 0;
-          if (!absl::SimpleAtoi(in, &n)) return absl::InvalidArgumentError("Fill wants a size");
-          auto bulk = ctx.AllocateResponseBulk(n);
-          if (!bulk.ok()) return bulk.status();
-          for (size_t i = 0; i < n; ++i) (*bulk)->data()[i] = Pattern(i);
-          (*bulk)->resize(n);
+          if (auto s = FillAttachment(ctx, in, &n); !s.ok()) return s;
           // A message above the eager threshold cannot travel beside an attachment.
           out.Append(n % 2 == 1 ? std::string(10000, 'm') : std::string("filled"));
           return absl::OkStatus();

@@ -402,34 +402,25 @@ TEST(HostileFrame, WriteSingleChunkShorterThanItsTotal) {
   DriveAndCheck(*p, ProtocolErrorExpected());
 }
 
-TEST(HostileFrame, WriteSecondChunkOvershootsTotal) {
+// Two 64-byte WRITE chunks announcing `total` bytes (anything but 128): the first is valid and
+// placed, the last does not add up and nothing of it is placed.
+void ExpectSecondWriteChunkRefused(uint32_t total) {
   auto p = MakePair();
   ASSERT_NE(p, nullptr);
   const uint32_t msn = TakeMsn(p->a());
-  Outstanding(p->a(), msn, IBV_WR_RDMA_WRITE, 100);
-  Inject(p->a(), Write(msn, wire::kFlagFirst, 64, 100, p->addr(kTarget), p->rkey()));
-  Frame second = Write(msn, wire::kFlagLast, 64, 100, p->addr(kTarget + 64), p->rkey());
-  second.fill = '\xcd';
-  Inject(p->a(), second);
-  Expect e = ProtocolErrorExpected();
-  // The first chunk was valid and placed; nothing of the second.
-  Place(e.region, kTarget, 64, kPayloadByte);
-  DriveAndCheck(*p, e);
-}
-
-TEST(HostileFrame, WriteLastChunkShortOfTotal) {
-  auto p = MakePair();
-  ASSERT_NE(p, nullptr);
-  const uint32_t msn = TakeMsn(p->a());
-  Outstanding(p->a(), msn, IBV_WR_RDMA_WRITE, 256);
-  Inject(p->a(), Write(msn, wire::kFlagFirst, 64, 256, p->addr(kTarget), p->rkey()));
-  Frame last = Write(msn, wire::kFlagLast, 64, 256, p->addr(kTarget + 64), p->rkey());
+  Outstanding(p->a(), msn, IBV_WR_RDMA_WRITE, total);
+  Inject(p->a(), Write(msn, wire::kFlagFirst, 64, total, p->addr(kTarget), p->rkey()));
+  Frame last = Write(msn, wire::kFlagLast, 64, total, p->addr(kTarget + 64), p->rkey());
   last.fill = '\xcd';
   Inject(p->a(), last);
   Expect e = ProtocolErrorExpected();
   Place(e.region, kTarget, 64, kPayloadByte);
   DriveAndCheck(*p, e);
 }
+
+TEST(HostileFrame, WriteSecondChunkOvershootsTotal) { ExpectSecondWriteChunkRefused(100); }
+
+TEST(HostileFrame, WriteLastChunkShortOfTotal) { ExpectSecondWriteChunkRefused(256); }
 
 // ---- (2) WRITE_WITH_IMM whose chunks do not add up: no receive completion --------------------
 
