@@ -164,6 +164,24 @@ int CountInstructions(uint64_t n) {
   std::printf("%lu round trips, %.2f polls per wait; instructions per round trip = Ir / %lu\n",
               static_cast<unsigned long>(n), static_cast<double>(g_polls) / (2.0 * n),
               static_cast<unsigned long>(n));
+
+  // The poll a waiting side spins on: A has sent (an unsignaled SEND awaiting its ack, as in a
+  // ping-pong) and polls a CQ that stays empty because B does not answer yet. Its cost is how
+  // late, on average, a waiting side notices a message that has landed.
+  Send(p.a, 1000 + n);
+  ibv_wc wc[16];
+  int found = 0;
+  CALLGRIND_ZERO_STATS;
+  CALLGRIND_START_INSTRUMENTATION;
+  for (uint64_t i = 0; i < n; ++i) found += ibv_poll_cq(p.a.cq->get(), 16, wc);
+  CALLGRIND_STOP_INSTRUMENTATION;
+  CALLGRIND_DUMP_STATS_AT("empty polls");
+  if (found != 0) {
+    std::fprintf(stderr, "an empty poll found %d completions\n", found);
+    return 1;
+  }
+  std::printf("%lu empty polls; instructions per empty poll = Ir / %lu (second dump)\n",
+              static_cast<unsigned long>(n), static_cast<unsigned long>(n));
   return 0;
 }
 

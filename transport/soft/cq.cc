@@ -30,33 +30,24 @@ void ProgressAttached(SoftCq* cq) {
 
 }  // namespace
 
-bool SoftCq::Push(const ibv_wc& wc, SoftQp* qp, uint32_t sq_release, bool solicited) {
-  {
-    std::lock_guard<SpinLock> guard(lock);
-    if (overflowed) return false;
-    if (tail - head == static_cast<uint32_t>(cqe)) {
-      // Overflow: the CQ is in error from now on (IB spec 11.4.2.1), and the owner hears of it
-      // asynchronously, as from a real device.
-      overflowed = true;
-      ibv_async_event event;
-      std::memset(&event, 0, sizeof(event));
-      event.event_type = IBV_EVENT_CQ_ERR;
-      event.element.cq = this;
-      sctx->RaiseAsyncEvent(event);
-      return false;
-    }
-    Cqe& e = ring[tail & (ring.size() - 1)];
-    e.wc = wc;
-    e.qp = qp;
-    e.sq_release = sq_release;
-    ++tail;
-    depth.store(tail - head, std::memory_order_relaxed);
-  }
+bool SoftCq::OverflowLocked() {
+  if (overflowed.load(std::memory_order_relaxed)) return false;
+  // Overflow: the CQ is in error from now on (IB spec 11.4.2.1), and the owner hears of it
+  // asynchronously, as from a real device.
+  overflowed.store(true, std::memory_order_relaxed);
+  ibv_async_event event;
+  std::memset(&event, 0, sizeof(event));
+  event.event_type = IBV_EVENT_CQ_ERR;
+  event.element.cq = this;
+  sctx->RaiseAsyncEvent(event);
+  return false;
+}
+
+void SoftCq::NotifyIfArmed(bool solicited, ibv_wc_status status) {
   const int mode = armed.load(std::memory_order_acquire);
-  if (mode != 0 && (mode == 2 || solicited || wc.status != IBV_WC_SUCCESS)) {
+  if (mode != 0 && (mode == 2 || solicited || status != IBV_WC_SUCCESS)) {
     if (armed.exchange(0, std::memory_order_acq_rel) != 0 && sc != nullptr) sc->Notify(this);
   }
-  return true;
 }
 
 int CreateCq(SoftContext* sctx, int cqe, void* cq_context, ibv_comp_channel* channel,
@@ -69,6 +60,7 @@ int CreateCq(SoftContext* sctx, int cqe, void* cq_context, ibv_comp_channel* cha
   // Like mlx5: the ring is a power of two and the CQ holds one less than that.
   const uint32_t slots = std::bit_ceil<uint32_t>(static_cast<uint32_t>(cqe) + 1);
   cq->ring.resize(slots);
+  cq->ring_mask = slots - 1;
   cq->context = &sctx->vctx.context;
   cq->channel = channel;
   cq->cq_context = cq_context;
@@ -119,13 +111,19 @@ int PollCq(ibv_cq* ibcq, int n, ibv_wc* wc) {
   if (cq->depth.load(std::memory_order_relaxed) < static_cast<uint32_t>(n) || n == 0) {
     ProgressAttached(cq);
   }
+  // Nothing queued: done without the lock (a completion pushed meanwhile is the next poll's,
+  // as it would be had it arrived a moment later).
+  if (cq->depth.load(std::memory_order_relaxed) == 0 &&
+      !cq->overflowed.load(std::memory_order_relaxed)) {
+    return 0;
+  }
   std::lock_guard<SpinLock> guard(cq->lock);
-  if (cq->overflowed) {
+  if (cq->overflowed.load(std::memory_order_relaxed)) {
     errno = EOVERFLOW;
     return -1;
   }
   const uint32_t count = std::min<uint32_t>(static_cast<uint32_t>(n), cq->tail - cq->head);
-  const uint32_t mask = static_cast<uint32_t>(cq->ring.size() - 1);
+  const uint32_t mask = cq->ring_mask;
   for (uint32_t i = 0; i < count; ++i) {
     const Cqe& e = cq->ring[(cq->head + i) & mask];
     wc[i] = e.wc;
@@ -210,7 +208,7 @@ void DetachQp(SoftCq* cq, SoftQp* qp) {
 
 void PurgeQp(SoftCq* cq, SoftQp* qp) {
   std::lock_guard<SpinLock> guard(cq->lock);
-  const uint32_t mask = static_cast<uint32_t>(cq->ring.size() - 1);
+  const uint32_t mask = cq->ring_mask;
   uint32_t kept = cq->head;
   for (uint32_t i = cq->head; i != cq->tail; ++i) {
     const Cqe& e = cq->ring[i & mask];

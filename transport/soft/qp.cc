@@ -438,7 +438,6 @@ char* WqeInline(SoftQp* qp, uint32_t index) {
   return &qp->sq_inline[(index & qp->sq_mask) * std::max<uint32_t>(qp->max_inline, 1)];
 }
 
-namespace {
 bool CopySges(KeyTable& keys, const ibv_pd* pd, const ibv_sge* sge, uint32_t num_sge,
               uint64_t offset, char* buffer, uint64_t length, bool into_sges) {
   for (uint32_t i = 0; i < num_sge && length > 0; ++i) {
@@ -447,37 +446,14 @@ bool CopySges(KeyTable& keys, const ibv_pd* pd, const ibv_sge* sge, uint32_t num
       continue;
     }
     const uint64_t count = std::min<uint64_t>(sge[i].length - offset, length);
-    const uint64_t addr = sge[i].addr + offset;
-    KeyEntry* e = keys.Pin(sge[i].lkey);
-    if (e == nullptr) return false;
-    const bool ok = e->kind == KeyKind::kMr && e->pd == pd &&
-                    (!into_sges || (e->access & IBV_ACCESS_LOCAL_WRITE)) && count <= e->length &&
-                    addr >= e->addr && addr - e->addr <= e->length - count;
-    if (ok) {
-      if (into_sges) {
-        std::memcpy(reinterpret_cast<void*>(addr), buffer, count);
-      } else {
-        std::memcpy(buffer, reinterpret_cast<const void*>(addr), count);
-      }
+    if (!CopyLocal(keys, pd, sge[i].lkey, sge[i].addr + offset, buffer, count, into_sges)) {
+      return false;
     }
-    KeyTable::Unpin(e);
-    if (!ok) return false;
     buffer += count;
     length -= count;
     offset = 0;
   }
   return length == 0;
-}
-}  // namespace
-
-bool ScatterToSges(KeyTable& keys, const ibv_pd* pd, const ibv_sge* sge, uint32_t num_sge,
-                   uint64_t offset, const char* src, uint64_t length) {
-  return CopySges(keys, pd, sge, num_sge, offset, const_cast<char*>(src), length, true);
-}
-
-bool GatherFromSges(KeyTable& keys, const ibv_pd* pd, const ibv_sge* sge, uint32_t num_sge,
-                    uint64_t offset, char* dst, uint64_t length) {
-  return CopySges(keys, pd, sge, num_sge, offset, dst, length, false);
 }
 
 void EnterError(SoftQp* qp) {
@@ -561,31 +537,32 @@ void PublishAndWake(SoftQp* qp, bool wrote) {
   }
 }
 
-// The steady state: linked, RTS, and nothing exceptional pending. Then progress only touches
-// what has work (a few loads when idle): this is the busy-polling hot path.
-bool Normal(const SoftQp* qp) {
-  return qp->linked && qp->qstate == IBV_QPS_RTS && !qp->pending_nak.active &&
-         !qp->cur_read.active && !qp->rnr_waiting && !qp->cq_overflow &&
-         !qp->link_event.load(std::memory_order_relaxed) &&
-         !qp->peer_gone.load(std::memory_order_relaxed) &&
-         qp->peer.control()->state.value.load(std::memory_order_relaxed) == wire::kLinkActive;
-}
-
-bool ProgressNormal(SoftQp* qp) {
+// The steady state's work (ProgressLocked decided there is some): a few loads when a poll
+// finds nothing, which is the busy-polling hot path.
+bool ProgressNormal(SoftQp* qp, bool responses_ready, bool requests_ready) {
   const uint64_t req_head = qp->req_tx.head();
   const uint64_t resp_head = qp->resp_tx.head();
   bool did = false;
-  if (qp->resp_rx.Ready()) did |= ProcessResponses(qp);
-  if (qp->req_rx.Ready()) did |= ProcessRequests(qp);
-  if (qp->qstate == IBV_QPS_RTS && qp->sq_tx != qp->sq_tail) Transmit(qp);
-  if (qp->sq_head != qp->sq_tx || qp->qstate != IBV_QPS_RTS) CompleteSq(qp);
+  if (responses_ready) did |= ProcessResponses(qp);
+  if (requests_ready) did |= ProcessRequests(qp);
+  bool transmitted = false;
+  if (qp->qstate == IBV_QPS_RTS && qp->sq_tx != qp->sq_tail) {
+    Transmit(qp);
+    transmitted = true;
+  }
+  // A send completes on an ack a frame brought (did), a request just transmitted or executed
+  // locally, or the ack word CompleteSq reads when a completion is wanted; with none of those
+  // it could not move.
+  if (qp->sq_head != qp->sq_tx &&
+      (did || transmitted || qp->qstate != IBV_QPS_RTS || CompletionWanted(qp))) {
+    CompleteSq(qp);
+  }
   const bool wrote = qp->req_tx.head() != req_head || qp->resp_tx.head() != resp_head;
   if (did || wrote) PublishAndWake(qp, wrote);
   return did || wrote;
 }
 
-bool ProgressLocked(SoftQp* qp) {
-  if (Normal(qp)) return ProgressNormal(qp);
+bool ProgressSlow(SoftQp* qp) {
   bool did = HandleLinkEvent(qp);
   if (qp->qstate == IBV_QPS_RESET || qp->qstate == IBV_QPS_INIT) return did;
   const uint64_t req_head = qp->req_tx.head();
@@ -818,6 +795,8 @@ int DestroyQp(ibv_qp* ibqp) {
 
 namespace {
 
+constexpr uint32_t kPayloadInFirstLine = wire::kCacheLine - sizeof(wire::FrameHeader);
+
 // The common case, kept short: one SEND (with immediate or invalidate) of at most one chunk,
 // inline or from one SGE, on an RTS QP with nothing queued ahead of it and room in the ring.
 // Returns false without side effects when the general path must handle the request.
@@ -855,13 +834,20 @@ bool TryFastSend(SoftQp* qp, const ibv_send_wr* wr) {
   uint64_t pos;
   char* frame = qp->req_tx.Reserve(bytes, &pos, qp->expected_msn);
   if (frame == nullptr) return false;
+  // Each of the frame's cache lines is written once, the header's line last: the peer polls
+  // that line, and one written, read by the poller and written again would cross between the
+  // cores twice before the frame is visible. So the payload beyond the first line goes first.
   char* payload = frame + sizeof(wire::FrameHeader);
-  if (is_inline) {
-    std::memcpy(payload, reinterpret_cast<const void*>(sge.addr), sge.length);
-  } else if (sge.length > 0 && !GatherFromSges(qp->hca->keys, qp->pd, &sge, 1, 0, payload,
-                                                 sge.length)) {
-    return false;  // the general path reports the protection error
+  const char* src = reinterpret_cast<const char*>(sge.addr);
+  const uint32_t head_bytes = std::min<uint32_t>(sge.length, kPayloadInFirstLine);
+  KeyEntry* pinned = nullptr;
+  if (!is_inline && sge.length > 0) {
+    pinned = PinLocal(qp->hca->keys, qp->pd, sge.lkey, sge.addr, sge.length, false);
+    if (pinned == nullptr) return false;  // the general path reports the protection error
   }
+  CopyBytes(payload + head_bytes, src + head_bytes, sge.length - head_bytes);
+  CopyBytes(payload, src, head_bytes);
+  if (pinned != nullptr) KeyTable::Unpin(pinned);
   auto* h = reinterpret_cast<wire::FrameHeader*>(frame);
   h->op = wire::kOpSend;
   h->flags = flags;

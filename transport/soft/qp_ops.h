@@ -3,6 +3,8 @@
 #ifndef SWIRL_TRANSPORT_SOFT_QP_OPS_H_
 #define SWIRL_TRANSPORT_SOFT_QP_OPS_H_
 
+#include <cstring>
+
 #include "transport/soft/soft_internal.h"
 
 namespace swirl::soft {
@@ -19,13 +21,93 @@ inline void FullFence() {
 #endif
 }
 
+// memcpy for the sizes of small messages, inline: a call into libc costs more than copying 64
+// bytes. Overlapping moves cover every length in each size class without a byte loop.
+inline void CopyBytes(void* dst, const void* src, size_t n) {
+  auto* d = static_cast<char*>(dst);
+  const auto* s = static_cast<const char*>(src);
+  if (n > 64) {
+    std::memcpy(d, s, n);
+  } else if (n > 32) {
+    char a[32], b[32];
+    __builtin_memcpy(a, s, 32);
+    __builtin_memcpy(b, s + n - 32, 32);
+    __builtin_memcpy(d, a, 32);
+    __builtin_memcpy(d + n - 32, b, 32);
+  } else if (n > 16) {
+    char a[16], b[16];
+    __builtin_memcpy(a, s, 16);
+    __builtin_memcpy(b, s + n - 16, 16);
+    __builtin_memcpy(d, a, 16);
+    __builtin_memcpy(d + n - 16, b, 16);
+  } else if (n >= 8) {
+    uint64_t a, b;
+    __builtin_memcpy(&a, s, 8);
+    __builtin_memcpy(&b, s + n - 8, 8);
+    __builtin_memcpy(d, &a, 8);
+    __builtin_memcpy(d + n - 8, &b, 8);
+  } else if (n >= 4) {
+    uint32_t a, b;
+    __builtin_memcpy(&a, s, 4);
+    __builtin_memcpy(&b, s + n - 4, 4);
+    __builtin_memcpy(d, &a, 4);
+    __builtin_memcpy(d + n - 4, &b, 4);
+  } else {
+    for (size_t i = 0; i < n; ++i) d[i] = s[i];
+  }
+}
+
+// Copies `count` bytes between a flat buffer and local memory at `addr` under `lkey`, after the
+// checks every local access gets: an MR (not a window) of the same PD, LOCAL_WRITE when writing
+// into it, the range inside it. The key stays pinned for the copy.
+// PinLocal does the checks and returns the pinned entry (KeyTable::Unpin after the access), or
+// nullptr.
+inline KeyEntry* PinLocal(KeyTable& keys, const ibv_pd* pd, uint32_t lkey, uint64_t addr,
+                          uint64_t count, bool into_memory) {
+  KeyEntry* e = keys.Pin(lkey);
+  if (e == nullptr) return nullptr;
+  const bool ok = e->kind == KeyKind::kMr && e->pd == pd &&
+                  (!into_memory || (e->access & IBV_ACCESS_LOCAL_WRITE)) && count <= e->length &&
+                  addr >= e->addr && addr - e->addr <= e->length - count;
+  if (ok) return e;
+  KeyTable::Unpin(e);
+  return nullptr;
+}
+inline bool CopyLocal(KeyTable& keys, const ibv_pd* pd, uint32_t lkey, uint64_t addr,
+                      char* buffer, uint64_t count, bool into_memory) {
+  KeyEntry* e = PinLocal(keys, pd, lkey, addr, count, into_memory);
+  if (e == nullptr) return false;
+  if (into_memory) {
+    CopyBytes(reinterpret_cast<void*>(addr), buffer, count);
+  } else {
+    CopyBytes(buffer, reinterpret_cast<const void*>(addr), count);
+  }
+  KeyTable::Unpin(e);
+  return true;
+}
+
 // Copies between a flat buffer and the memory an SGE list names, starting `offset` bytes into
-// the list, validating each lkey (MR of the same PD, range inside it, LOCAL_WRITE when `write`).
-// Returns false on a protection failure (nothing is copied past the failing SGE).
-bool ScatterToSges(KeyTable& keys, const ibv_pd* pd, const ibv_sge* sge, uint32_t num_sge,
-                   uint64_t offset, const char* src, uint64_t length);
-bool GatherFromSges(KeyTable& keys, const ibv_pd* pd, const ibv_sge* sge, uint32_t num_sge,
-                    uint64_t offset, char* dst, uint64_t length);
+// the list, validating each lkey as CopyLocal does. Returns false on a protection failure
+// (nothing is copied past the failing SGE) or if the list is shorter than offset + length.
+bool CopySges(KeyTable& keys, const ibv_pd* pd, const ibv_sge* sge, uint32_t num_sge,
+              uint64_t offset, char* buffer, uint64_t length, bool into_sges);
+
+// The common case, one SGE holding the whole range, stays inline.
+inline bool ScatterToSges(KeyTable& keys, const ibv_pd* pd, const ibv_sge* sge, uint32_t num_sge,
+                          uint64_t offset, const char* src, uint64_t length) {
+  if (num_sge == 1 && length > 0 && offset + length <= sge[0].length) {
+    return CopyLocal(keys, pd, sge[0].lkey, sge[0].addr + offset, const_cast<char*>(src), length,
+                     true);
+  }
+  return CopySges(keys, pd, sge, num_sge, offset, const_cast<char*>(src), length, true);
+}
+inline bool GatherFromSges(KeyTable& keys, const ibv_pd* pd, const ibv_sge* sge,
+                           uint32_t num_sge, uint64_t offset, char* dst, uint64_t length) {
+  if (num_sge == 1 && length > 0 && offset + length <= sge[0].length) {
+    return CopyLocal(keys, pd, sge[0].lkey, sge[0].addr + offset, dst, length, false);
+  }
+  return CopySges(keys, pd, sge, num_sge, offset, dst, length, false);
+}
 
 // Checks that `key` grants `access` over [addr, addr+length) to requests arriving on `qp`.
 // Returns the pinned entry or nullptr. Zero-length accesses are not checked (IB spec).
@@ -34,7 +116,12 @@ KeyEntry* PinRemote(SoftQp* qp, uint32_t rkey, uint64_t addr, uint64_t length, i
 // Requester side (qp_requester.cc).
 bool Transmit(SoftQp* qp);
 bool ProcessResponses(SoftQp* qp);
-void NoteAck(SoftQp* qp, uint32_t ack);
+// A piggybacked or published ack from the peer (the next MSN it expects). Most frames repeat
+// the last one, so only a change takes the call.
+void NoteNewAck(SoftQp* qp, uint32_t ack);
+inline void NoteAck(SoftQp* qp, uint32_t ack) {
+  if (ack != qp->peer_acked) NoteNewAck(qp, ack);
+}
 void CompleteSq(SoftQp* qp);
 void ExecuteLocalOp(SoftQp* qp, SendWqe& w);
 

@@ -269,8 +269,7 @@ bool Transmit(SoftQp* qp) {
 
 // ---- Responses and acknowledgements ---------------------------------------------------------------
 
-void NoteAck(SoftQp* qp, uint32_t ack) {
-  if (ack == qp->peer_acked) return;
+void NoteNewAck(SoftQp* qp, uint32_t ack) {
   // Acks ride on both of the peer's rings and in its control block; those are not ordered with
   // each other, so an older one can arrive after a newer one: keep the newest. But a peer may
   // never acknowledge what was not sent.
@@ -346,20 +345,6 @@ bool ProcessResponses(SoftQp* qp) {
 }
 
 // ---- In-order completion ----------------------------------------------------------------------
-
-// Whether anyone is waiting for a send completion right now: a signaled request is
-// outstanding, or the send queue needs its slots back. Otherwise piggybacked acks are enough
-// and the peer's ack word (a cache line the peer writes on every message) is not read.
-bool CompletionWanted(const SoftQp* qp) {
-  if (qp->sig_all || qp->sq_tail - qp->sq_released.load(std::memory_order_relaxed) >
-                         qp->max_send_wr / 2) {
-    return true;
-  }
-  // Any signaled WQE still outstanding (the SQ completes in order, so the newest one is
-  // outstanding exactly when some is): its completion must not wait for a frame from a peer
-  // that may never send one.
-  return qp->newest_signaled - qp->sq_head < qp->sq_tail - qp->sq_head;
-}
 
 void CompleteSq(SoftQp* qp) {
   bool read_ack_word = false;

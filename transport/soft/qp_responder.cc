@@ -28,17 +28,17 @@ void Nak(SoftQp* qp, uint32_t msn, ibv_wc_status status) {
 
 void PushRecv(SoftQp* qp, uint64_t wr_id, ibv_wc_status status, ibv_wc_opcode opcode,
               uint32_t byte_len, unsigned int flags, uint32_t imm_or_inv, bool solicited) {
-  ibv_wc wc;
-  std::memset(&wc, 0, sizeof(wc));
-  wc.wr_id = wr_id;
-  wc.status = status;
-  wc.opcode = opcode;
-  wc.byte_len = byte_len;
-  wc.wc_flags = flags;
-  wc.imm_data = imm_or_inv;  // union with invalidated_rkey
-  wc.qp_num = qp->qp_num;
-  wc.src_qp = qp->attr.dest_qp_num;
-  if (!qp->rcq->Push(wc, nullptr, 0, solicited)) qp->cq_overflow = true;
+  const bool pushed = qp->rcq->Push(nullptr, 0, solicited, status, [&](ibv_wc& wc) {
+    wc.wr_id = wr_id;
+    wc.status = status;
+    wc.opcode = opcode;
+    wc.byte_len = byte_len;
+    wc.wc_flags = flags;
+    wc.imm_data = imm_or_inv;  // union with invalidated_rkey
+    wc.qp_num = qp->qp_num;
+    wc.src_qp = qp->attr.dest_qp_num;
+  });
+  if (!pushed) qp->cq_overflow = true;
 }
 
 // Takes the next receive WQE (own RQ or SRQ) into cur_recv. False if none is posted.
@@ -96,10 +96,89 @@ Outcome ReceiverNotReady(SoftQp* qp, const wire::FrameHeader& h) {
   return Outcome::kStall;
 }
 
+// A whole SEND (its one frame both first and last chunk) into the next receive WQE when that
+// has one SGE able to hold it: placed straight from the frame, without the per-message receive
+// state a chunked SEND needs. Returns false, having changed nothing, for anything else; the
+// general path then reports whatever is wrong (RNR, length, protection) as it always does.
+bool PlaceWholeSend(SoftQp* qp, const wire::FrameHeader& h, const char* payload,
+                    uint64_t* wr_id) {
+  auto place = [&](RecvQueue& rq) {
+    if (rq.head == rq.tail) return false;
+    const uint32_t slot = rq.head & rq.mask;
+    if (rq.num_sge[slot] != 1) return false;
+    const ibv_sge& sge = rq.sge[static_cast<size_t>(slot) * rq.max_sge];
+    if (h.length > sge.length) return false;
+    KeyEntry* pinned = nullptr;
+    if (h.length > 0) {
+      pinned = PinLocal(qp->hca->keys, qp->pd, sge.lkey, sge.addr, h.length, true);
+      if (pinned == nullptr) return false;
+      CopyBytes(reinterpret_cast<void*>(sge.addr), payload, h.length);
+      KeyTable::Unpin(pinned);
+    }
+    *wr_id = rq.wr_id[slot];
+    ++rq.head;
+    return true;
+  };
+  if (qp->ssrq == nullptr) return place(qp->rq);
+  std::lock_guard<SpinLock> lock(qp->ssrq->lock);
+  return place(qp->ssrq->rq);
+}
+
+// Remote invalidation: only a valid type 2 window of this QP's PD, bound to this QP, may be
+// revoked. Out of line: the common SEND carries none.
+[[gnu::noinline]] bool InvalidateRemote(SoftQp* qp, uint32_t rkey) {
+  swirl::MutexLock lock(&qp->hca->mw_mu);
+  KeyEntry* e = qp->hca->keys.EntryFor(rkey);
+  if (rkey == 0 || KeyTable::PublishedKey(e) != rkey || e->kind != KeyKind::kMw2 ||
+      e->pd != qp->pd || e->qp != qp) {
+    return false;
+  }
+  KeyTable::Revoke(e);
+  std::atomic_ref<uint32_t>(e->mr->bound_windows).fetch_sub(1, std::memory_order_acq_rel);
+  e->mr = nullptr;
+  e->qp = nullptr;
+  e->length = 0;
+  return true;
+}
+
+// A SEND whose data is all placed: the remote invalidation it carries, if any, then its receive
+// completion. The window is revoked before the completion exists, so the consumer never sees
+// the message while the window is still usable.
+[[gnu::always_inline]] inline Outcome FinishSend(SoftQp* qp, const wire::FrameHeader& h, uint64_t wr_id,
+                                                uint32_t byte_len) {
+  unsigned int wc_flags = (h.flags & wire::kFlagWithImm) ? IBV_WC_WITH_IMM : 0;
+  if (h.flags & wire::kFlagWithInv) {
+    if (!InvalidateRemote(qp, h.imm_or_inv)) {
+      PushRecv(qp, wr_id, IBV_WC_REM_INV_REQ_ERR, IBV_WC_RECV, 0, 0, 0, false);
+      Nak(qp, h.msn, IBV_WC_REM_INV_REQ_ERR);
+      return Outcome::kFailed;
+    }
+    wc_flags |= IBV_WC_WITH_INV;
+  }
+  const bool pushed = qp->rcq->Push(
+      nullptr, 0, h.flags & wire::kFlagSolicited, IBV_WC_SUCCESS, [&](ibv_wc& wc) {
+        wc.wr_id = wr_id;
+        wc.opcode = IBV_WC_RECV;
+        wc.byte_len = byte_len;
+        wc.wc_flags = wc_flags;
+        wc.imm_data = wc_flags != 0 ? h.imm_or_inv : 0;  // union with invalidated_rkey
+        wc.qp_num = qp->qp_num;
+        wc.src_qp = qp->attr.dest_qp_num;
+      });
+  if (!pushed) qp->cq_overflow = true;
+  qp->expected_msn = wire::NextMsn(qp->expected_msn);
+  return Outcome::kDone;
+}
+
 Outcome HandleSend(SoftQp* qp, const wire::FrameHeader& h, const char* payload) {
   const bool first = h.flags & wire::kFlagFirst;
   const bool last = h.flags & wire::kFlagLast;
   if (first) {  // ProcessRequests saw to it that no other message is in progress
+    uint64_t wr_id;
+    if (last && h.length == h.total_length && PlaceWholeSend(qp, h, payload, &wr_id)) {
+      qp->rnr_waiting = false;
+      return FinishSend(qp, h, wr_id, h.length);
+    }
     if (!TakeRecv(qp)) return ReceiverNotReady(qp, h);
     qp->rnr_waiting = false;
     qp->cur_recv.msn = h.msn;
@@ -130,41 +209,8 @@ Outcome HandleSend(SoftQp* qp, const wire::FrameHeader& h, const char* payload) 
   }
   qp->cur_recv.offset += h.length;
   if (!last) return Outcome::kDone;
-
   qp->cur_recv.active = false;
-  unsigned int wc_flags = 0;
-  if (h.flags & wire::kFlagWithImm) wc_flags |= IBV_WC_WITH_IMM;
-  if (h.flags & wire::kFlagWithInv) {
-    // Remote invalidation: only a valid type 2 window of this QP's PD, bound to this QP. It is
-    // revoked before the receive completion exists, so the consumer never sees the message
-    // while the window is still usable.
-    const uint32_t rkey = h.imm_or_inv;
-    bool ok = false;
-    {
-      swirl::MutexLock lock(&qp->hca->mw_mu);
-      KeyEntry* e = qp->hca->keys.EntryFor(rkey);
-      if (rkey != 0 && KeyTable::PublishedKey(e) == rkey && e->kind == KeyKind::kMw2 &&
-          e->pd == qp->pd && e->qp == qp) {
-        KeyTable::Revoke(e);
-        std::atomic_ref<uint32_t>(e->mr->bound_windows).fetch_sub(1, std::memory_order_acq_rel);
-        e->mr = nullptr;
-        e->qp = nullptr;
-        e->length = 0;
-        ok = true;
-      }
-    }
-    if (!ok) {
-      PushRecv(qp, qp->cur_recv.wr_id, IBV_WC_REM_INV_REQ_ERR, IBV_WC_RECV, 0, 0, 0, false);
-      Nak(qp, h.msn, IBV_WC_REM_INV_REQ_ERR);
-      return Outcome::kFailed;
-    }
-    wc_flags |= IBV_WC_WITH_INV;
-  }
-  PushRecv(qp, qp->cur_recv.wr_id, IBV_WC_SUCCESS, IBV_WC_RECV, qp->cur_recv.total, wc_flags,
-           (wc_flags & (IBV_WC_WITH_IMM | IBV_WC_WITH_INV)) ? h.imm_or_inv : 0,
-           h.flags & wire::kFlagSolicited);
-  qp->expected_msn = wire::NextMsn(qp->expected_msn);
-  return Outcome::kDone;
+  return FinishSend(qp, h, qp->cur_recv.wr_id, qp->cur_recv.total);
 }
 
 Outcome HandleWrite(SoftQp* qp, const wire::FrameHeader& h, const wire::RemoteExtension& ext,

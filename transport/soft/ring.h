@@ -105,6 +105,7 @@ class RingReader {
   // True if the next frame's stamp is published (one load; for the idle poll).
   bool Ready() const {
     const char* frame = base_ + (tail_ & (size_ - 1));
+    __builtin_prefetch(frame + wire::kCacheLine);
     const bool ready = __atomic_load_n(reinterpret_cast<const uint64_t*>(frame),
                                        __ATOMIC_ACQUIRE) == (wire::kStampValid | tail_);
     if (ready) wire::SharedAcquire();

@@ -8,7 +8,9 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstring>
 #include <deque>
+#include <mutex>
 #include <map>
 #include <memory>
 #include <string>
@@ -81,10 +83,11 @@ struct SoftCq : ibv_cq {
 
   SpinLock lock;
   std::vector<Cqe> ring;  // capacity cqe (+1 spare slot to tell full from empty)
+  uint32_t ring_mask = 0;  // ring.size() - 1
   uint32_t head = 0;      // next to poll (under lock)
   uint32_t tail = 0;      // next to fill (under lock)
   std::atomic<uint32_t> depth{0};  // tail - head, for a lock-free "anything there?" check
-  bool overflowed = false;
+  std::atomic<bool> overflowed{false};  // written under lock; read without it by an empty poll
 
   std::atomic<int> armed{0};  // 0: no, 1: solicited only, 2: next completion
   std::atomic<int> attached{0};  // QPs completing into this CQ
@@ -108,7 +111,35 @@ struct SoftCq : ibv_cq {
   uint64_t events_acked ABSL_GUARDED_BY(events_mu) = 0;
 
   // Adds a completion. Returns false on overflow (the CQ is then in error and stays so).
-  bool Push(const ibv_wc& wc, SoftQp* qp, uint32_t sq_release, bool solicited);
+  // Inline: every message completes through it.
+  bool Push(const ibv_wc& wc, SoftQp* qp, uint32_t sq_release, bool solicited) {
+    return Push(qp, sq_release, solicited, wc.status, [&wc](ibv_wc& slot) { slot = wc; });
+  }
+  // The same, with the ibv_wc built in place: `fill(ibv_wc&)` sets the fields of a zeroed one
+  // (its status must be `status`).
+  template <typename Fill>
+  bool Push(SoftQp* qp, uint32_t sq_release, bool solicited, ibv_wc_status status, Fill&& fill) {
+    {
+      std::lock_guard<SpinLock> guard(lock);
+      if (overflowed.load(std::memory_order_relaxed) || tail - head == static_cast<uint32_t>(cqe)) {
+        return OverflowLocked();
+      }
+      Cqe& e = ring[tail & ring_mask];
+      std::memset(&e.wc, 0, sizeof(e.wc));
+      fill(e.wc);
+      e.qp = qp;
+      e.sq_release = sq_release;
+      ++tail;
+      depth.store(tail - head, std::memory_order_relaxed);
+    }
+    if (armed.load(std::memory_order_acquire) != 0) NotifyIfArmed(solicited, status);
+    return true;
+  }
+
+ private:
+  // The slow halves of Push: overflow (lock held) and a completion event for an armed CQ.
+  bool OverflowLocked();
+  void NotifyIfArmed(bool solicited, ibv_wc_status status);
 };
 
 // A receive queue: the QP's own, or an SRQ's.
@@ -362,8 +393,49 @@ int PostSend(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr);
 int PostRecv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr);
 int PostSrqRecv(ibv_srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad_wr);
 int BindMw(ibv_qp* qp, ibv_mw* mw, ibv_mw_bind* bind);
-// Makes progress on `qp`; the caller holds qp->lock. Returns true if anything happened.
-bool ProgressLocked(SoftQp* qp);
+// Progress on `qp`; the caller holds qp->lock. Returns true if anything happened.
+// ProgressLocked is inline because every poll runs it, and most polls find nothing: the steady
+// state (Normal) with no frame on either ring, nothing queued and no send completion wanted
+// costs a few loads and no call. ProgressNormal does the steady state's work, ProgressSlow
+// everything else (linking, errors, a peer gone, RNR waits, NAKs still to send).
+bool ProgressNormal(SoftQp* qp, bool responses_ready, bool requests_ready);
+bool ProgressSlow(SoftQp* qp);
+
+// Linked, RTS, and nothing exceptional pending.
+inline bool Normal(const SoftQp* qp) {
+  return qp->linked && qp->qstate == IBV_QPS_RTS && !qp->pending_nak.active &&
+         !qp->cur_read.active && !qp->rnr_waiting && !qp->cq_overflow &&
+         !qp->link_event.load(std::memory_order_relaxed) &&
+         !qp->peer_gone.load(std::memory_order_relaxed) &&
+         qp->peer.control()->state.value.load(std::memory_order_relaxed) == wire::kLinkActive;
+}
+
+// Whether anyone is waiting for a send completion right now: a signaled request is
+// outstanding, or the send queue needs its slots back. Otherwise piggybacked acks are enough
+// and the peer's ack word (a cache line the peer writes on every message) is not read.
+inline bool CompletionWanted(const SoftQp* qp) {
+  if (qp->sig_all || qp->sq_tail - qp->sq_released.load(std::memory_order_relaxed) >
+                         qp->max_send_wr / 2) {
+    return true;
+  }
+  // Any signaled WQE still outstanding (the SQ completes in order, so the newest one is
+  // outstanding exactly when some is): its completion must not wait for a frame from a peer
+  // that may never send one.
+  return qp->newest_signaled - qp->sq_head < qp->sq_tail - qp->sq_head;
+}
+
+inline bool ProgressLocked(SoftQp* qp) {
+  if (!Normal(qp)) return ProgressSlow(qp);
+  const bool responses = qp->resp_rx.Ready();
+  const bool requests = qp->req_rx.Ready();
+  // Without a frame or a queued send, only the peer's ack word can complete a send, and it is
+  // read only when a completion is wanted (CompleteSq).
+  if (!responses && !requests && qp->sq_tx == qp->sq_tail &&
+      (qp->sq_head == qp->sq_tx || !CompletionWanted(qp))) {
+    return false;
+  }
+  return ProgressNormal(qp, responses, requests);
+}
 // Flushes anything pending for a QP whose CQ overflowed.
 void FailQpLocked(SoftQp* qp, ibv_wc_status status);
 
