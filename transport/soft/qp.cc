@@ -544,7 +544,7 @@ bool ProgressNormal(SoftQp* qp, bool responses_ready, bool requests_ready) {
   const uint64_t resp_head = qp->resp_tx.head();
   bool did = false;
   if (responses_ready) did |= ProcessResponses(qp);
-  if (requests_ready) did |= ProcessRequests(qp);
+  if (requests_ready && !ReceiveWholeSends(qp, &did)) did |= ProcessRequests(qp);
   bool transmitted = false;
   if (qp->qstate == IBV_QPS_RTS && qp->sq_tx != qp->sq_tail) {
     Transmit(qp);

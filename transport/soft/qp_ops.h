@@ -127,6 +127,11 @@ void ExecuteLocalOp(SoftQp* qp, SendWqe& w);
 
 // Responder side (qp_responder.cc).
 bool ProcessRequests(SoftQp* qp);
+// The common case of ProcessRequests, kept short: whole SENDs (one frame each) into one-SGE
+// receives, with the same checks and outcomes. Returns true if it drained the request ring
+// (or failed the QP); false when the general path must look at the next frame. Sets *did if
+// it consumed anything.
+bool ReceiveWholeSends(SoftQp* qp, bool* did);
 bool FlushPendingNak(SoftQp* qp);
 
 // State (qp.cc).

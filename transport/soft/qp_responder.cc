@@ -412,6 +412,40 @@ bool FlushPendingNak(SoftQp* qp) {
   return true;
 }
 
+bool ReceiveWholeSends(SoftQp* qp, bool* did) {
+  if (qp->discard_requests || qp->cur_recv.active || qp->write_in_progress ||
+      qp->cur_read.active || (qp->qstate != IBV_QPS_RTR && qp->qstate != IBV_QPS_RTS)) {
+    return false;
+  }
+  constexpr uint8_t kWhole = wire::kFlagFirst | wire::kFlagLast;
+  constexpr uint8_t kOptional = wire::kFlagWithImm | wire::kFlagWithInv | wire::kFlagSolicited;
+  wire::FrameHeader h;
+  while (qp->req_rx.Peek(&h)) {
+    // The general path's checks for a frame that starts a message, in one pass; any frame
+    // that is not a well-formed whole SEND with the expected MSN goes to the general path.
+    const uint64_t bytes = wire::FrameBytes(wire::kOpSend, h.length);
+    if (h.op != wire::kOpSend || (h.flags & ~kOptional) != kWhole || h.length > wire::kMaxChunk ||
+        h.length != h.total_length || bytes > qp->req_rx.ContiguousBytes() ||
+        h.msn != qp->expected_msn) {
+      return false;
+    }
+    NoteAck(qp, h.ack);
+    if (qp->qstate == IBV_QPS_ERR) {
+      *did = true;
+      return true;
+    }
+    uint64_t wr_id;
+    const char* payload = qp->req_rx.frame() + sizeof(wire::FrameHeader);
+    if (!PlaceWholeSend(qp, h, payload, &wr_id)) return false;  // RNR or an error to report
+    qp->rnr_waiting = false;
+    const Outcome outcome = FinishSend(qp, h, wr_id, h.length);
+    qp->req_rx.Consume(bytes);
+    *did = true;
+    if (outcome == Outcome::kFailed) return true;
+  }
+  return true;
+}
+
 bool ProcessRequests(SoftQp* qp) {
   if (qp->qstate != IBV_QPS_RTR && qp->qstate != IBV_QPS_RTS) return false;
   bool did = false;
