@@ -550,6 +550,18 @@ bool ProgressNormal(SoftQp* qp, bool responses_ready, bool requests_ready) {
     Transmit(qp);
     transmitted = true;
   }
+  // CompleteSq's common case, inline: unsignaled SENDs and WRITEs at the head that a
+  // piggybacked ack covers retire without a completion.
+  while (qp->sq_head != qp->sq_tx && !qp->sig_all) {
+    SendWqe& w = qp->sq[qp->sq_head & qp->sq_mask];
+    if (w.state != SendWqe::kAwaiting || (w.send_flags & IBV_SEND_SIGNALED) ||
+        !wire::MsnBefore(w.msn, qp->peer_acked) || !IsSendOrWrite(w.opcode)) {
+      break;
+    }
+    w.status = IBV_WC_SUCCESS;
+    w.state = SendWqe::kDone;
+    ++qp->sq_head;
+  }
   // A send completes on an ack a frame brought (did), a request just transmitted or executed
   // locally, or the ack word CompleteSq reads when a completion is wanted; with none of those
   // it could not move.

@@ -11,6 +11,12 @@ namespace swirl::soft {
 
 inline SoftQp* AsSoft(ibv_qp* qp) { return static_cast<SoftQp*>(qp); }
 
+// Requests the responder acknowledges without a response frame.
+inline bool IsSendOrWrite(ibv_wr_opcode op) {
+  return op == IBV_WR_SEND || op == IBV_WR_SEND_WITH_IMM || op == IBV_WR_SEND_WITH_INV ||
+         op == IBV_WR_RDMA_WRITE || op == IBV_WR_RDMA_WRITE_WITH_IMM;
+}
+
 // A full memory barrier (store-load ordering). On x86 a locked no-op on the stack does it
 // faster than mfence, as the Linux kernel's smp_mb() does.
 inline void FullFence() {
@@ -116,12 +122,6 @@ KeyEntry* PinRemote(SoftQp* qp, uint32_t rkey, uint64_t addr, uint64_t length, i
 // Requester side (qp_requester.cc).
 bool Transmit(SoftQp* qp);
 bool ProcessResponses(SoftQp* qp);
-// A piggybacked or published ack from the peer (the next MSN it expects). Most frames repeat
-// the last one, so only a change takes the call.
-void NoteNewAck(SoftQp* qp, uint32_t ack);
-inline void NoteAck(SoftQp* qp, uint32_t ack) {
-  if (ack != qp->peer_acked) NoteNewAck(qp, ack);
-}
 void CompleteSq(SoftQp* qp);
 void ExecuteLocalOp(SoftQp* qp, SendWqe& w);
 
@@ -138,6 +138,18 @@ bool FlushPendingNak(SoftQp* qp);
 void EnterError(SoftQp* qp);
 // The peer broke the wire protocol (a bad frame): fail the QP as a requester would.
 void ProtocolError(SoftQp* qp, const char* what);
+// A piggybacked or published ack from the peer: the next MSN it expects.
+inline void NoteAck(SoftQp* qp, uint32_t ack) {
+  if (ack == qp->peer_acked) return;
+  // Acks ride on both of the peer's rings and in its control block; those are not ordered with
+  // each other, so an older one can arrive after a newer one: keep the newest. But a peer may
+  // never acknowledge what was not sent.
+  if (ack > wire::kMsnMask || wire::MsnBefore(qp->next_msn, ack)) {
+    ProtocolError(qp, "acknowledgement of requests never sent");
+    return;
+  }
+  if (wire::MsnBefore(qp->peer_acked, ack)) qp->peer_acked = ack;
+}
 void PublishAndWake(SoftQp* qp, bool wrote);
 const ibv_sge* WqeSges(const SoftQp* qp, uint32_t index);
 char* WqeInline(SoftQp* qp, uint32_t index);

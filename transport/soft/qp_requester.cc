@@ -21,11 +21,6 @@ ibv_wc_opcode WcOpcodeFor(ibv_wr_opcode op) {
   }
 }
 
-bool IsSendOrWrite(ibv_wr_opcode op) {
-  return op == IBV_WR_SEND || op == IBV_WR_SEND_WITH_IMM || op == IBV_WR_SEND_WITH_INV ||
-         op == IBV_WR_RDMA_WRITE || op == IBV_WR_RDMA_WRITE_WITH_IMM;
-}
-
 bool IsReadOrAtomic(ibv_wr_opcode op) {
   return op == IBV_WR_RDMA_READ || op == IBV_WR_ATOMIC_CMP_AND_SWP ||
          op == IBV_WR_ATOMIC_FETCH_AND_ADD;
@@ -268,17 +263,6 @@ bool Transmit(SoftQp* qp) {
 }
 
 // ---- Responses and acknowledgements ---------------------------------------------------------------
-
-void NoteNewAck(SoftQp* qp, uint32_t ack) {
-  // Acks ride on both of the peer's rings and in its control block; those are not ordered with
-  // each other, so an older one can arrive after a newer one: keep the newest. But a peer may
-  // never acknowledge what was not sent.
-  if (ack > wire::kMsnMask || wire::MsnBefore(qp->next_msn, ack)) {
-    ProtocolError(qp, "acknowledgement of requests never sent");
-    return;
-  }
-  if (wire::MsnBefore(qp->peer_acked, ack)) qp->peer_acked = ack;
-}
 
 bool ProcessResponses(SoftQp* qp) {
   bool did = false;
