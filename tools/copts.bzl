@@ -6,10 +6,10 @@ SWIRL_COPTS = [
     "-Werror",
     "-Wno-missing-field-initializers",
 ] + select({
-    # Optimized builds of swirl's own code use -O3: GCC 12 at -O2 leaves the small helpers of
-    # the per-message paths (completion push, one-SGE copy, header checks) out of line, and
-    # -O3's inlining takes 8% of the soft device's instructions per round trip
-    # (docs/BENCHMARKS.md). Sanitizer and debug builds keep their own levels.
+    # Optimized builds of swirl's own code use -O3: GCC 12 at -O2 leaves small helpers of the
+    # per-message paths out of line; -O3 took the soft device's own instructions per message
+    # down 5% (soft_path_bench --count, docs/BENCHMARKS.md). Sanitizer and debug builds keep
+    # their own levels.
     "//tools:opt": ["-O3"],
     "//conditions:default": [],
 })
