@@ -1338,6 +1338,14 @@ void Worker::FailConnection(Connection* c, const absl::Status& why) {
 }
 
 void Worker::FinishClose(Connection* c) {
+  // A batch still waiting for its doorbell is never posted (the QP is in the error state and
+  // about to go), and the connection leaves the doorbell list before it is destroyed; its
+  // buffers come back with the unposted sequence numbers below.
+  if (c->dirty_) {
+    dirty_.erase(std::remove(dirty_.begin(), dirty_.end(), c), dirty_.end());
+    c->dirty_ = false;
+  }
+  c->batch_size_ = 0;
   // Send WRs that never completed (the device is gone or slow): take their buffers back.
   for (uint64_t s = c->completed_seq_ + 1; s < c->next_seq_; ++s) {
     int32_t& b = c->sent_buffer_[s & (c->sent_buffer_.size() - 1)];
