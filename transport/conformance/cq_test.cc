@@ -2,10 +2,12 @@
 // CQ armed with ibv_req_notify_cq wakes a thread blocked on its completion channel even though
 // nobody polls: the device makes the progress itself.
 
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <infiniband/verbs.h>
 
 #include <cstdio>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <thread>
@@ -145,6 +147,66 @@ TEST_P(CqTest, SolicitedOnlyNotificationWaitsForASolicitedMessage) {
   ASSERT_EQ(recvs.size(), 2u);
   EXPECT_EQ(recvs[0].wr_id, 0xb0u);
   EXPECT_EQ(recvs[1].wr_id, 0xb1u);
+}
+
+// Completions of one receive queue come out in the order the messages arrived, whatever the
+// batch a poll asks for and whenever messages land. The soft device hands a poll's own receive
+// completions over without its ring while the ring is empty and queues them otherwise; this
+// pins the order across both: one poll takes a single completion while more wait, then more
+// messages land behind the queued ones and polls of every size take the rest.
+TEST_P(CqTest, ReceiveCompletionsKeepTheirOrderWhateverThePollBatch) {
+  ASSERT_NO_FATAL_FAILURE(Connect());
+  Untrack(&b_->recv_cq());  // only the polls below make b_'s receive progress
+  constexpr int kPerBurst = 20;
+  constexpr int kBursts = 2;
+  for (int i = 0; i < kPerBurst * kBursts; ++i) {
+    ASSERT_EQ(b_->PostRecv(0x1000 + i, 64 * static_cast<size_t>(i), 64), 0);
+  }
+  auto send_burst = [&](int burst) {
+    for (int i = 0; i < kPerBurst; ++i) {
+      const uint32_t seq = static_cast<uint32_t>(burst * kPerBurst + i);
+      // One signaled send per burst: the send queue holds a burst.
+      const unsigned int flags = i + 1 == kPerBurst ? IBV_SEND_SIGNALED : 0;
+      ASSERT_EQ(SendWr(seq, IBV_WR_SEND_WITH_IMM, flags)
+                    .Local(*a_, 0, 16)
+                    .Imm(htonl(seq))
+                    .Post(a_->ibqp()),
+                0);
+    }
+  };
+  uint32_t next = 0;
+  // One poll of up to `want`; checks what it returns. Returns how many.
+  auto poll = [&](int want) {
+    ibv_wc wcs[64];
+    const int got = b_->recv_cq().Poll(want, wcs);
+    EXPECT_GE(got, 0);
+    EXPECT_LE(got, want);
+    for (int k = 0; k < got; ++k, ++next) {
+      ExpectWc(wcs[k], {.wr_id = 0x1000 + next,
+                        .qp_num = b_->qpn(),
+                        .opcode = IBV_WC_RECV,
+                        .byte_len = 16,
+                        .wc_flags = IBV_WC_WITH_IMM,
+                        .imm_data = htonl(next)});
+    }
+    return got;
+  };
+
+  ASSERT_NO_FATAL_FAILURE(send_burst(0));
+  ASSERT_TRUE(WaitUntil([&] { return poll(1) == 1; }));
+  ASSERT_NO_FATAL_FAILURE(send_burst(1));
+  constexpr int kBatches[] = {64, 3, 16, 2, 1, 7};
+  int batch = 0;
+  ASSERT_TRUE(WaitUntil([&] {
+    poll(kBatches[batch++ % std::size(kBatches)]);
+    return next >= kPerBurst * kBursts;
+  })) << "received " << next << " of " << kPerBurst * kBursts;
+  EXPECT_EQ(next, static_cast<uint32_t>(kPerBurst * kBursts));
+  for (int burst = 0; burst < kBursts; ++burst) {
+    ExpectWc(Poll(a_->send_cq()), {.wr_id = static_cast<uint64_t>(burst + 1) * kPerBurst - 1,
+                                   .qp_num = a_->qpn(),
+                                   .opcode = IBV_WC_SEND});
+  }
 }
 
 SWIRL_INSTANTIATE_FOR_EVERY_DEVICE(CqTest);

@@ -18,12 +18,12 @@ namespace {
 // A QP another thread is working on right now is skipped, and so is the whole list while another
 // poller walks it: that thread makes the progress. Progress can block for a while (a peer's
 // death unmaps and closes its link), and pollers of a shared CQ must not spin behind it.
-void ProgressAttached(SoftCq* cq) {
+void ProgressAttached(SoftCq* cq, PollSink* sink) {
   std::unique_lock<SpinLock> lock(cq->attach_lock, std::try_to_lock);
   if (!lock.owns_lock()) return;
   for (SoftQp* qp : cq->qps) {
     if (!qp->lock.try_lock()) continue;
-    ProgressLocked(qp);
+    ProgressLocked(qp, sink);
     qp->lock.unlock();
   }
 }
@@ -108,31 +108,36 @@ int PollCq(ibv_cq* ibcq, int n, ibv_wc* wc) {
   cq->polls.store(cq->polls.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   if (n < 0) return 0;
   // Progress first unless enough is already queued; ibv_poll_cq(cq, 0, ...) only progresses.
+  // Receive completions that progress produces while the ring is empty come straight into
+  // `wc` (they are the oldest there are); anything found in the ring is newer and follows.
+  PollSink sink{cq, wc, static_cast<uint32_t>(n), 0};
   if (cq->depth.load(std::memory_order_relaxed) < static_cast<uint32_t>(n) || n == 0) {
-    ProgressAttached(cq);
+    ProgressAttached(cq, &sink);
   }
   // Nothing queued: done without the lock (a completion pushed meanwhile is the next poll's,
   // as it would be had it arrived a moment later).
-  if (cq->depth.load(std::memory_order_relaxed) == 0 &&
-      !cq->overflowed.load(std::memory_order_relaxed)) {
-    return 0;
+  if (sink.count == static_cast<uint32_t>(n) ||
+      (cq->depth.load(std::memory_order_relaxed) == 0 &&
+       !cq->overflowed.load(std::memory_order_relaxed))) {
+    return static_cast<int>(sink.count);
   }
   std::lock_guard<SpinLock> guard(cq->lock);
   if (cq->overflowed.load(std::memory_order_relaxed)) {
     errno = EOVERFLOW;
     return -1;
   }
-  const uint32_t count = std::min<uint32_t>(static_cast<uint32_t>(n), cq->tail - cq->head);
+  const uint32_t count =
+      std::min<uint32_t>(static_cast<uint32_t>(n) - sink.count, cq->tail - cq->head);
   const uint32_t mask = cq->ring_mask;
   for (uint32_t i = 0; i < count; ++i) {
     const Cqe& e = cq->ring[(cq->head + i) & mask];
-    wc[i] = e.wc;
+    wc[sink.count + i] = e.wc;
     // A signaled send completion frees its slot and those of the unsignaled ones before it.
     if (e.qp != nullptr) e.qp->sq_released.store(e.sq_release, std::memory_order_release);
   }
   cq->head += count;
   cq->depth.store(cq->tail - cq->head, std::memory_order_relaxed);
-  return static_cast<int>(count);
+  return static_cast<int>(sink.count + count);
 }
 
 int ReqNotifyCq(ibv_cq* ibcq, int solicited_only) {

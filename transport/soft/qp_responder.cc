@@ -155,17 +155,32 @@ bool PlaceWholeSend(SoftQp* qp, const wire::FrameHeader& h, const char* payload,
     }
     wc_flags |= IBV_WC_WITH_INV;
   }
-  const bool pushed = qp->rcq->Push(
-      nullptr, 0, h.flags & wire::kFlagSolicited, IBV_WC_SUCCESS, [&](ibv_wc& wc) {
-        wc.wr_id = wr_id;
-        wc.opcode = IBV_WC_RECV;
-        wc.byte_len = byte_len;
-        wc.wc_flags = wc_flags;
-        wc.imm_data = wc_flags != 0 ? h.imm_or_inv : 0;  // union with invalidated_rkey
-        wc.qp_num = qp->qp_num;
-        wc.src_qp = qp->attr.dest_qp_num;
-      });
-  if (!pushed) qp->cq_overflow = true;
+  auto fill = [&](ibv_wc& wc) {
+    wc.wr_id = wr_id;
+    wc.opcode = IBV_WC_RECV;
+    wc.byte_len = byte_len;
+    wc.wc_flags = wc_flags;
+    wc.imm_data = wc_flags != 0 ? h.imm_or_inv : 0;  // union with invalidated_rkey
+    wc.qp_num = qp->qp_num;
+    wc.src_qp = qp->attr.dest_qp_num;
+  };
+  SoftCq* cq = qp->rcq;
+  PollSink* sink = qp->poll_sink;
+  // Straight to the poller of this CQ when nothing older waits in its ring: this QP's earlier
+  // completions were all pushed under this QP's lock, which the poller holds, so an empty ring
+  // means none of them is still queued.
+  if (sink != nullptr && sink->cq == cq && sink->count < sink->capacity &&
+      cq->depth.load(std::memory_order_relaxed) == 0 &&
+      !cq->overflowed.load(std::memory_order_relaxed)) {
+    ibv_wc& wc = sink->wc[sink->count++];
+    std::memset(&wc, 0, sizeof(wc));
+    fill(wc);
+    if (cq->armed.load(std::memory_order_acquire) != 0) {
+      cq->NotifyIfArmed(h.flags & wire::kFlagSolicited, IBV_WC_SUCCESS);
+    }
+  } else if (!cq->Push(nullptr, 0, h.flags & wire::kFlagSolicited, IBV_WC_SUCCESS, fill)) {
+    qp->cq_overflow = true;
+  }
   qp->expected_msn = wire::NextMsn(qp->expected_msn);
   return Outcome::kDone;
 }

@@ -70,6 +70,16 @@ struct SoftChannel : ibv_comp_channel {
   void Notify(SoftCq* cq);
 };
 
+// The caller's array of a poll in progress (PollCq): a receive completion that the poll's own
+// progress produces goes straight into it, skipping the CQ's ring, when nothing older waits in
+// the ring (SoftQp::poll_sink, FinishSend in qp_responder.cc).
+struct PollSink {
+  SoftCq* cq;
+  ibv_wc* wc;
+  uint32_t capacity;
+  uint32_t count;
+};
+
 // One completion with what the CQ needs to release send-queue slots when it is polled.
 struct Cqe {
   ibv_wc wc;
@@ -136,10 +146,13 @@ struct SoftCq : ibv_cq {
     return true;
   }
 
- private:
-  // The slow halves of Push: overflow (lock held) and a completion event for an armed CQ.
-  bool OverflowLocked();
+  // A completion event for an armed CQ (Push's slow half; also for completions a poll takes
+  // without the ring).
   void NotifyIfArmed(bool solicited, ibv_wc_status status);
+
+ private:
+  // Push's other slow half: overflow (lock held).
+  bool OverflowLocked();
 };
 
 // A receive queue: the QP's own, or an SRQ's.
@@ -283,6 +296,8 @@ struct SoftQp : ibv_qp {
     uint32_t status = 0;
   } pending_nak;  // a NAK that did not fit in the response ring yet
   bool cq_overflow = false;   // a CQ we complete into overflowed: fail at the next chance
+  // Set by a poller only while it holds `lock` and runs this QP's progress (cq.cc).
+  PollSink* poll_sink = nullptr;
   bool entering_error = false;
 
   // Link: our segment and the peer's.
@@ -424,8 +439,14 @@ inline bool CompletionWanted(const SoftQp* qp) {
   return qp->newest_signaled - qp->sq_head < qp->sq_tail - qp->sq_head;
 }
 
-inline bool ProgressLocked(SoftQp* qp) {
-  if (!Normal(qp)) return ProgressSlow(qp);
+// `sink`: the array of the poll running this progress, if any (PollSink).
+inline bool ProgressLocked(SoftQp* qp, PollSink* sink = nullptr) {
+  if (!Normal(qp)) {
+    qp->poll_sink = sink;
+    const bool did = ProgressSlow(qp);
+    qp->poll_sink = nullptr;
+    return did;
+  }
   const bool responses = qp->resp_rx.Ready();
   const bool requests = qp->req_rx.Ready();
   // Without a frame or a queued send, only the peer's ack word can complete a send, and it is
@@ -434,7 +455,10 @@ inline bool ProgressLocked(SoftQp* qp) {
       (qp->sq_head == qp->sq_tx || !CompletionWanted(qp))) {
     return false;
   }
-  return ProgressNormal(qp, responses, requests);
+  qp->poll_sink = sink;
+  const bool did = ProgressNormal(qp, responses, requests);
+  qp->poll_sink = nullptr;
+  return did;
 }
 // Flushes anything pending for a QP whose CQ overflowed.
 void FailQpLocked(SoftQp* qp, ibv_wc_status status);
