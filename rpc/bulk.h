@@ -40,11 +40,32 @@ class BulkPool;
 class BulkBuffer {
  public:
   BulkBuffer() = default;
-  BulkBuffer(BulkBuffer&& other) noexcept { *this = std::move(other); }
-  BulkBuffer& operator=(BulkBuffer&& other) noexcept;
+  // Inline: the message path moves and destroys several (mostly empty) buffers per call.
+  BulkBuffer(BulkBuffer&& other) noexcept
+      : pool_(std::move(other.pool_)),
+        size_class_(other.size_class_),
+        data_(other.data_),
+        size_(other.size_),
+        capacity_(other.capacity_) {
+    other.Forget();
+  }
+  BulkBuffer& operator=(BulkBuffer&& other) noexcept {
+    if (this != &other) {
+      Release();
+      pool_ = std::move(other.pool_);
+      size_class_ = other.size_class_;
+      data_ = other.data_;
+      size_ = other.size_;
+      capacity_ = other.capacity_;
+      other.Forget();
+    }
+    return *this;
+  }
   BulkBuffer(const BulkBuffer&) = delete;
   BulkBuffer& operator=(const BulkBuffer&) = delete;
-  ~BulkBuffer() { Release(); }
+  // Always inline: empty buffers are destroyed several times per call, and GCC otherwise
+  // keeps this out of line for the shared_ptr release it contains.
+  [[gnu::always_inline]] ~BulkBuffer() { Release(); }
 
   char* data() const { return data_; }
   size_t size() const { return size_; }
@@ -63,6 +84,12 @@ class BulkBuffer {
  private:
   friend class internal::BulkPool;
   void ReleaseSlow();
+  // Leaves this buffer empty without giving anything back (its memory moved elsewhere).
+  void Forget() {
+    data_ = nullptr;
+    size_ = capacity_ = 0;
+    size_class_ = -1;
+  }
   std::shared_ptr<internal::BulkPool> pool_;
   int size_class_ = -1;
   char* data_ = nullptr;

@@ -18,21 +18,6 @@ const char* BulkModeName(BulkMode mode) {
   return "?";
 }
 
-BulkBuffer& BulkBuffer::operator=(BulkBuffer&& other) noexcept {
-  if (this != &other) {
-    Release();
-    pool_ = std::move(other.pool_);
-    size_class_ = other.size_class_;
-    data_ = other.data_;
-    size_ = other.size_;
-    capacity_ = other.capacity_;
-    other.data_ = nullptr;
-    other.size_ = other.capacity_ = 0;
-    other.size_class_ = -1;
-  }
-  return *this;
-}
-
 void BulkBuffer::ReleaseSlow() {
   if (data_ != nullptr && pool_ != nullptr) pool_->Free(size_class_, data_);
   pool_.reset();

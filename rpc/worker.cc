@@ -762,11 +762,11 @@ void Worker::DispatchCall(Connection* c, Incoming& in) {
     writer.Abandon();
     return;
   }
-  SendHandlerResult(c, in, std::move(status), &writer, std::move(ctx.mutable_response_bulk()));
+  SendHandlerResult(c, in, std::move(status), &writer, ctx.mutable_response_bulk());
 }
 
 void Worker::SendHandlerResult(Connection* c, Incoming& in, absl::Status status, Writer* writer,
-                               BulkBuffer attachment) {
+                               BulkBuffer& attachment) {
   if (attachment && attachment.size() == 0) attachment.Release();  // empty: no attachment
   if (status.ok() && writer->in_bulk() && attachment) {
     // One descriptor per response: the attachment's. The message must then travel eagerly.
@@ -867,7 +867,7 @@ void Worker::RunOnPool(Connection* c, Incoming& in, const Service::Method* metho
       if (status.ok() && !writer.Append(response)) {
         status = absl::ResourceExhaustedError("response exceeds the maximum message size");
       }
-      SendHandlerResult(c, in, std::move(status), &writer, std::move(bulk));
+      SendHandlerResult(c, in, std::move(status), &writer, bulk);
     });
   });
 }

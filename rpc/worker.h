@@ -386,9 +386,10 @@ class Worker {
   void Dispatch(Connection* c, const rpc_wire::MessageHeader& h, const char* payload);
   void DispatchCall(Connection* c, Incoming& in);
   // Sends a handler's outcome (inline or pool): the error, the response in `writer` (eagerly or
-  // through a window once it outgrew the eager threshold), or the message with `attachment`.
+  // through a window once it outgrew the eager threshold), or the message with `attachment`
+  // (taken from the caller's buffer if it is sent).
   void SendHandlerResult(Connection* c, Incoming& in, absl::Status status, Writer* writer,
-                         BulkBuffer attachment);
+                         BulkBuffer& attachment);
   void CompleteCall(Connection* c, const rpc_wire::MessageHeader& h, const char* payload);
   void RepostRecvs();
 
