@@ -63,6 +63,27 @@ TEST_P(LocalErrorTest, SendWithBadLkey) {
   EXPECT_TRUE(WaitForState(a_->qp(), IBV_QPS_ERR));
 }
 
+// A failing request behind an unsignaled one still completes (with its error) when the peer
+// sends nothing back: the unsignaled SEND ahead of it is acknowledged without a response, and
+// the error completion is owed even though neither request asked for one.
+TEST_P(LocalErrorTest, AnUnsignaledFailureBehindAnUnsignaledSendIsReported) {
+  ASSERT_NO_FATAL_FAILURE(Connect());
+  auto mr = MemoryRegion::Register(a_->pd(), a_->data(65536), 4096, kFullAccess);
+  ASSERT_TRUE(mr.ok()) << mr.status().ToString();
+  const uint32_t dead = (*mr)->lkey();
+  SWIRL_ASSERT_OK((*mr)->Deregister());
+
+  ASSERT_EQ(b_->PostRecv(0xb0, 0, 4096), 0);
+  ASSERT_EQ(b_->PostRecv(0xb1, 4096, 4096), 0);
+  ASSERT_EQ(SendWr(1, IBV_WR_SEND, 0).Local(*a_, 0, 64).Post(a_->ibqp()), 0);
+  ASSERT_EQ(SendWr(2, IBV_WR_SEND, 0).Sge(a_->addr(65536), 64, dead).Post(a_->ibqp()), 0);
+  ExpectWc(Poll(a_->send_cq()), {.wr_id = 2, .status = IBV_WC_LOC_PROT_ERR, .qp_num = a_->qpn()});
+  EXPECT_TRUE(WaitForState(a_->qp(), IBV_QPS_ERR));
+  // The first SEND arrived.
+  ExpectWc(Poll(b_->recv_cq()), {.wr_id = 0xb0, .qp_num = b_->qpn(), .opcode = IBV_WC_RECV,
+                                 .byte_len = 64});
+}
+
 TEST_P(LocalErrorTest, SendWithLkeyOutsideItsRegion) {
   ASSERT_NO_FATAL_FAILURE(Connect());
   auto mr = MemoryRegion::Register(a_->pd(), a_->data(65536), 4096, kFullAccess);

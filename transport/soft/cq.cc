@@ -114,15 +114,18 @@ int PollCq(ibv_cq* ibcq, int n, ibv_wc* wc) {
   if (cq->depth.load(std::memory_order_relaxed) < static_cast<uint32_t>(n) || n == 0) {
     ProgressAttached(cq, &sink);
   }
-  // Nothing queued: done without the lock (a completion pushed meanwhile is the next poll's,
-  // as it would be had it arrived a moment later).
-  if (sink.count == static_cast<uint32_t>(n) ||
+  // Nothing queued, or the caller's array is full: done without the lock (a completion pushed
+  // meanwhile is the next poll's, as it would be had it arrived a moment later).
+  if ((sink.count > 0 && sink.count == static_cast<uint32_t>(n)) ||
       (cq->depth.load(std::memory_order_relaxed) == 0 &&
        !cq->overflowed.load(std::memory_order_relaxed))) {
     return static_cast<int>(sink.count);
   }
   std::lock_guard<SpinLock> guard(cq->lock);
   if (cq->overflowed.load(std::memory_order_relaxed)) {
+    // Completions this poll already holds are returned; the error is the next poll's (an
+    // overflowed CQ stays in error).
+    if (sink.count > 0) return static_cast<int>(sink.count);
     errno = EOVERFLOW;
     return -1;
   }

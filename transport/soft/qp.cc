@@ -259,6 +259,7 @@ void ResetQueues(SoftQp* qp) {
   if (qp->rcq != qp->scq) PurgeQp(qp->rcq, qp);
   qp->sq_head = qp->sq_tx = qp->sq_tail;
   qp->newest_signaled = qp->sq_tail - 1;
+  qp->failure_pending = false;
   qp->sq_released.store(qp->sq_tail, std::memory_order_release);
   qp->rd_atomic_outstanding = 0;
   qp->rq.head = qp->rq.tail;
@@ -360,6 +361,7 @@ void FillWqe(SoftQp* qp, uint32_t index, const ibv_send_wr* wr) {
     if (total != 8) {
       w.state = SendWqe::kDone;
       w.status = IBV_WC_LOC_LEN_ERR;
+      qp->failure_pending = true;
     }
   } else if (wr->opcode == IBV_WR_BIND_MW) {
     w.mw = wr->bind_mw.mw;
@@ -372,6 +374,7 @@ void FillWqe(SoftQp* qp, uint32_t index, const ibv_send_wr* wr) {
   if (total > kMaxMsgSize) {
     w.state = SendWqe::kDone;
     w.status = IBV_WC_LOC_LEN_ERR;
+    qp->failure_pending = true;
   }
   w.length = static_cast<uint32_t>(std::min<uint64_t>(total, kMaxMsgSize));
   if (wr->opcode == IBV_WR_LOCAL_INV || wr->opcode == IBV_WR_BIND_MW) w.length = 0;
@@ -459,6 +462,7 @@ bool CopySges(KeyTable& keys, const ibv_pd* pd, const ibv_sge* sge, uint32_t num
 void EnterError(SoftQp* qp) {
   if (qp->qstate == IBV_QPS_ERR) return;
   qp->qstate = IBV_QPS_ERR;
+  qp->failure_pending = false;  // from now on every poll completes the send queue
   qp->state = IBV_QPS_ERR;
   // The peer learns of it from our control block, after any NAK we still owe it.
   if (qp->own_ctrl != nullptr && !qp->pending_nak.active) {

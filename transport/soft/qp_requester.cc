@@ -48,9 +48,12 @@ void AssignMsn(SoftQp* qp, SendWqe& w) {
   qp->next_msn = wire::NextMsn(qp->next_msn);
 }
 
-void FailWqe(SendWqe& w, ibv_wc_status status) {
+// Ends a WQE with `status`. A failure's completion is owed even for an unsignaled request, so
+// it makes a completion wanted (CompletionWanted) until the QP enters the error state.
+void FailWqe(SoftQp* qp, SendWqe& w, ibv_wc_status status) {
   w.status = status;
   w.state = SendWqe::kDone;
+  if (status != IBV_WC_SUCCESS) qp->failure_pending = true;
 }
 
 // Writes the SEND or WRITE as chunk frames. Returns false when the ring is full (the rest goes
@@ -102,7 +105,7 @@ bool TransmitData(SoftQp* qp, SendWqe& w, uint32_t index) {
         GatherRaw(WqeSges(qp, index), w.num_sge, w.sent, payload, chunk);
       } else if (!GatherFromSges(qp->hca->keys, qp->pd, WqeSges(qp, index), w.num_sge, w.sent,
                                  payload, chunk)) {
-        FailWqe(w, IBV_WC_LOC_PROT_ERR);
+        FailWqe(qp, w, IBV_WC_LOC_PROT_ERR);
         return true;  // nothing committed for this chunk; the QP fails at completion
       }
     }
@@ -170,7 +173,7 @@ void ExecuteLocalOp(SoftQp* qp, SendWqe& w) {
     // Only type 2 windows are invalidated by a work request; MRs and type 1 windows are not.
     if (KeyTable::PublishedKey(e) != w.imm_or_inv || w.imm_or_inv == 0 ||
         e->kind != KeyKind::kMw2 || e->pd != qp->pd) {
-      FailWqe(w, IBV_WC_LOC_QP_OP_ERR);
+      FailWqe(qp, w, IBV_WC_LOC_QP_OP_ERR);
       return;
     }
     KeyTable::Revoke(e);
@@ -178,7 +181,7 @@ void ExecuteLocalOp(SoftQp* qp, SendWqe& w) {
     e->mr = nullptr;
     e->qp = nullptr;
     e->length = 0;
-    FailWqe(w, IBV_WC_SUCCESS);
+    FailWqe(qp, w, IBV_WC_SUCCESS);
     return;
   }
 
@@ -188,7 +191,7 @@ void ExecuteLocalOp(SoftQp* qp, SendWqe& w) {
   auto* mr = static_cast<SoftMr*>(w.bind_mr);
   const bool type2 = mw->type == IBV_MW_TYPE_2;
   const unsigned int access = w.bind_access;
-  auto bind_error = [&w] { FailWqe(w, IBV_WC_MW_BIND_ERR); };
+  auto bind_error = [&w, qp] { FailWqe(qp, w, IBV_WC_MW_BIND_ERR); };
   if (mw->pd != qp->pd) return bind_error();
   if (type2 && KeyTable::PublishedKey(e) != 0) return bind_error();  // only from the free state
   if (access & ~static_cast<unsigned int>(IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE |
@@ -225,7 +228,7 @@ void ExecuteLocalOp(SoftQp* qp, SendWqe& w) {
     std::atomic_ref<uint32_t>(e->mr->bound_windows).fetch_add(1, std::memory_order_acq_rel);
   }
   KeyTable::Publish(e, (e->index << 8) | (w.bind_rkey & 0xff));
-  FailWqe(w, IBV_WC_SUCCESS);
+  FailWqe(qp, w, IBV_WC_SUCCESS);
 }
 
 // ---- Transmit -------------------------------------------------------------------------------------
@@ -296,12 +299,12 @@ bool ProcessResponses(SoftQp* qp) {
       const uint32_t index = static_cast<uint32_t>(w - qp->sq.data());
       if (h.length > 0 && !ScatterToSges(qp->hca->keys, qp->pd, WqeSges(qp, index), w->num_sge,
                                          w->received, payload, h.length)) {
-        FailWqe(*w, IBV_WC_LOC_PROT_ERR);
+        FailWqe(qp, *w, IBV_WC_LOC_PROT_ERR);
         --qp->rd_atomic_outstanding;
       } else {
         w->received += h.length;
         if (w->received == w->length) {
-          FailWqe(*w, IBV_WC_SUCCESS);
+          FailWqe(qp, *w, IBV_WC_SUCCESS);
           --qp->rd_atomic_outstanding;
         }
       }
@@ -313,7 +316,7 @@ bool ProcessResponses(SoftQp* qp) {
       }
       const uint32_t index = static_cast<uint32_t>(w - qp->sq.data());
       bool ok = ScatterToSges(qp->hca->keys, qp->pd, WqeSges(qp, index), w->num_sge, 0, payload, 8);
-      FailWqe(*w, ok ? IBV_WC_SUCCESS : IBV_WC_LOC_PROT_ERR);
+      FailWqe(qp, *w, ok ? IBV_WC_SUCCESS : IBV_WC_LOC_PROT_ERR);
       --qp->rd_atomic_outstanding;
     } else {  // NAK
       if (!IsNakStatus(h.imm_or_inv)) {
@@ -321,7 +324,7 @@ bool ProcessResponses(SoftQp* qp) {
         return true;
       }
       if (IsReadOrAtomic(w->opcode)) --qp->rd_atomic_outstanding;
-      FailWqe(*w, static_cast<ibv_wc_status>(h.imm_or_inv));
+      FailWqe(qp, *w, static_cast<ibv_wc_status>(h.imm_or_inv));
     }
     qp->resp_rx.Consume(wire::FrameBytes(h.op, h.length));
   }
@@ -346,7 +349,7 @@ void CompleteSq(SoftQp* qp) {
         wire::SharedAcquire();
         if (w.state == SendWqe::kAwaiting && !wire::MsnBefore(w.msn, qp->peer_acked)) break;
       }
-      if (w.state == SendWqe::kAwaiting) FailWqe(w, IBV_WC_SUCCESS);
+      if (w.state == SendWqe::kAwaiting) FailWqe(qp, w, IBV_WC_SUCCESS);
     }
     if (w.state != SendWqe::kDone) break;
     const bool failed = w.status != IBV_WC_SUCCESS;

@@ -102,26 +102,37 @@ Outcome ReceiverNotReady(SoftQp* qp, const wire::FrameHeader& h) {
 // general path then reports whatever is wrong (RNR, length, protection) as it always does.
 bool PlaceWholeSend(SoftQp* qp, const wire::FrameHeader& h, const char* payload,
                     uint64_t* wr_id) {
-  auto place = [&](RecvQueue& rq) {
+  // The WQE is taken, and its buffer checked and pinned, under the SRQ's lock if there is one;
+  // the copy runs after it, so QPs sharing the SRQ never wait behind a copy.
+  ibv_sge sge;
+  KeyEntry* pinned = nullptr;
+  auto take = [&](RecvQueue& rq) {
     if (rq.head == rq.tail) return false;
     const uint32_t slot = rq.head & rq.mask;
     if (rq.num_sge[slot] != 1) return false;
-    const ibv_sge& sge = rq.sge[static_cast<size_t>(slot) * rq.max_sge];
+    sge = rq.sge[static_cast<size_t>(slot) * rq.max_sge];
     if (h.length > sge.length) return false;
-    KeyEntry* pinned = nullptr;
     if (h.length > 0) {
       pinned = PinLocal(qp->hca->keys, qp->pd, sge.lkey, sge.addr, h.length, true);
       if (pinned == nullptr) return false;
-      CopyBytes(reinterpret_cast<void*>(sge.addr), payload, h.length);
-      KeyTable::Unpin(pinned);
     }
     *wr_id = rq.wr_id[slot];
     ++rq.head;
     return true;
   };
-  if (qp->ssrq == nullptr) return place(qp->rq);
-  std::lock_guard<SpinLock> lock(qp->ssrq->lock);
-  return place(qp->ssrq->rq);
+  bool taken;
+  if (qp->ssrq == nullptr) {
+    taken = take(qp->rq);
+  } else {
+    std::lock_guard<SpinLock> lock(qp->ssrq->lock);
+    taken = take(qp->ssrq->rq);
+  }
+  if (!taken) return false;
+  if (pinned != nullptr) {
+    CopyBytes(reinterpret_cast<void*>(sge.addr), payload, h.length);
+    KeyTable::Unpin(pinned);
+  }
+  return true;
 }
 
 // Remote invalidation: only a valid type 2 window of this QP's PD, bound to this QP, may be
@@ -168,7 +179,8 @@ bool PlaceWholeSend(SoftQp* qp, const wire::FrameHeader& h, const char* payload,
   PollSink* sink = qp->poll_sink;
   // Straight to the poller of this CQ when nothing older waits in its ring: this QP's earlier
   // completions were all pushed under this QP's lock, which the poller holds, so an empty ring
-  // means none of them is still queued.
+  // means none of them is still queued. Such a completion never occupies the ring, as a CQE
+  // polled the moment it is written would not; overflow concerns only what waits there.
   if (sink != nullptr && sink->cq == cq && sink->count < sink->capacity &&
       cq->depth.load(std::memory_order_relaxed) == 0 &&
       !cq->overflowed.load(std::memory_order_relaxed)) {

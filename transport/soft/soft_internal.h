@@ -252,6 +252,9 @@ struct SoftQp : ibv_qp {
   // Index of the newest signaled WQE posted (sq_head - 1 or older: none outstanding). A
   // requester that owes a completion must look for acks even when no frame brings one.
   uint32_t newest_signaled = ~0u;
+  // A request failed behind others in the send queue: its error completion is owed even if it
+  // was unsignaled, so a completion is wanted until the QP enters the error state.
+  bool failure_pending = false;
   std::atomic<uint32_t> sq_released{0};  // written by the CQ poller
   uint32_t next_msn = 0;
   uint32_t rd_atomic_outstanding = 0;
@@ -429,8 +432,8 @@ inline bool Normal(const SoftQp* qp) {
 // outstanding, or the send queue needs its slots back. Otherwise piggybacked acks are enough
 // and the peer's ack word (a cache line the peer writes on every message) is not read.
 inline bool CompletionWanted(const SoftQp* qp) {
-  if (qp->sig_all || qp->sq_tail - qp->sq_released.load(std::memory_order_relaxed) >
-                         qp->max_send_wr / 2) {
+  if (qp->sig_all || qp->failure_pending ||
+      qp->sq_tail - qp->sq_released.load(std::memory_order_relaxed) > qp->max_send_wr / 2) {
     return true;
   }
   // Any signaled WQE still outstanding (the SQ completes in order, so the newest one is
