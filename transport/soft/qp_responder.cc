@@ -100,8 +100,8 @@ Outcome ReceiverNotReady(SoftQp* qp, const wire::FrameHeader& h) {
 // has one SGE able to hold it: placed straight from the frame, without the per-message receive
 // state a chunked SEND needs. Returns false, having changed nothing, for anything else; the
 // general path then reports whatever is wrong (RNR, length, protection) as it always does.
-bool PlaceWholeSend(SoftQp* qp, const wire::FrameHeader& h, const char* payload,
-                    uint64_t* wr_id) {
+[[gnu::always_inline]] inline bool PlaceWholeSend(SoftQp* qp, const wire::FrameHeader& h,
+                                                const char* payload, uint64_t* wr_id) {
   // The WQE is taken, and its buffer checked and pinned, under the SRQ's lock if there is one;
   // the copy runs after it, so QPs sharing the SRQ never wait behind a copy.
   ibv_sge sge;
