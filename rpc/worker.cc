@@ -326,18 +326,16 @@ void Worker::StartCall(uint64_t connection_id, ClientCall* call) {
     // From a callback or handler on this loop: queue it behind this iteration's doorbell.
     // A connection that is not active goes through the queue, so a callback that restarts a
     // failed call cannot recurse.
-    auto it = by_id_.find(connection_id);
-    if (it != by_id_.end() &&
-        it->second->state_.load(std::memory_order_relaxed) == Connection::State::kActive) {
-      StartCallLocked(it->second.get(), call);
+    Connection* c = FindById(connection_id);
+    if (c != nullptr && c->state_.load(std::memory_order_relaxed) == Connection::State::kActive) {
+      StartCallLocked(c, call);
       return;
     }
   } else if (!options_.own_thread && driver_.try_lock()) {
     // Caller-driven and nobody else is driving: post it ourselves, no hand-off.
     t_driving = this;
     DrainSubmissions();
-    auto it = by_id_.find(connection_id);
-    StartCallLocked(it == by_id_.end() ? nullptr : it->second.get(), call);
+    StartCallLocked(FindById(connection_id), call);
     FlushSends();
     t_driving = nullptr;
     driver_.unlock();
@@ -491,11 +489,9 @@ bool Worker::DrainSubmissions() {
 
 void Worker::HandleItem(WorkItem& item) {
   switch (item.kind) {
-    case WorkItem::kStartCall: {
-      auto it = by_id_.find(item.connection_id);
-      StartCallLocked(it == by_id_.end() ? nullptr : it->second.get(), item.call);
+    case WorkItem::kStartCall:
+      StartCallLocked(FindById(item.connection_id), item.call);
       break;
-    }
     case WorkItem::kCancelCall: {
       auto it = by_id_.find(item.connection_id);
       if (it == by_id_.end()) break;

@@ -526,6 +526,12 @@ class Worker {
     return it->second;
   }
   absl::flat_hash_map<uint64_t, std::shared_ptr<Connection>> by_id_;
+  // A call usually goes to the connection whose completion was handled last: checked first.
+  Connection* FindById(uint64_t id) {
+    if (last_connection_ != nullptr && last_connection_->id() == id) return last_connection_;
+    auto it = by_id_.find(id);
+    return it == by_id_.end() ? nullptr : it->second.get();
+  }
   std::vector<Connection*> dirty_;
   std::vector<uint32_t> repost_;
   std::vector<char> inline_arena_;
