@@ -6,6 +6,9 @@
 #include <gtest/gtest.h>
 #include <infiniband/verbs.h>
 
+#include <algorithm>
+#include <atomic>
+#include <map>
 #include <cstdio>
 #include <iterator>
 #include <memory>
@@ -206,6 +209,104 @@ TEST_P(CqTest, ReceiveCompletionsKeepTheirOrderWhateverThePollBatch) {
     ExpectWc(Poll(a_->send_cq()), {.wr_id = static_cast<uint64_t>(burst + 1) * kPerBurst - 1,
                                    .qp_num = a_->qpn(),
                                    .opcode = IBV_WC_SEND});
+  }
+}
+
+// Two threads poll one CQ shared by two QPs' receive queues while messages stream in. Each
+// message is delivered exactly once, and each thread sees every queue's completions in order
+// (completions of one work queue keep their order whoever polls them). On the soft device this
+// runs its polls' progress concurrently: each QP is progressed by whichever poller gets it, its
+// completions going to that poller directly or through the ring.
+TEST_P(CqTest, TwoPollersOfOneCqSeeEachQueueInOrder) {
+  constexpr int kQps = 2;
+  constexpr uint32_t kPerQp = 200;
+  constexpr uint32_t kSignalEvery = 16;
+  auto ctx = OpenDevice(device());
+  ASSERT_TRUE(ctx.ok()) << ctx.status().ToString();
+  auto pd = verbs::ProtectionDomain::Create(*ctx);
+  ASSERT_TRUE(pd.ok()) << pd.status().ToString();
+  auto recv_cq = verbs::CompletionQueue::Create(*ctx, 1024);
+  ASSERT_TRUE(recv_cq.ok()) << recv_cq.status().ToString();
+  EndpointOptions shared;
+  shared.recv_cq = *recv_cq;
+  shared.max_recv_wr = kPerQp;
+  std::vector<std::unique_ptr<Endpoint>> senders, receivers;
+  for (int i = 0; i < kQps; ++i) {
+    auto receiver = Endpoint::Create(*pd, shared);
+    ASSERT_TRUE(receiver.ok()) << receiver.status().ToString();
+    auto sender = Endpoint::Create(device());
+    ASSERT_TRUE(sender.ok()) << sender.status().ToString();
+    SWIRL_ASSERT_OK(ConnectPair(**sender, **receiver));
+    for (uint32_t m = 0; m < kPerQp; ++m) {
+      ASSERT_EQ((*receiver)->PostRecv(m, 64 * static_cast<size_t>(m), 64), 0);
+    }
+    senders.push_back(std::move(*sender));
+    receivers.push_back(std::move(*receiver));
+  }
+  std::map<uint32_t, int> index_of_qpn;
+  for (int i = 0; i < kQps; ++i) index_of_qpn[receivers[i]->qpn()] = i;
+
+  std::atomic<uint32_t> received{0};
+  const absl::Time deadline = absl::Now() + kTimeout;
+  // Per poller: per QP, the sequence numbers in the order that poller saw them.
+  std::vector<std::vector<std::vector<uint32_t>>> seen(2, std::vector<std::vector<uint32_t>>(kQps));
+  std::vector<std::string> errors(2);
+  auto poller = [&](int self) {
+    ibv_wc wcs[4];
+    int batch = self + 1;  // the two pollers ask for different batch sizes
+    while (received.load() < kQps * kPerQp && absl::Now() < deadline) {
+      const int got = (*recv_cq)->Poll(batch, wcs);
+      if (got < 0) {
+        errors[self] = "ibv_poll_cq failed";
+        return;
+      }
+      for (int k = 0; k < got; ++k) {
+        const auto it = index_of_qpn.find(wcs[k].qp_num);
+        if (wcs[k].status != IBV_WC_SUCCESS || it == index_of_qpn.end() ||
+            !(wcs[k].wc_flags & IBV_WC_WITH_IMM)) {
+          errors[self] = Describe(wcs[k]);
+          return;
+        }
+        seen[self][it->second].push_back(ntohl(wcs[k].imm_data));
+      }
+      received.fetch_add(got);
+      batch = batch == 4 ? 1 : batch + 1;
+    }
+  };
+  std::thread first(poller, 0), second(poller, 1);
+  // The sender side: both QPs interleaved, one signaled SEND in kSignalEvery, whose completion
+  // is awaited before the next group (it frees the send queue's slots).
+  for (uint32_t m = 0; m < kPerQp; ++m) {
+    for (int i = 0; i < kQps; ++i) {
+      const bool signaled = (m + 1) % kSignalEvery == 0 || m + 1 == kPerQp;
+      ASSERT_EQ(SendWr(m, IBV_WR_SEND_WITH_IMM, signaled ? IBV_SEND_SIGNALED : 0)
+                    .Local(*senders[i], 0, 32)
+                    .Imm(htonl(m))
+                    .Post(senders[i]->ibqp()),
+                0);
+      if (signaled) {
+        ExpectWc(Poll(senders[i]->send_cq()),
+                 {.wr_id = m, .qp_num = senders[i]->qpn(), .opcode = IBV_WC_SEND});
+      }
+    }
+  }
+  first.join();
+  second.join();
+  EXPECT_EQ(errors[0], "");
+  EXPECT_EQ(errors[1], "");
+  ASSERT_EQ(received.load(), kQps * kPerQp);
+  for (int i = 0; i < kQps; ++i) {
+    std::vector<uint32_t> all;
+    for (int self = 0; self < 2; ++self) {
+      const std::vector<uint32_t>& mine = seen[self][i];
+      for (size_t k = 1; k < mine.size(); ++k) {
+        EXPECT_LT(mine[k - 1], mine[k]) << "poller " << self << ", QP " << i << ": out of order";
+      }
+      all.insert(all.end(), mine.begin(), mine.end());
+    }
+    std::sort(all.begin(), all.end());
+    ASSERT_EQ(all.size(), kPerQp) << "QP " << i;
+    for (uint32_t m = 0; m < kPerQp; ++m) EXPECT_EQ(all[m], m) << "QP " << i;
   }
 }
 
