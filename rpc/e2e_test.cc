@@ -114,6 +114,38 @@ TEST_F(E2ETest, ManyConcurrentCallsFromSeveralThreads) {
   }
 }
 
+// A caller-driven client that starts far more calls than it has credits, without polling in
+// between, is held back by its own send credits (the server returns them only with answers the
+// client has not read yet), so the server never parks more than a credit window of answers for
+// it: every call completes, none is shed, and the connection stays up.
+TEST_F(E2ETest, ACallerThatDoesNotPollIsSlowedNotShed) {
+  ChannelOptions options;
+  options.driver = ChannelOptions::Driver::kCaller;
+  auto channel = Connect(port_, "e2e", options);
+  ASSERT_TRUE(channel.ok()) << channel.status();
+  constexpr int kCalls = 2000;  // many credit windows' worth
+  std::vector<ClientCall> calls(kCalls);
+  std::vector<std::string> requests(kCalls), responses(kCalls);
+  for (int i = 0; i < kCalls; ++i) {
+    requests[i] = absl::StrCat("burst", i);
+    calls[i].SetMethod(Id("/test.E2E/Echo"));
+    calls[i].SetRequestBytes(requests[i]);
+    calls[i].SetResponseBytes(&responses[i]);
+    (*channel)->Start(&calls[i]);  // nobody polls until the waits below
+  }
+  int good = 0;
+  for (int i = 0; i < kCalls; ++i) {
+    absl::Status s = calls[i].Wait();
+    if (s.ok() && responses[i] == requests[i]) {
+      ++good;
+    } else if (good + 10 > i) {
+      ADD_FAILURE() << "call " << i << ": " << s;
+    }
+  }
+  EXPECT_EQ(good, kCalls);
+  EXPECT_EQ(Echo(**channel, "still up"), "still up");
+}
+
 TEST_F(E2ETest, ErrorsCarryCodeAndMessage) {
   auto channel = Connect(port_);
   ASSERT_TRUE(channel.ok()) << channel.status();

@@ -951,12 +951,13 @@ void Worker::EmitMessage(Connection* c, char* data, uint32_t length, int32_t buf
     return;
   }
   // No credit now: park it in a send buffer until the peer returns some. The send pool is the
-  // worker's, shared by all its connections; a peer that keeps calling while it holds back the
-  // credits to answer it would otherwise park responses until the pool is gone for everyone.
-  // Bounded per connection: its share of the pool, and at least four messages per credit. A
-  // peer that withholds credits reaches it; so can an honest one that keeps calling while it
-  // cannot take our answers (calls it gave up on free its slots, their answers still wait).
-  // Either way the connection is shed, saying why, before the pool runs dry for everyone.
+  // worker's, shared by all its connections, so parking is bounded per connection: its share of
+  // the pool, and at least four messages per credit we grant. An honest peer stays far below
+  // that: it may send only while we return credits, which travel only on what we send, so while
+  // we park it can add at most one credit window of requests, each owed a response and perhaps
+  // a grant or an ack (e2e_test: a caller that starts 2,000 calls without polling is slowed,
+  // not shed). A peer over the bound is not taking our messages yet keeps finding a way to make
+  // more; it is shed, saying why, before the pool runs dry for everyone.
   const size_t max_backlog = std::max<size_t>(4 * size_t{c->local_credits_},
                                               send_pool_->count() / options_.max_connections);
   if (c->response_backlog_.size() >= max_backlog) {
