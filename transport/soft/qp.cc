@@ -358,11 +358,7 @@ void FillWqe(SoftQp* qp, uint32_t index, const ibv_send_wr* wr) {
     w.rkey = wr->wr.atomic.rkey;
     w.compare_add = wr->wr.atomic.compare_add;
     w.swap = wr->wr.atomic.swap;
-    if (total != 8) {
-      w.state = SendWqe::kDone;
-      w.status = IBV_WC_LOC_LEN_ERR;
-      qp->failure_pending = true;
-    }
+    if (total != 8) FailWqe(qp, w, IBV_WC_LOC_LEN_ERR);
   } else if (wr->opcode == IBV_WR_BIND_MW) {
     w.mw = wr->bind_mw.mw;
     w.bind_mr = wr->bind_mw.bind_info.mr;
@@ -371,11 +367,7 @@ void FillWqe(SoftQp* qp, uint32_t index, const ibv_send_wr* wr) {
     w.bind_access = wr->bind_mw.bind_info.mw_access_flags;
     w.bind_rkey = wr->bind_mw.rkey;
   }
-  if (total > kMaxMsgSize) {
-    w.state = SendWqe::kDone;
-    w.status = IBV_WC_LOC_LEN_ERR;
-    qp->failure_pending = true;
-  }
+  if (total > kMaxMsgSize) FailWqe(qp, w, IBV_WC_LOC_LEN_ERR);
   w.length = static_cast<uint32_t>(std::min<uint64_t>(total, kMaxMsgSize));
   if (wr->opcode == IBV_WR_LOCAL_INV || wr->opcode == IBV_WR_BIND_MW) w.length = 0;
 }
@@ -554,18 +546,7 @@ bool ProgressNormal(SoftQp* qp, bool responses_ready, bool requests_ready) {
     Transmit(qp);
     transmitted = true;
   }
-  // CompleteSq's common case, inline: unsignaled SENDs and WRITEs at the head that a
-  // piggybacked ack covers retire without a completion.
-  while (qp->sq_head != qp->sq_tx && !qp->sig_all) {
-    SendWqe& w = qp->sq[qp->sq_head & qp->sq_mask];
-    if (w.state != SendWqe::kAwaiting || (w.send_flags & IBV_SEND_SIGNALED) ||
-        !wire::MsnBefore(w.msn, qp->peer_acked) || !IsSendOrWrite(w.opcode)) {
-      break;
-    }
-    w.status = IBV_WC_SUCCESS;
-    w.state = SendWqe::kDone;
-    ++qp->sq_head;
-  }
+  RetireAckedUnsignaled(qp);
   // A send completes on an ack a frame brought (did), a request just transmitted or executed
   // locally, or the ack word CompleteSq reads when a completion is wanted; with none of those
   // it could not move.

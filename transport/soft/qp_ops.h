@@ -27,37 +27,32 @@ inline void FullFence() {
 #endif
 }
 
+// Copies n bytes, kN <= n <= 2 * kN, as the first and the last kN bytes (overlapping): every
+// length in the class without a loop.
+template <size_t kN>
+inline void CopyOverlapping(char* d, const char* s, size_t n) {
+  char first[kN], last[kN];
+  __builtin_memcpy(first, s, kN);
+  __builtin_memcpy(last, s + n - kN, kN);
+  __builtin_memcpy(d, first, kN);
+  __builtin_memcpy(d + n - kN, last, kN);
+}
+
 // memcpy for the sizes of small messages, inline: a call into libc costs more than copying 64
-// bytes. Overlapping moves cover every length in each size class without a byte loop.
+// bytes.
 inline void CopyBytes(void* dst, const void* src, size_t n) {
   auto* d = static_cast<char*>(dst);
   const auto* s = static_cast<const char*>(src);
   if (n > 64) {
     std::memcpy(d, s, n);
   } else if (n > 32) {
-    char a[32], b[32];
-    __builtin_memcpy(a, s, 32);
-    __builtin_memcpy(b, s + n - 32, 32);
-    __builtin_memcpy(d, a, 32);
-    __builtin_memcpy(d + n - 32, b, 32);
+    CopyOverlapping<32>(d, s, n);
   } else if (n > 16) {
-    char a[16], b[16];
-    __builtin_memcpy(a, s, 16);
-    __builtin_memcpy(b, s + n - 16, 16);
-    __builtin_memcpy(d, a, 16);
-    __builtin_memcpy(d + n - 16, b, 16);
+    CopyOverlapping<16>(d, s, n);
   } else if (n >= 8) {
-    uint64_t a, b;
-    __builtin_memcpy(&a, s, 8);
-    __builtin_memcpy(&b, s + n - 8, 8);
-    __builtin_memcpy(d, &a, 8);
-    __builtin_memcpy(d + n - 8, &b, 8);
+    CopyOverlapping<8>(d, s, n);
   } else if (n >= 4) {
-    uint32_t a, b;
-    __builtin_memcpy(&a, s, 4);
-    __builtin_memcpy(&b, s + n - 4, 4);
-    __builtin_memcpy(d, &a, 4);
-    __builtin_memcpy(d + n - 4, &b, 4);
+    CopyOverlapping<4>(d, s, n);
   } else {
     for (size_t i = 0; i < n; ++i) d[i] = s[i];
   }
@@ -122,6 +117,28 @@ KeyEntry* PinRemote(SoftQp* qp, uint32_t rkey, uint64_t addr, uint64_t length, i
 // Requester side (qp_requester.cc).
 bool Transmit(SoftQp* qp);
 bool ProcessResponses(SoftQp* qp);
+// Ends a WQE with `status`. A failure's completion is owed even for an unsignaled request, so
+// it makes a completion wanted (CompletionWanted) until the QP enters the error state.
+inline void FailWqe(SoftQp* qp, SendWqe& w, ibv_wc_status status) {
+  w.status = status;
+  w.state = SendWqe::kDone;
+  if (status != IBV_WC_SUCCESS) qp->failure_pending = true;
+}
+// CompleteSq's common case, inline for the poll path: retires the unsignaled SENDs and WRITEs
+// at the head of the send queue that a piggybacked ack covers (they owe no completion).
+inline void RetireAckedUnsignaled(SoftQp* qp) {
+  while (qp->sq_head != qp->sq_tx && !qp->sig_all) {
+    SendWqe& w = qp->sq[qp->sq_head & qp->sq_mask];
+    if (w.state != SendWqe::kAwaiting || (w.send_flags & IBV_SEND_SIGNALED) ||
+        !wire::MsnBefore(w.msn, qp->peer_acked) || !IsSendOrWrite(w.opcode)) {
+      return;
+    }
+    FailWqe(qp, w, IBV_WC_SUCCESS);
+    ++qp->sq_head;
+  }
+}
+// Completes the send queue in order: RetireAckedUnsignaled, then everything else (signaled and
+// failed requests, READs and atomics, the peer's ack word when a completion is wanted).
 void CompleteSq(SoftQp* qp);
 void ExecuteLocalOp(SoftQp* qp, SendWqe& w);
 

@@ -48,14 +48,6 @@ void AssignMsn(SoftQp* qp, SendWqe& w) {
   qp->next_msn = wire::NextMsn(qp->next_msn);
 }
 
-// Ends a WQE with `status`. A failure's completion is owed even for an unsignaled request, so
-// it makes a completion wanted (CompletionWanted) until the QP enters the error state.
-void FailWqe(SoftQp* qp, SendWqe& w, ibv_wc_status status) {
-  w.status = status;
-  w.state = SendWqe::kDone;
-  if (status != IBV_WC_SUCCESS) qp->failure_pending = true;
-}
-
 // Writes the SEND or WRITE as chunk frames. Returns false when the ring is full (the rest goes
 // later); the WQE is then partly sent.
 bool TransmitData(SoftQp* qp, SendWqe& w, uint32_t index) {
@@ -334,6 +326,7 @@ bool ProcessResponses(SoftQp* qp) {
 // ---- In-order completion ----------------------------------------------------------------------
 
 void CompleteSq(SoftQp* qp) {
+  RetireAckedUnsignaled(qp);
   bool read_ack_word = false;
   while (qp->sq_head != qp->sq_tx) {
     const uint32_t index = qp->sq_head;

@@ -26,17 +26,24 @@ void Nak(SoftQp* qp, uint32_t msn, ibv_wc_status status) {
   EnterError(qp);
 }
 
+// The fields of a receive completion, into a zeroed ibv_wc.
+inline void FillRecvWc(const SoftQp* qp, ibv_wc& wc, uint64_t wr_id, ibv_wc_status status,
+                       ibv_wc_opcode opcode, uint32_t byte_len, unsigned int flags,
+                       uint32_t imm_or_inv) {
+  wc.wr_id = wr_id;
+  wc.status = status;
+  wc.opcode = opcode;
+  wc.byte_len = byte_len;
+  wc.wc_flags = flags;
+  wc.imm_data = imm_or_inv;  // union with invalidated_rkey
+  wc.qp_num = qp->qp_num;
+  wc.src_qp = qp->attr.dest_qp_num;
+}
+
 void PushRecv(SoftQp* qp, uint64_t wr_id, ibv_wc_status status, ibv_wc_opcode opcode,
               uint32_t byte_len, unsigned int flags, uint32_t imm_or_inv, bool solicited) {
   const bool pushed = qp->rcq->Push(nullptr, 0, solicited, status, [&](ibv_wc& wc) {
-    wc.wr_id = wr_id;
-    wc.status = status;
-    wc.opcode = opcode;
-    wc.byte_len = byte_len;
-    wc.wc_flags = flags;
-    wc.imm_data = imm_or_inv;  // union with invalidated_rkey
-    wc.qp_num = qp->qp_num;
-    wc.src_qp = qp->attr.dest_qp_num;
+    FillRecvWc(qp, wc, wr_id, status, opcode, byte_len, flags, imm_or_inv);
   });
   if (!pushed) qp->cq_overflow = true;
 }
@@ -167,13 +174,8 @@ Outcome ReceiverNotReady(SoftQp* qp, const wire::FrameHeader& h) {
     wc_flags |= IBV_WC_WITH_INV;
   }
   auto fill = [&](ibv_wc& wc) {
-    wc.wr_id = wr_id;
-    wc.opcode = IBV_WC_RECV;
-    wc.byte_len = byte_len;
-    wc.wc_flags = wc_flags;
-    wc.imm_data = wc_flags != 0 ? h.imm_or_inv : 0;  // union with invalidated_rkey
-    wc.qp_num = qp->qp_num;
-    wc.src_qp = qp->attr.dest_qp_num;
+    FillRecvWc(qp, wc, wr_id, IBV_WC_SUCCESS, IBV_WC_RECV, byte_len, wc_flags,
+               wc_flags != 0 ? h.imm_or_inv : 0);
   };
   SoftCq* cq = qp->rcq;
   PollSink* sink = qp->poll_sink;

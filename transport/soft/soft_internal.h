@@ -444,22 +444,21 @@ inline bool CompletionWanted(const SoftQp* qp) {
 
 // `sink`: the array of the poll running this progress, if any (PollSink).
 inline bool ProgressLocked(SoftQp* qp, PollSink* sink = nullptr) {
-  if (!Normal(qp)) {
-    qp->poll_sink = sink;
-    const bool did = ProgressSlow(qp);
-    qp->poll_sink = nullptr;
-    return did;
-  }
-  const bool responses = qp->resp_rx.Ready();
-  const bool requests = qp->req_rx.Ready();
-  // Without a frame or a queued send, only the peer's ack word can complete a send, and it is
-  // read only when a completion is wanted (CompleteSq).
-  if (!responses && !requests && qp->sq_tx == qp->sq_tail &&
-      (qp->sq_head == qp->sq_tx || !CompletionWanted(qp))) {
-    return false;
+  const bool normal = Normal(qp);
+  bool responses = false;
+  bool requests = false;
+  if (normal) {
+    responses = qp->resp_rx.Ready();
+    requests = qp->req_rx.Ready();
+    // Without a frame or a queued send, only the peer's ack word can complete a send, and it is
+    // read only when a completion is wanted (CompleteSq).
+    if (!responses && !requests && qp->sq_tx == qp->sq_tail &&
+        (qp->sq_head == qp->sq_tx || !CompletionWanted(qp))) {
+      return false;
+    }
   }
   qp->poll_sink = sink;
-  const bool did = ProgressNormal(qp, responses, requests);
+  const bool did = normal ? ProgressNormal(qp, responses, requests) : ProgressSlow(qp);
   qp->poll_sink = nullptr;
   return did;
 }
