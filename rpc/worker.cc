@@ -493,9 +493,8 @@ void Worker::HandleItem(WorkItem& item) {
       StartCallLocked(FindById(item.connection_id), item.call);
       break;
     case WorkItem::kCancelCall: {
-      auto it = by_id_.find(item.connection_id);
-      if (it == by_id_.end()) break;
-      Connection* c = it->second.get();
+      Connection* c = FindById(item.connection_id);
+      if (c == nullptr) break;
       for (uint32_t slot = 0; slot < c->pending_.size(); ++slot) {
         if (c->pending_[slot] != item.call) continue;
         const uint64_t request_id = (uint64_t{c->generation_[slot]} << 32) | slot;
@@ -528,11 +527,9 @@ void Worker::HandleItem(WorkItem& item) {
       by_id_[c->id()] = std::move(item.connection);
       break;
     }
-    case WorkItem::kClose: {
-      auto it = by_id_.find(item.connection_id);
-      if (it != by_id_.end()) FailConnection(it->second.get(), item.status);
+    case WorkItem::kClose:
+      if (Connection* c = FindById(item.connection_id)) FailConnection(c, item.status);
       break;
-    }
     case WorkItem::kFunction:
       item.fn();
       break;

@@ -453,4 +453,19 @@ void DeviceTest::ConnectExtra(const std::shared_ptr<verbs::ProtectionDomain>& pd
   WarmUp(**peer, **on_pd);
 }
 
+void DeviceTest::ConnectReceivers(const std::shared_ptr<verbs::ProtectionDomain>& pd,
+                                  const EndpointOptions& receiver_options, int n,
+                                  std::vector<std::unique_ptr<Endpoint>>* senders,
+                                  std::vector<std::unique_ptr<Endpoint>>* receivers) {
+  for (int i = 0; i < n; ++i) {
+    auto receiver = Endpoint::Create(pd, receiver_options);
+    ASSERT_TRUE(receiver.ok()) << receiver.status().ToString();
+    auto sender = Endpoint::Create(device());
+    ASSERT_TRUE(sender.ok()) << sender.status().ToString();
+    SWIRL_ASSERT_OK(ConnectPair(**sender, **receiver));
+    senders->push_back(std::move(*sender));
+    receivers->push_back(std::move(*receiver));
+  }
+}
+
 }  // namespace swirl::conformance

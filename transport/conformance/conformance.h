@@ -266,6 +266,13 @@ class DeviceTest : public ::testing::TestWithParam<std::string> {
                     std::unique_ptr<Endpoint>* peer, std::unique_ptr<Endpoint>* on_pd,
                     const EndpointOptions& options = {});
 
+  // `n` new endpoints on `pd` with `receiver_options` (a shared receive CQ, an SRQ), each
+  // connected to a new endpoint on a new context; appended to *receivers and *senders in order.
+  void ConnectReceivers(const std::shared_ptr<verbs::ProtectionDomain>& pd,
+                        const EndpointOptions& receiver_options, int n,
+                        std::vector<std::unique_ptr<Endpoint>>* senders,
+                        std::vector<std::unique_ptr<Endpoint>>* receivers);
+
   DeviceFacts facts() const { return QueryFacts(a_->context()); }
 
   std::unique_ptr<Endpoint> a_;

@@ -231,17 +231,11 @@ TEST_P(CqTest, TwoPollersOfOneCqSeeEachQueueInOrder) {
   shared.recv_cq = *recv_cq;
   shared.max_recv_wr = kPerQp;
   std::vector<std::unique_ptr<Endpoint>> senders, receivers;
-  for (int i = 0; i < kQps; ++i) {
-    auto receiver = Endpoint::Create(*pd, shared);
-    ASSERT_TRUE(receiver.ok()) << receiver.status().ToString();
-    auto sender = Endpoint::Create(device());
-    ASSERT_TRUE(sender.ok()) << sender.status().ToString();
-    SWIRL_ASSERT_OK(ConnectPair(**sender, **receiver));
+  ASSERT_NO_FATAL_FAILURE(ConnectReceivers(*pd, shared, kQps, &senders, &receivers));
+  for (auto& receiver : receivers) {
     for (uint32_t m = 0; m < kPerQp; ++m) {
-      ASSERT_EQ((*receiver)->PostRecv(m, 64 * static_cast<size_t>(m), 64), 0);
+      ASSERT_EQ(receiver->PostRecv(m, 64 * static_cast<size_t>(m), 64), 0);
     }
-    senders.push_back(std::move(*sender));
-    receivers.push_back(std::move(*receiver));
   }
   std::map<uint32_t, int> index_of_qpn;
   for (int i = 0; i < kQps; ++i) index_of_qpn[receivers[i]->qpn()] = i;

@@ -39,6 +39,14 @@ class LocalErrorTest : public DeviceTest {
     return mw.ok() ? std::move(*mw) : nullptr;
   }
 
+  // The lkey of a region of a_'s buffer that was registered and deregistered again.
+  void DeregisteredLkeyOnA(uint32_t* lkey) {
+    auto mr = MemoryRegion::Register(a_->pd(), a_->data(65536), 4096, kFullAccess);
+    ASSERT_TRUE(mr.ok()) << mr.status().ToString();
+    *lkey = (*mr)->lkey();
+    SWIRL_ASSERT_OK((*mr)->Deregister());
+  }
+
   std::unique_ptr<MemoryRegion> RegisterOnB(int access, size_t offset, size_t length) {
     auto mr = MemoryRegion::Register(b_->pd(), b_->data(offset), length, access);
     EXPECT_TRUE(mr.ok()) << mr.status().ToString();
@@ -48,10 +56,8 @@ class LocalErrorTest : public DeviceTest {
 
 TEST_P(LocalErrorTest, SendWithBadLkey) {
   ASSERT_NO_FATAL_FAILURE(Connect());
-  auto mr = MemoryRegion::Register(a_->pd(), a_->data(65536), 4096, kFullAccess);
-  ASSERT_TRUE(mr.ok()) << mr.status().ToString();
-  const uint32_t dead = (*mr)->lkey();
-  SWIRL_ASSERT_OK((*mr)->Deregister());
+  uint32_t dead = 0;
+  ASSERT_NO_FATAL_FAILURE(DeregisteredLkeyOnA(&dead));
 
   ASSERT_EQ(b_->PostRecv(0xb0, 0, 4096), 0);
   ASSERT_EQ(SendWr(1, IBV_WR_SEND).Sge(a_->addr(65536), 64, dead).Post(a_->ibqp()), 0);
@@ -68,10 +74,8 @@ TEST_P(LocalErrorTest, SendWithBadLkey) {
 // the error completion is owed even though neither request asked for one.
 TEST_P(LocalErrorTest, AnUnsignaledFailureBehindAnUnsignaledSendIsReported) {
   ASSERT_NO_FATAL_FAILURE(Connect());
-  auto mr = MemoryRegion::Register(a_->pd(), a_->data(65536), 4096, kFullAccess);
-  ASSERT_TRUE(mr.ok()) << mr.status().ToString();
-  const uint32_t dead = (*mr)->lkey();
-  SWIRL_ASSERT_OK((*mr)->Deregister());
+  uint32_t dead = 0;
+  ASSERT_NO_FATAL_FAILURE(DeregisteredLkeyOnA(&dead));
 
   ASSERT_EQ(b_->PostRecv(0xb0, 0, 4096), 0);
   ASSERT_EQ(b_->PostRecv(0xb1, 4096, 4096), 0);

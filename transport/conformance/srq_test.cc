@@ -36,15 +36,7 @@ TEST_P(SrqTest, SeveralQpsShareOneSrq) {
   shared.srq = *srq;
   shared.recv_cq = *recv_cq;
   std::vector<std::unique_ptr<Endpoint>> senders, receivers;
-  for (int i = 0; i < kQps; ++i) {
-    auto receiver = Endpoint::Create(*pd, shared);
-    ASSERT_TRUE(receiver.ok()) << receiver.status().ToString();
-    auto sender = Endpoint::Create(device());
-    ASSERT_TRUE(sender.ok()) << sender.status().ToString();
-    SWIRL_ASSERT_OK(ConnectPair(**sender, **receiver));
-    senders.push_back(std::move(*sender));
-    receivers.push_back(std::move(*receiver));
-  }
+  ASSERT_NO_FATAL_FAILURE(ConnectReceivers(*pd, shared, kQps, &senders, &receivers));
   Track(*recv_cq);
 
   // The SRQ's buffers all live in the first receiver's region (same PD as the SRQ).
