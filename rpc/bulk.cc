@@ -95,10 +95,11 @@ int32_t Worker::AcquireWindow(Connection* c) {
   return w;
 }
 
-int32_t Worker::WindowByRkey(const Connection* c, uint32_t rkey) const {
+int32_t Worker::ExposedWindow(const Connection* c, uint32_t rkey) const {
   auto it = c->window_by_index_.find(rkey >> 8);
-  if (it == c->window_by_index_.end() || c->windows_[it->second].rkey != rkey) return -1;
-  return it->second;
+  if (it == c->window_by_index_.end()) return -1;
+  const Window& win = c->windows_[it->second];
+  return win.rkey == rkey && win.state == Window::State::kExposed ? it->second : -1;
 }
 
 uint32_t Worker::BindWindow(Connection* c, int32_t w, uint64_t addr, uint32_t length, int access,
@@ -362,9 +363,8 @@ void Worker::HandleBulkRequest(Connection* c, const MessageHeader& h, const char
   const bool with_inv = (wc.wc_flags & IBV_WC_WITH_INV) != 0;
   switch (c->negotiated_.bulk_mode()) {
     case control::BULK_SERVER_EXPOSES: {
-      int32_t w = WindowByRkey(c, d.rkey);
-      if (w >= 0 && (c->windows_[w].state != Window::State::kExposed ||
-                     c->windows_[w].purpose != Window::Purpose::kGrant ||
+      int32_t w = ExposedWindow(c, d.rkey);
+      if (w >= 0 && (c->windows_[w].purpose != Window::Purpose::kGrant ||
                      c->windows_[w].addr != d.addr)) {
         w = -1;
       }
@@ -675,10 +675,9 @@ void Worker::HandleBulkAck(Connection* c, const MessageHeader& h, const ibv_wc& 
   // The rkey names the window; the request id alone would not, since a download window serves
   // one of the peer's calls and a mirror request window one of ours, and the two sides number
   // their calls independently (with calls both ways, the same id can name one of each).
-  int32_t w = WindowByRkey(c, h.aux);
-  if (w >= 0 && (c->windows_[w].state != Window::State::kExposed ||
-                 (c->windows_[w].purpose != Window::Purpose::kDownload &&
-                  c->windows_[w].purpose != Window::Purpose::kMirrorRequest))) {
+  int32_t w = ExposedWindow(c, h.aux);
+  if (w >= 0 && c->windows_[w].purpose != Window::Purpose::kDownload &&
+      c->windows_[w].purpose != Window::Purpose::kMirrorRequest) {
     w = -1;
   }
   if (w < 0 || c->windows_[w].request_id != h.request_id) {

@@ -439,8 +439,8 @@ class Worker {
   void SendOwedGrant(Connection* c);
   void HandleBulkOp(Connection* c, int32_t op, const ibv_wc& wc);
   int32_t AcquireWindow(Connection* c);
-  // The window whose current key is `rkey`, or -1.
-  int32_t WindowByRkey(const Connection* c, uint32_t rkey) const;
+  // The exposed window whose current key is `rkey`, or -1.
+  int32_t ExposedWindow(const Connection* c, uint32_t rkey) const;
   // Binds window `w` over [addr, addr+length) of the pool with `access`, for `purpose` on behalf
   // of `request_id` (0 for grants); returns the new rkey. Every purpose but a grant is leased:
   // this side revokes it if no acknowledgement arrives within window_lease.
