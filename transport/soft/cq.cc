@@ -43,6 +43,10 @@ bool SoftCq::OverflowLocked() {
   return false;
 }
 
+void SoftCq::ReleaseSendSlots(SoftQp* qp, uint32_t sq_release) {
+  qp->sq_released.store(sq_release, std::memory_order_release);
+}
+
 void SoftCq::NotifyIfArmed(bool solicited, ibv_wc_status status) {
   const int mode = armed.load(std::memory_order_acquire);
   if (mode != 0 && (mode == 2 || solicited || status != IBV_WC_SUCCESS)) {
@@ -135,8 +139,7 @@ int PollCq(ibv_cq* ibcq, int n, ibv_wc* wc) {
   for (uint32_t i = 0; i < count; ++i) {
     const Cqe& e = cq->ring[(cq->head + i) & mask];
     wc[sink.count + i] = e.wc;
-    // A signaled send completion frees its slot and those of the unsignaled ones before it.
-    if (e.qp != nullptr) e.qp->sq_released.store(e.sq_release, std::memory_order_release);
+    if (e.qp != nullptr) SoftCq::ReleaseSendSlots(e.qp, e.sq_release);
   }
   cq->head += count;
   cq->depth.store(cq->tail - cq->head, std::memory_order_relaxed);

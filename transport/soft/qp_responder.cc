@@ -162,8 +162,8 @@ Outcome ReceiverNotReady(SoftQp* qp, const wire::FrameHeader& h) {
 // A SEND whose data is all placed: the remote invalidation it carries, if any, then its receive
 // completion. The window is revoked before the completion exists, so the consumer never sees
 // the message while the window is still usable.
-[[gnu::always_inline]] inline Outcome FinishSend(SoftQp* qp, const wire::FrameHeader& h, uint64_t wr_id,
-                                                uint32_t byte_len) {
+[[gnu::always_inline]] inline Outcome FinishSend(SoftQp* qp, const wire::FrameHeader& h,
+                                                uint64_t wr_id, uint32_t byte_len) {
   unsigned int wc_flags = (h.flags & wire::kFlagWithImm) ? IBV_WC_WITH_IMM : 0;
   if (h.flags & wire::kFlagWithInv) {
     if (!InvalidateRemote(qp, h.imm_or_inv)) {
@@ -177,22 +177,9 @@ Outcome ReceiverNotReady(SoftQp* qp, const wire::FrameHeader& h) {
     FillRecvWc(qp, wc, wr_id, IBV_WC_SUCCESS, IBV_WC_RECV, byte_len, wc_flags,
                wc_flags != 0 ? h.imm_or_inv : 0);
   };
-  SoftCq* cq = qp->rcq;
-  PollSink* sink = qp->poll_sink;
-  // Straight to the poller of this CQ when nothing older waits in its ring: this QP's earlier
-  // completions were all pushed under this QP's lock, which the poller holds, so an empty ring
-  // means none of them is still queued. Such a completion never occupies the ring, as a CQE
-  // polled the moment it is written would not; overflow concerns only what waits there.
-  if (sink != nullptr && sink->cq == cq && sink->count < sink->capacity &&
-      cq->depth.load(std::memory_order_relaxed) == 0 &&
-      !cq->overflowed.load(std::memory_order_relaxed)) {
-    ibv_wc& wc = sink->wc[sink->count++];
-    std::memset(&wc, 0, sizeof(wc));
-    fill(wc);
-    if (cq->armed.load(std::memory_order_acquire) != 0) {
-      cq->NotifyIfArmed(h.flags & wire::kFlagSolicited, IBV_WC_SUCCESS);
-    }
-  } else if (!cq->Push(nullptr, 0, h.flags & wire::kFlagSolicited, IBV_WC_SUCCESS, fill)) {
+  // A poll running this progress takes the completion directly when it can (SoftCq::Push).
+  if (!qp->rcq->Push(nullptr, 0, h.flags & wire::kFlagSolicited, IBV_WC_SUCCESS, fill,
+                     qp->poll_sink)) {
     qp->cq_overflow = true;
   }
   qp->expected_msn = wire::NextMsn(qp->expected_msn);

@@ -70,9 +70,9 @@ struct SoftChannel : ibv_comp_channel {
   void Notify(SoftCq* cq);
 };
 
-// The caller's array of a poll in progress (PollCq): a receive completion that the poll's own
-// progress produces goes straight into it, skipping the CQ's ring, when nothing older waits in
-// the ring (SoftQp::poll_sink, FinishSend in qp_responder.cc).
+// The caller's array of a poll in progress (PollCq): a completion that the poll's own progress
+// produces may go straight into it, skipping the CQ's ring (SoftCq::Push, SoftQp::poll_sink;
+// receive completions of whole SENDs use it).
 struct PollSink {
   SoftCq* cq;
   ibv_wc* wc;
@@ -126,10 +126,22 @@ struct SoftCq : ibv_cq {
     return Push(qp, sq_release, solicited, wc.status, [&wc](ibv_wc& slot) { slot = wc; });
   }
   // The same, with the ibv_wc built in place: `fill(ibv_wc&)` sets the fields of a zeroed one
-  // (its status must be `status`).
+  // (its status must be `status`). With `direct`, the array of a poll of this CQ running the
+  // progress that produced the completion, it goes straight into that array when nothing older
+  // waits in the ring: every earlier completion of the same queue was pushed under the QP lock
+  // the poller holds, so an empty ring means none of them is still queued. Such a completion
+  // never occupies the ring, as a CQE polled the moment it is written would not.
   template <typename Fill>
-  bool Push(SoftQp* qp, uint32_t sq_release, bool solicited, ibv_wc_status status, Fill&& fill) {
-    {
+  bool Push(SoftQp* qp, uint32_t sq_release, bool solicited, ibv_wc_status status, Fill&& fill,
+            PollSink* direct = nullptr) {
+    if (direct != nullptr && direct->cq == this && direct->count < direct->capacity &&
+        depth.load(std::memory_order_relaxed) == 0 &&
+        !overflowed.load(std::memory_order_relaxed)) {
+      ibv_wc& wc = direct->wc[direct->count++];
+      std::memset(&wc, 0, sizeof(wc));
+      fill(wc);
+      if (qp != nullptr) ReleaseSendSlots(qp, sq_release);
+    } else {
       std::lock_guard<SpinLock> guard(lock);
       if (overflowed.load(std::memory_order_relaxed) || tail - head == static_cast<uint32_t>(cqe)) {
         return OverflowLocked();
@@ -145,14 +157,14 @@ struct SoftCq : ibv_cq {
     if (armed.load(std::memory_order_acquire) != 0) NotifyIfArmed(solicited, status);
     return true;
   }
-
-  // A completion event for an armed CQ (Push's slow half; also for completions a poll takes
-  // without the ring).
-  void NotifyIfArmed(bool solicited, ibv_wc_status status);
+  // A signaled send completion, once polled, frees its slot and those of the unsignaled ones
+  // before it.
+  static void ReleaseSendSlots(SoftQp* qp, uint32_t sq_release);
 
  private:
-  // Push's other slow half: overflow (lock held).
+  // The slow halves of Push: overflow (lock held) and a completion event for an armed CQ.
   bool OverflowLocked();
+  void NotifyIfArmed(bool solicited, ibv_wc_status status);
 };
 
 // A receive queue: the QP's own, or an SRQ's.
