@@ -6,9 +6,17 @@
 #include <gtest/gtest.h>
 #include <infiniband/verbs.h>
 
-#include <memory>
+#include <arpa/inet.h>
 
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "absl/time/clock.h"
 #include "transport/conformance/conformance.h"
+#include "transport/device.h"
 #include "transport/verbs/verbs.h"
 
 namespace swirl::conformance {
@@ -68,6 +76,94 @@ TEST_P(TeardownTest, DestroyPeerWithRequestsOutstanding) {
   ExpectWc(Poll(a_->recv_cq()),
            {.wr_id = 0xa0, .status = IBV_WC_WR_FLUSH_ERR, .qp_num = a_->qpn()});
   EXPECT_TRUE(WaitForState(a_->qp(), IBV_QPS_ERR));
+}
+
+// One thread keeps polling a receive CQ shared by several QPs while the test thread connects a
+// QP to it, receives on it, takes it back to RESET and destroys it, round after round; an idle
+// QP stays attached throughout. Every message arrives exactly once, on its QP, and nothing
+// crashes: a poller must never act on, or read through, the state of a link being torn down
+// (the soft device's pollers skip idle QPs without their lock).
+TEST_P(TeardownTest, QpsComeAndGoWhileAnotherThreadPollsTheirCq) {
+  constexpr int kRounds = 40;
+  auto ctx = OpenDevice(device());
+  ASSERT_TRUE(ctx.ok()) << ctx.status().ToString();
+  auto pd = verbs::ProtectionDomain::Create(*ctx);
+  ASSERT_TRUE(pd.ok()) << pd.status().ToString();
+  auto recv_cq = verbs::CompletionQueue::Create(*ctx, 256);
+  ASSERT_TRUE(recv_cq.ok()) << recv_cq.status().ToString();
+  EndpointOptions shared;
+  shared.recv_cq = *recv_cq;
+  std::vector<std::unique_ptr<Endpoint>> idle_senders, idle_receivers;
+  ASSERT_NO_FATAL_FAILURE(ConnectReceivers(*pd, shared, 1, &idle_senders, &idle_receivers));
+  ASSERT_EQ(idle_receivers[0]->PostRecv(0x1d1e, 0, 64), 0);
+
+  std::atomic<bool> stop{false};
+  std::mutex mu;
+  std::vector<ibv_wc> received;  // guarded by mu
+  std::thread poller([&] {
+    ibv_wc wcs[4];
+    const absl::Time deadline = absl::Now() + 4 * kTimeout;
+    while (!stop.load() && absl::Now() < deadline) {
+      const int got = (*recv_cq)->Poll(4, wcs);
+      if (got <= 0) continue;
+      std::lock_guard<std::mutex> lock(mu);
+      received.insert(received.end(), wcs, wcs + got);
+    }
+  });
+  auto received_count = [&] {
+    std::lock_guard<std::mutex> lock(mu);
+    return received.size();
+  };
+  std::vector<uint32_t> qpns;
+  for (int round = 0; round < kRounds && !HasFatalFailure(); ++round) {
+    SCOPED_TRACE(testing::Message() << "round " << round);
+    std::vector<std::unique_ptr<Endpoint>> senders, receivers;
+    ASSERT_NO_FATAL_FAILURE(ConnectReceivers(*pd, shared, 1, &senders, &receivers));
+    qpns.push_back(receivers[0]->qpn());
+    ASSERT_EQ(receivers[0]->PostRecv(round, 0, 64), 0);
+    // Let the poller see the new QP idle for a moment first.
+    EXPECT_TRUE(Observe(senders[0]->send_cq(), absl::Microseconds(200)).empty());
+    ASSERT_EQ(SendWr(round, IBV_WR_SEND_WITH_IMM).Local(*senders[0], 0, 16).Imm(htonl(round))
+                  .Post(senders[0]->ibqp()),
+              0);
+    ExpectWc(Poll(senders[0]->send_cq()), {.wr_id = static_cast<uint64_t>(round),
+                                           .qp_num = senders[0]->qpn(),
+                                           .opcode = IBV_WC_SEND});
+    ASSERT_TRUE(WaitUntil([&] { return received_count() == static_cast<size_t>(round) + 1; }))
+        << "the poller did not receive round " << round << "'s message";
+    // Alternate which side goes first: our QP reset while its peer lives, or the peer destroyed
+    // under our idle QP before we reset it.
+    if (round % 2 == 0) {
+      SWIRL_ASSERT_OK(receivers[0]->qp().ToReset());
+      senders.clear();
+    } else {
+      senders.clear();
+      EXPECT_TRUE(Observe(idle_senders[0]->send_cq(), absl::Microseconds(200)).empty());
+      SWIRL_ASSERT_OK(receivers[0]->qp().ToReset());
+    }
+    receivers.clear();
+  }
+  // The idle QP still works after all that.
+  ASSERT_EQ(SendWr(0x1d1e, IBV_WR_SEND).Local(*idle_senders[0], 0, 8).Post(idle_senders[0]->ibqp()),
+            0);
+  ExpectWc(Poll(idle_senders[0]->send_cq()),
+           {.wr_id = 0x1d1e, .qp_num = idle_senders[0]->qpn(), .opcode = IBV_WC_SEND});
+  EXPECT_TRUE(WaitUntil([&] { return received_count() == kRounds + 1; }));
+  stop.store(true);
+  poller.join();
+  ASSERT_EQ(received.size(), static_cast<size_t>(kRounds) + 1);
+  for (int round = 0; round < kRounds; ++round) {
+    ExpectWc(received[round], {.wr_id = static_cast<uint64_t>(round),
+                               .qp_num = qpns[round],
+                               .opcode = IBV_WC_RECV,
+                               .byte_len = 16,
+                               .wc_flags = IBV_WC_WITH_IMM,
+                               .imm_data = htonl(round)});
+  }
+  ExpectWc(received[kRounds], {.wr_id = 0x1d1e,
+                               .qp_num = idle_receivers[0]->qpn(),
+                               .opcode = IBV_WC_RECV,
+                               .byte_len = 8});
 }
 
 SWIRL_INSTANTIATE_FOR_EVERY_DEVICE(TeardownTest);

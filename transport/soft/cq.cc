@@ -16,13 +16,14 @@ namespace {
 
 // Progress for every QP completing into `cq`, so that polling a CQ is what moves its traffic.
 // A QP another thread is working on right now is skipped, and so is the whole list while another
-// poller walks it: that thread makes the progress. Progress can block for a while (a peer's
+// poller walks it: that thread makes the progress. A QP whose idle hint still holds (QpLock) is
+// skipped without taking its lock. Progress can block for a while (a peer's
 // death unmaps and closes its link), and pollers of a shared CQ must not spin behind it.
 void ProgressAttached(SoftCq* cq, PollSink* sink) {
   std::unique_lock<SpinLock> lock(cq->attach_lock, std::try_to_lock);
   if (!lock.owns_lock()) return;
   for (SoftQp* qp : cq->qps) {
-    if (!qp->lock.try_lock()) continue;
+    if (IdleWithoutLock(qp) || !qp->lock.try_lock()) continue;
     ProgressLocked(qp, sink);
     qp->lock.unlock();
   }

@@ -75,7 +75,7 @@ struct Pair {
 };
 
 bool Linked(SoftQp* qp) {
-  std::lock_guard<SpinLock> lock(qp->lock);
+  std::lock_guard<QpLock> lock(qp->lock);
   return qp->linked;
 }
 
@@ -153,7 +153,7 @@ struct Frame {
 // A's next MSN for a crafted message, taken as AssignMsn does (A must never see an ack for an
 // MSN it did not hand out: that is itself a protocol error).
 uint32_t TakeMsn(SoftQp* a) {
-  std::lock_guard<SpinLock> lock(a->lock);
+  std::lock_guard<QpLock> lock(a->lock);
   const uint32_t msn = a->next_msn;
   a->next_msn = wire::NextMsn(msn);
   return msn;
@@ -162,7 +162,7 @@ uint32_t TakeMsn(SoftQp* a) {
 // Records in A's send queue the request that crafted frames with `msn` stand for, as TryFastSend
 // records a SEND it wrote: transmitted, awaiting B's ack, NAK or failure.
 void Outstanding(SoftQp* a, uint32_t msn, ibv_wr_opcode opcode, uint32_t length) {
-  std::lock_guard<SpinLock> lock(a->lock);
+  std::lock_guard<QpLock> lock(a->lock);
   ASSERT_LT(a->sq_tail - a->sq_released.load(), a->max_send_wr);
   SendWqe& w = a->sq[a->sq_tail & a->sq_mask];
   std::memset(&w, 0, sizeof(w));
@@ -187,7 +187,7 @@ void Outstanding(SoftQp* a, uint32_t msn, ibv_wr_opcode opcode, uint32_t length)
 // too-short ring tail), everything but the stamp, Commit (which stamps it), then A's doorbell.
 // Returns the frame's ring position.
 uint64_t Inject(SoftQp* a, const Frame& f) {
-  std::lock_guard<SpinLock> lock(a->lock);
+  std::lock_guard<QpLock> lock(a->lock);
   const bool with_ext = f.extension || wire::HasRemoteExtension(f.op);
   const uint64_t bytes = f.reserve != 0 ? f.reserve : wire::FrameBytes(f.op, f.length);
   uint64_t pos = 0;
@@ -279,7 +279,7 @@ void Drive(Pair& p, size_t a_wcs, size_t recv_wcs) {
 
 // Frames B wrote on its response ring. They stay in B's own segment after A consumed them.
 std::vector<wire::FrameHeader> Responses(SoftQp* b) {
-  std::lock_guard<SpinLock> lock(b->lock);
+  std::lock_guard<QpLock> lock(b->lock);
   std::vector<wire::FrameHeader> out;
   const uint64_t size = b->resp_tx.size();
   // The response ring follows the request ring (qp.cc, CreateSegment).
@@ -535,13 +535,13 @@ TEST(HostileFrame, StalledFrameRewrittenAsContinuation) {
   bool waiting = false;
   while (!waiting && absl::Now() < deadline) {
     p->b_recv_cq->Poll(0, nullptr);
-    std::lock_guard<SpinLock> lock(p->b()->lock);
+    std::lock_guard<QpLock> lock(p->b()->lock);
     waiting = p->b()->rnr_waiting;
   }
   ASSERT_TRUE(waiting) << "B never waited for a receive";
   {
     // A turns it into the last chunk of a WRITE that never started (same stamp, same MSN).
-    std::lock_guard<SpinLock> lock(p->a()->lock);
+    std::lock_guard<QpLock> lock(p->a()->lock);
     char* ring = p->a()->own_base + wire::kRingsOffset;
     auto* h = reinterpret_cast<wire::FrameHeader*>(ring + (pos & (p->a()->req_tx.size() - 1)));
     __atomic_store_n(&h->flags, uint8_t{wire::kFlagLast}, __ATOMIC_RELEASE);
@@ -683,7 +683,7 @@ TEST(HostileFrame, FrameRunningPastRingEnd) {
   const uint64_t pos = Inject(p->a(), f);
   ASSERT_EQ(ring - pos % ring, left) << "the frame was not placed at the ring's tail";
   DriveAndCheck(*p, ProtocolErrorExpected());
-  std::lock_guard<SpinLock> lock(p->b()->lock);
+  std::lock_guard<QpLock> lock(p->b()->lock);
   EXPECT_EQ(p->b()->expected_msn, msn) << "B did not accept the valid WRITEs before it";
 }
 
@@ -747,7 +747,7 @@ TEST(HostileFrame, AckOfRequestsNeverSent) {
   Outstanding(p->a(), msn, IBV_WR_SEND, 16);
   uint32_t b_next;
   {
-    std::lock_guard<SpinLock> lock(p->b()->lock);
+    std::lock_guard<QpLock> lock(p->b()->lock);
     b_next = p->b()->next_msn;
   }
   Frame f = Send(msn, kFirstLast, 16, 16);  // otherwise a valid SEND

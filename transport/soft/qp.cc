@@ -126,7 +126,15 @@ void TeardownLink(SoftQp* qp) {
   }
   if (qp->out_watch != 0) qp->hca->Unwatch(qp->out_watch);
   qp->out_watch = 0;
-  if (qp->linked) qp->peer.Close(qp->hca);
+  if (qp->linked) {
+    // A poller may be reading the idle hint, which points into the peer's segment, without our
+    // lock (taking it withdrew the hint). Pollers read it only under their CQ's attach lock:
+    // once we have passed through both, none still can, and the segment may go.
+    for (SoftCq* cq : {qp->scq, qp->rcq}) {
+      std::lock_guard<SpinLock> pass(cq->attach_lock);
+    }
+    qp->peer.Close(qp->hca);
+  }
   qp->peer = PeerSegment();
   qp->in_watch = 0;
   qp->linked = false;
@@ -700,7 +708,7 @@ int CreateQp(SoftContext* sctx, ibv_pd* pd, ibv_qp_init_attr* attr, ibv_qp** out
 
 int ModifyQp(ibv_qp* ibqp, ibv_qp_attr* attr, int mask) {
   SoftQp* qp = AsSoft(ibqp);
-  std::lock_guard<SpinLock> lock(qp->lock);
+  std::lock_guard<QpLock> lock(qp->lock);
   const ibv_qp_state from = qp->qstate;
   if ((mask & IBV_QP_CUR_STATE) && attr->cur_qp_state != from) return EINVAL;
   const ibv_qp_state to = (mask & IBV_QP_STATE) ? attr->qp_state : from;
@@ -746,7 +754,7 @@ int ModifyQp(ibv_qp* ibqp, ibv_qp_attr* attr, int mask) {
 
 int QueryQp(ibv_qp* ibqp, ibv_qp_attr* attr, int, ibv_qp_init_attr* init) {
   SoftQp* qp = AsSoft(ibqp);
-  std::lock_guard<SpinLock> lock(qp->lock);
+  std::lock_guard<QpLock> lock(qp->lock);
   *attr = qp->attr;
   attr->qp_state = qp->qstate;
   attr->cur_qp_state = qp->qstate;
@@ -778,7 +786,7 @@ int DestroyQp(ibv_qp* ibqp) {
   DetachQp(qp->scq, qp);
   if (qp->rcq != qp->scq) DetachQp(qp->rcq, qp);
   {
-    std::lock_guard<SpinLock> lock(qp->lock);
+    std::lock_guard<QpLock> lock(qp->lock);
     TeardownLink(qp);
   }
   PurgeQp(qp->scq, qp);
@@ -879,7 +887,7 @@ bool TryFastSend(SoftQp* qp, const ibv_send_wr* wr) {
 
 int PostSend(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad_wr) {
   SoftQp* qp = AsSoft(ibqp);
-  std::lock_guard<SpinLock> lock(qp->lock);
+  std::lock_guard<QpLock> lock(qp->lock);
   // Common requests go straight to the ring, one doorbell (publish and wake) for the chain;
   // the first one the fast path declines takes the general path with the rest.
   bool posted = false;
@@ -898,7 +906,7 @@ int BindMw(ibv_qp* ibqp, ibv_mw* mw, ibv_mw_bind* bind) {
   SoftQp* qp = AsSoft(ibqp);
   if (qp->context != mw->context) return EINVAL;
   if (bind->bind_info.mr != nullptr && bind->bind_info.mr->pd != qp->pd) return EPERM;
-  std::lock_guard<SpinLock> lock(qp->lock);
+  std::lock_guard<QpLock> lock(qp->lock);
   if (qp->qstate != IBV_QPS_RTS) return EINVAL;
   auto* smw = static_cast<SoftMw*>(mw);
   ibv_send_wr wr;
@@ -918,7 +926,7 @@ int BindMw(ibv_qp* ibqp, ibv_mw* mw, ibv_mw_bind* bind) {
 
 int PostRecv(ibv_qp* ibqp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) {
   SoftQp* qp = AsSoft(ibqp);
-  std::lock_guard<SpinLock> lock(qp->lock);
+  std::lock_guard<QpLock> lock(qp->lock);
   if (qp->ssrq != nullptr || qp->qstate == IBV_QPS_RESET) {
     *bad_wr = wr;
     return EINVAL;

@@ -112,6 +112,9 @@ class RingReader {
     return ready;
   }
   const char* frame() const { return base_ + (tail_ & (size_ - 1)); }
+  // Where the next frame's stamp will appear, and the value it will have (QpLock's idle hint).
+  const uint64_t* stamp_word() const { return reinterpret_cast<const uint64_t*>(frame()); }
+  uint64_t expected_stamp() const { return wire::kStampValid | tail_; }
   // Bytes from the current frame to the end of the ring: no frame may be longer.
   uint64_t ContiguousBytes() const { return size_ - (tail_ & (size_ - 1)); }
   void Consume(uint64_t bytes) { tail_ += bytes; }

@@ -237,6 +237,69 @@ struct PeerSegment {
   void Close(Hca* hca);
 };
 
+// A QP's lock, and the hint that lets an idle poll skip the QP without taking it.
+//
+// A busy-polling application mostly polls QPs with nothing to do. The hint says that the last
+// holder found the QP idle (ProgressLocked's quick return) and where the only news that could
+// change that would appear: the stamp words of the next request and response frames, and the
+// peer's link state (all in the peer's segment), besides the HCA thread's link_event and
+// peer_gone. Whoever takes the lock may change the QP's state, so taking it withdraws the hint;
+// the next poll that finds the QP idle under the lock publishes it again.
+//
+// A poller that reads the hint without the lock holds the attach lock of the CQ it polls, and
+// the peer's segment is unmapped only after passing through the attach locks of both of the
+// QP's CQs (TeardownLink), so the words the hint points at stay mapped while anyone reads them.
+class QpLock {
+ public:
+  void lock() {
+    lock_.lock();
+    idle_.store(false, std::memory_order_relaxed);
+  }
+  bool try_lock() {
+    if (!lock_.try_lock()) return false;
+    idle_.store(false, std::memory_order_relaxed);
+    return true;
+  }
+  void unlock() { lock_.unlock(); }
+
+  // Holder only: the QP is idle until a frame arrives at one of these stamps or the peer's
+  // link state changes.
+  void PublishIdle(const uint64_t* req_stamp, uint64_t req_expect, const uint64_t* resp_stamp,
+                   uint64_t resp_expect, const std::atomic<uint64_t>* peer_state) {
+    req_stamp_.store(req_stamp, std::memory_order_relaxed);
+    req_expect_.store(req_expect, std::memory_order_relaxed);
+    resp_stamp_.store(resp_stamp, std::memory_order_relaxed);
+    resp_expect_.store(resp_expect, std::memory_order_relaxed);
+    peer_state_.store(peer_state, std::memory_order_relaxed);
+    idle_.store(true, std::memory_order_release);
+  }
+  // Without the lock: true if the QP was idle and no frame or link change has arrived since.
+  // A stale answer either way only defers the QP to the next poll: a "busy" QP is taken under
+  // the lock, and an "idle" one that is no longer is what a poll a moment earlier would have
+  // seen.
+  bool StillIdle() const {
+    if (!idle_.load(std::memory_order_acquire)) return false;
+    const uint64_t* req = req_stamp_.load(std::memory_order_relaxed);
+    const uint64_t* resp = resp_stamp_.load(std::memory_order_relaxed);
+    // The frame's second line comes over with its first when it arrives (RingReader::Ready).
+    __builtin_prefetch(reinterpret_cast<const char*>(req) + wire::kCacheLine);
+    return __atomic_load_n(req, __ATOMIC_RELAXED) != req_expect_.load(std::memory_order_relaxed) &&
+           __atomic_load_n(resp, __ATOMIC_RELAXED) !=
+               resp_expect_.load(std::memory_order_relaxed) &&
+           peer_state_.load(std::memory_order_relaxed)->load(std::memory_order_relaxed) ==
+               wire::kLinkActive;
+  }
+
+ private:
+  SpinLock lock_;
+  std::atomic<bool> idle_{false};
+  std::atomic<const uint64_t*> req_stamp_{nullptr};
+  std::atomic<uint64_t> req_expect_{0};
+  std::atomic<const uint64_t*> resp_stamp_{nullptr};
+  std::atomic<uint64_t> resp_expect_{0};
+  std::atomic<const std::atomic<uint64_t>*> peer_state_{nullptr};
+};
+
 struct SoftQp : ibv_qp {
   SoftContext* sctx;
   Hca* hca;
@@ -245,7 +308,7 @@ struct SoftQp : ibv_qp {
   SoftCq* rcq;
   SoftSrq* ssrq;
 
-  SpinLock lock;  // everything below except where noted
+  QpLock lock;  // everything below except where noted
 
   // Configuration.
   uint32_t max_send_wr, max_recv_wr, max_send_sge, max_recv_sge, max_inline;
@@ -337,6 +400,13 @@ struct SoftQp : ibv_qp {
   swirl::Mutex incoming_mu;
   std::vector<PeerSegment> incoming ABSL_GUARDED_BY(incoming_mu);
 };
+
+// A poll's check before taking a QP's lock (cq.cc): the QP is idle (QpLock) and the HCA thread
+// has no news for it either.
+inline bool IdleWithoutLock(const SoftQp* qp) {
+  return qp->lock.StillIdle() && !qp->link_event.load(std::memory_order_relaxed) &&
+         !qp->peer_gone.load(std::memory_order_relaxed);
+}
 
 // ---- HCA: one per device name per process ----------------------------------------------------
 
@@ -466,6 +536,9 @@ inline bool ProgressLocked(SoftQp* qp, PollSink* sink = nullptr) {
     // read only when a completion is wanted (CompleteSq).
     if (!responses && !requests && qp->sq_tx == qp->sq_tail &&
         (qp->sq_head == qp->sq_tx || !CompletionWanted(qp))) {
+      qp->lock.PublishIdle(qp->req_rx.stamp_word(), qp->req_rx.expected_stamp(),
+                           qp->resp_rx.stamp_word(), qp->resp_rx.expected_stamp(),
+                           &qp->peer.control()->state.value);
       return false;
     }
   }
