@@ -274,9 +274,10 @@ class QpLock {
     idle_.store(true, std::memory_order_release);
   }
   // Without the lock: true if the QP was idle and no frame or link change has arrived since.
-  // A stale answer either way only defers the QP to the next poll: a "busy" QP is taken under
-  // the lock, and an "idle" one that is no longer is what a poll a moment earlier would have
-  // seen.
+  // A wrong answer is transient and only defers the QP: a "busy" QP is taken under the lock;
+  // an "idle" one read as the hint is withdrawn is what a poll a moment earlier would have seen;
+  // and a pointer and expected value from two holders' publications (the fields are separate
+  // atomics) can miss a frame for one poll, until the next poll reads them settled.
   bool StillIdle() const {
     if (!idle_.load(std::memory_order_acquire)) return false;
     const uint64_t* req = req_stamp_.load(std::memory_order_relaxed);
