@@ -822,6 +822,32 @@ TEST(HostileFrame, WriteSecondChunkOutsideRegisteredRange) {
   DriveAndCheck(*p, e);
 }
 
+// Binds a type 2 window over [offset, offset + length) of B's region through B's QP (its
+// completion is collected and removed from b_send_wcs).
+void BindWindow(Pair& p, uint64_t offset, uint64_t length, unsigned int access,
+                std::unique_ptr<MemoryWindow>* mw, uint32_t* rkey) {
+  auto allocated = MemoryWindow::Allocate(p.b_pd, IBV_MW_TYPE_2);
+  ASSERT_TRUE(allocated.ok()) << allocated.status();
+  *mw = std::move(*allocated);
+  *rkey = ibv_inc_rkey((*mw)->rkey());
+  ibv_send_wr bind{};
+  bind.wr_id = 0xb1d;
+  bind.opcode = IBV_WR_BIND_MW;
+  bind.send_flags = IBV_SEND_SIGNALED;
+  bind.bind_mw.mw = (*mw)->get();
+  bind.bind_mw.rkey = *rkey;
+  bind.bind_mw.bind_info.mr = p.b_mr->get();
+  bind.bind_mw.bind_info.addr = p.addr(static_cast<int64_t>(offset));
+  bind.bind_mw.bind_info.length = length;
+  bind.bind_mw.bind_info.mw_access_flags = access;
+  ibv_send_wr* bad = nullptr;
+  ASSERT_EQ(ibv_post_send(p.b_qp->get(), &bind, &bad), 0);
+  const absl::Time deadline = absl::Now() + absl::Seconds(3);
+  while (p.b_send_wcs.empty() && absl::Now() < deadline) PollAll(p);
+  ASSERT_EQ(p.b_send_wcs.size(), 1u);
+  ASSERT_EQ(p.b_send_wcs[0].status, IBV_WC_SUCCESS);
+}
+
 TEST(HostileFrame, WriteOutsideMemoryWindow) {
   constexpr uint64_t kWindow = kTarget, kWindowLength = 4096;
   struct Case {
@@ -834,25 +860,10 @@ TEST(HostileFrame, WriteOutsideMemoryWindow) {
     auto p = MakePair();
     ASSERT_NE(p, nullptr);
     // A type 2 window over part of B's region, bound through B's QP.
-    auto mw = MemoryWindow::Allocate(p->b_pd, IBV_MW_TYPE_2);
-    ASSERT_TRUE(mw.ok()) << mw.status();
-    const uint32_t window_rkey = ibv_inc_rkey((*mw)->rkey());
-    ibv_send_wr bind{};
-    bind.wr_id = 0xb1d;
-    bind.opcode = IBV_WR_BIND_MW;
-    bind.send_flags = IBV_SEND_SIGNALED;
-    bind.bind_mw.mw = (*mw)->get();
-    bind.bind_mw.rkey = window_rkey;
-    bind.bind_mw.bind_info.mr = p->b_mr->get();
-    bind.bind_mw.bind_info.addr = p->addr(kWindow);
-    bind.bind_mw.bind_info.length = kWindowLength;
-    bind.bind_mw.bind_info.mw_access_flags = IBV_ACCESS_REMOTE_WRITE;
-    ibv_send_wr* bad = nullptr;
-    ASSERT_EQ(ibv_post_send(p->b_qp->get(), &bind, &bad), 0);
-    const absl::Time deadline = absl::Now() + absl::Seconds(3);
-    while (p->b_send_wcs.empty() && absl::Now() < deadline) PollAll(*p);
-    ASSERT_EQ(p->b_send_wcs.size(), 1u);
-    ASSERT_EQ(p->b_send_wcs[0].status, IBV_WC_SUCCESS);
+    std::unique_ptr<MemoryWindow> mw;
+    uint32_t window_rkey = 0;
+    ASSERT_NO_FATAL_FAILURE(
+        BindWindow(*p, kWindow, kWindowLength, IBV_ACCESS_REMOTE_WRITE, &mw, &window_rkey));
 
     // A valid WRITE through the window first (the key works), then one outside it, inside the
     // region the window is bound over.
@@ -885,7 +896,8 @@ uint64_t Pick(std::mt19937_64& rng, std::initializer_list<uint64_t> values) {
 
 // `odds`: one field in `odds` is drawn from its hostile values (low: mostly well-formed frames
 // that reach deep into the responder; high: mostly rejected ones).
-Frame RandomFrame(std::mt19937_64& rng, Pair& p, uint32_t next_msn, uint64_t odds) {
+Frame RandomFrame(std::mt19937_64& rng, Pair& p, uint32_t next_msn, uint64_t odds,
+                  uint32_t window_rkey) {
   auto hostile = [&] { return rng() % odds == 0; };
   Frame f;
   // READs and atomics count as hostile: A never asked for their responses.
@@ -910,13 +922,17 @@ Frame RandomFrame(std::mt19937_64& rng, Pair& p, uint32_t next_msn, uint64_t odd
       hostile() ? static_cast<uint32_t>(Pick(rng, {0, 1, 64, 1u << 20, rng()})) : f.length;
   f.msn = hostile() ? static_cast<uint32_t>(next_msn + Pick(rng, {1, 2, ~0ull, rng()})) : next_msn;
   if (hostile()) f.ack = static_cast<uint32_t>(rng());
-  f.imm_or_inv = rng() % 2 == 0 ? p.rkey() : static_cast<uint32_t>(rng());
+  // What a SEND_WITH_INV names: mostly the window (a valid invalidation, once), else keys it
+  // may not invalidate.
+  f.imm_or_inv = static_cast<uint32_t>(
+      hostile() ? Pick(rng, {p.rkey(), window_rkey ^ 1, rng()}) : window_rkey);
   f.extension = hostile();
   const int64_t offset = hostile() ? static_cast<int64_t>(rng())
                                    : static_cast<int64_t>(rng() % (kRegion + 2 * kGuard)) - kGuard;
   f.ext.remote_addr = p.addr(0) + static_cast<uint64_t>(offset);
-  f.ext.rkey = hostile() ? static_cast<uint32_t>(Pick(rng, {p.rkey() ^ 1, p.rkey() ^ 0x100, 0, rng()}))
-                         : p.rkey();
+  f.ext.rkey = static_cast<uint32_t>(
+      hostile() ? Pick(rng, {p.rkey() ^ 1, p.rkey() ^ 0x100, window_rkey ^ 0x80, 0, rng()})
+                : Pick(rng, {p.rkey(), window_rkey}));
   f.ext.length = hostile() ? static_cast<uint32_t>(rng() % (1 << 17)) : f.total_length;
   f.ext.compare_add = rng();
   f.ext.swap = rng();
@@ -961,10 +977,18 @@ TEST(HostileFrame, RandomFramesStayInsideTheRegion) {
     std::mt19937_64 rng(static_cast<uint64_t>(seed));
     auto p = MakePair();
     ASSERT_NE(p, nullptr);
+    // A type 2 window with remote read and write over 16 KiB of the region: frames may write
+    // through it, read through it, or invalidate it, rightly or not.
+    std::unique_ptr<MemoryWindow> mw;
+    uint32_t window_rkey = 0;
+    ASSERT_NO_FATAL_FAILURE(BindWindow(*p, 32 * 1024, 16 * 1024,
+                                       IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ, &mw,
+                                       &window_rkey));
+    p->b_send_wcs.clear();
     const int frames = 1 + static_cast<int>(rng() % 6);
     for (int k = 0; k < frames; ++k) {
       const uint32_t next = TakeMsn(p->a());
-      Inject(p->a(), RandomFrame(rng, *p, next, seed % 2 == 0 ? 4 : 24));
+      Inject(p->a(), RandomFrame(rng, *p, next, seed % 2 == 0 ? 4 : 24, window_rkey));
     }
     // Drive until B has failed, has taken every frame, or waits for a receive (RNR), for at
     // most a second.
