@@ -453,6 +453,18 @@ void DeviceTest::ConnectExtra(const std::shared_ptr<verbs::ProtectionDomain>& pd
   WarmUp(**peer, **on_pd);
 }
 
+void DeviceTest::OpenReceiverSide(int cqe, std::shared_ptr<verbs::ProtectionDomain>* pd,
+                                  EndpointOptions* receiver_options) {
+  auto ctx = OpenDevice(device());
+  ASSERT_TRUE(ctx.ok()) << ctx.status().ToString();
+  auto created = verbs::ProtectionDomain::Create(*ctx);
+  ASSERT_TRUE(created.ok()) << created.status().ToString();
+  *pd = std::move(*created);
+  auto recv_cq = verbs::CompletionQueue::Create(*ctx, cqe);
+  ASSERT_TRUE(recv_cq.ok()) << recv_cq.status().ToString();
+  receiver_options->recv_cq = std::move(*recv_cq);
+}
+
 void DeviceTest::ConnectReceivers(const std::shared_ptr<verbs::ProtectionDomain>& pd,
                                   const EndpointOptions& receiver_options, int n,
                                   std::vector<std::unique_ptr<Endpoint>>* senders,

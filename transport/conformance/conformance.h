@@ -268,6 +268,10 @@ class DeviceTest : public ::testing::TestWithParam<std::string> {
 
   // `n` new endpoints on `pd` with `receiver_options` (a shared receive CQ, an SRQ), each
   // connected to a new endpoint on a new context; appended to *receivers and *senders in order.
+  // A new context of the device under test, a protection domain on it, and one receive CQ of
+  // `cqe` entries that receivers share: `receiver_options->recv_cq`, for ConnectReceivers.
+  void OpenReceiverSide(int cqe, std::shared_ptr<verbs::ProtectionDomain>* pd,
+                        EndpointOptions* receiver_options);
   void ConnectReceivers(const std::shared_ptr<verbs::ProtectionDomain>& pd,
                         const EndpointOptions& receiver_options, int n,
                         std::vector<std::unique_ptr<Endpoint>>* senders,

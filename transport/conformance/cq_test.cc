@@ -221,17 +221,13 @@ TEST_P(CqTest, TwoPollersOfOneCqSeeEachQueueInOrder) {
   constexpr int kQps = 2;
   constexpr uint32_t kPerQp = 200;
   constexpr uint32_t kSignalEvery = 16;
-  auto ctx = OpenDevice(device());
-  ASSERT_TRUE(ctx.ok()) << ctx.status().ToString();
-  auto pd = verbs::ProtectionDomain::Create(*ctx);
-  ASSERT_TRUE(pd.ok()) << pd.status().ToString();
-  auto recv_cq = verbs::CompletionQueue::Create(*ctx, 1024);
-  ASSERT_TRUE(recv_cq.ok()) << recv_cq.status().ToString();
+  std::shared_ptr<verbs::ProtectionDomain> pd;
   EndpointOptions shared;
-  shared.recv_cq = *recv_cq;
+  ASSERT_NO_FATAL_FAILURE(OpenReceiverSide(1024, &pd, &shared));
+  const std::shared_ptr<verbs::CompletionQueue> recv_cq = shared.recv_cq;
   shared.max_recv_wr = kPerQp;
   std::vector<std::unique_ptr<Endpoint>> senders, receivers;
-  ASSERT_NO_FATAL_FAILURE(ConnectReceivers(*pd, shared, kQps, &senders, &receivers));
+  ASSERT_NO_FATAL_FAILURE(ConnectReceivers(pd, shared, kQps, &senders, &receivers));
   for (auto& receiver : receivers) {
     for (uint32_t m = 0; m < kPerQp; ++m) {
       ASSERT_EQ(receiver->PostRecv(m, 64 * static_cast<size_t>(m), 64), 0);
@@ -249,7 +245,7 @@ TEST_P(CqTest, TwoPollersOfOneCqSeeEachQueueInOrder) {
     ibv_wc wcs[4];
     int batch = self + 1;  // the two pollers ask for different batch sizes
     while (received.load() < kQps * kPerQp && absl::Now() < deadline) {
-      const int got = (*recv_cq)->Poll(batch, wcs);
+      const int got = recv_cq->Poll(batch, wcs);
       if (got < 0) {
         errors[self] = "ibv_poll_cq failed";
         return;

@@ -10,7 +10,6 @@
 #include <vector>
 
 #include "transport/conformance/conformance.h"
-#include "transport/device.h"
 #include "transport/verbs/verbs.h"
 
 namespace swirl::conformance {
@@ -23,21 +22,16 @@ constexpr uint32_t kSlot = 4096;
 class SrqTest : public DeviceTest {};
 
 TEST_P(SrqTest, SeveralQpsShareOneSrq) {
-  auto ctx = OpenDevice(device());
-  ASSERT_TRUE(ctx.ok()) << ctx.status().ToString();
-  auto pd = verbs::ProtectionDomain::Create(*ctx);
-  ASSERT_TRUE(pd.ok()) << pd.status().ToString();
-  auto srq = verbs::SharedReceiveQueue::Create(*pd, 64, 1);
-  ASSERT_TRUE(srq.ok()) << srq.status().ToString();
-  auto recv_cq = verbs::CompletionQueue::Create(*ctx, 256);
-  ASSERT_TRUE(recv_cq.ok()) << recv_cq.status().ToString();
-
+  std::shared_ptr<verbs::ProtectionDomain> pd;
   EndpointOptions shared;
+  ASSERT_NO_FATAL_FAILURE(OpenReceiverSide(256, &pd, &shared));
+  const std::shared_ptr<verbs::CompletionQueue> recv_cq = shared.recv_cq;
+  auto srq = verbs::SharedReceiveQueue::Create(pd, 64, 1);
+  ASSERT_TRUE(srq.ok()) << srq.status().ToString();
   shared.srq = *srq;
-  shared.recv_cq = *recv_cq;
   std::vector<std::unique_ptr<Endpoint>> senders, receivers;
-  ASSERT_NO_FATAL_FAILURE(ConnectReceivers(*pd, shared, kQps, &senders, &receivers));
-  Track(*recv_cq);
+  ASSERT_NO_FATAL_FAILURE(ConnectReceivers(pd, shared, kQps, &senders, &receivers));
+  Track(recv_cq);
 
   // The SRQ's buffers all live in the first receiver's region (same PD as the SRQ).
   Endpoint& pool = *receivers[0];
@@ -66,7 +60,7 @@ TEST_P(SrqTest, SeveralQpsShareOneSrq) {
   for (int i = 0; i < kQps; ++i) index_of_qpn[receivers[i]->qpn()] = i;
   std::set<uint64_t> slots_used;
   std::vector<int> next_message(kQps, 0);
-  for (const ibv_wc& wc : PollN(**recv_cq, total)) {
+  for (const ibv_wc& wc : PollN(*recv_cq, total)) {
     SCOPED_TRACE(Describe(wc));
     ASSERT_EQ(wc.status, IBV_WC_SUCCESS);
     EXPECT_EQ(wc.opcode, IBV_WC_RECV);
@@ -91,7 +85,7 @@ TEST_P(SrqTest, SeveralQpsShareOneSrq) {
           {.wr_id = static_cast<uint64_t>(m), .qp_num = senders[i]->qpn(), .opcode = IBV_WC_SEND});
     }
   }
-  EXPECT_TRUE(Observe(**recv_cq, absl::Milliseconds(10)).empty()) << "extra receives";
+  EXPECT_TRUE(Observe(*recv_cq, absl::Milliseconds(10)).empty()) << "extra receives";
 }
 
 SWIRL_INSTANTIATE_FOR_EVERY_DEVICE(SrqTest);

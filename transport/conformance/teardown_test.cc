@@ -16,7 +16,6 @@
 
 #include "absl/time/clock.h"
 #include "transport/conformance/conformance.h"
-#include "transport/device.h"
 #include "transport/verbs/verbs.h"
 
 namespace swirl::conformance {
@@ -85,16 +84,12 @@ TEST_P(TeardownTest, DestroyPeerWithRequestsOutstanding) {
 // (the soft device's pollers skip idle QPs without their lock).
 TEST_P(TeardownTest, QpsComeAndGoWhileAnotherThreadPollsTheirCq) {
   constexpr int kRounds = 40;
-  auto ctx = OpenDevice(device());
-  ASSERT_TRUE(ctx.ok()) << ctx.status().ToString();
-  auto pd = verbs::ProtectionDomain::Create(*ctx);
-  ASSERT_TRUE(pd.ok()) << pd.status().ToString();
-  auto recv_cq = verbs::CompletionQueue::Create(*ctx, 256);
-  ASSERT_TRUE(recv_cq.ok()) << recv_cq.status().ToString();
+  std::shared_ptr<verbs::ProtectionDomain> pd;
   EndpointOptions shared;
-  shared.recv_cq = *recv_cq;
+  ASSERT_NO_FATAL_FAILURE(OpenReceiverSide(256, &pd, &shared));
+  const std::shared_ptr<verbs::CompletionQueue> recv_cq = shared.recv_cq;
   std::vector<std::unique_ptr<Endpoint>> idle_senders, idle_receivers;
-  ASSERT_NO_FATAL_FAILURE(ConnectReceivers(*pd, shared, 1, &idle_senders, &idle_receivers));
+  ASSERT_NO_FATAL_FAILURE(ConnectReceivers(pd, shared, 1, &idle_senders, &idle_receivers));
   ASSERT_EQ(idle_receivers[0]->PostRecv(0x1d1e, 0, 64), 0);
 
   std::atomic<bool> stop{false};
@@ -104,7 +99,7 @@ TEST_P(TeardownTest, QpsComeAndGoWhileAnotherThreadPollsTheirCq) {
     ibv_wc wcs[4];
     const absl::Time deadline = absl::Now() + 4 * kTimeout;
     while (!stop.load() && absl::Now() < deadline) {
-      const int got = (*recv_cq)->Poll(4, wcs);
+      const int got = recv_cq->Poll(4, wcs);
       if (got <= 0) continue;
       std::lock_guard<std::mutex> lock(mu);
       received.insert(received.end(), wcs, wcs + got);
@@ -118,7 +113,7 @@ TEST_P(TeardownTest, QpsComeAndGoWhileAnotherThreadPollsTheirCq) {
   for (int round = 0; round < kRounds && !HasFatalFailure(); ++round) {
     SCOPED_TRACE(testing::Message() << "round " << round);
     std::vector<std::unique_ptr<Endpoint>> senders, receivers;
-    ASSERT_NO_FATAL_FAILURE(ConnectReceivers(*pd, shared, 1, &senders, &receivers));
+    ASSERT_NO_FATAL_FAILURE(ConnectReceivers(pd, shared, 1, &senders, &receivers));
     qpns.push_back(receivers[0]->qpn());
     ASSERT_EQ(receivers[0]->PostRecv(round, 0, 64), 0);
     // Let the poller see the new QP idle for a moment first.
