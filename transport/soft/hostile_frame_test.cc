@@ -909,12 +909,13 @@ Frame RandomFrame(std::mt19937_64& rng, Pair& p, uint32_t next_msn, uint64_t odd
          : kind < 13 ? uint8_t{wire::kOpFetchAdd}
          : kind < 14 ? uint8_t{wire::kOpPad}
                      : static_cast<uint8_t>(rng());
-  f.flags = static_cast<uint8_t>(
-      hostile() ? rng()
-                : (hostile() ? Pick(rng, {wire::kFlagFirst, wire::kFlagLast, 0}) : kFirstLast) |
-                           (hostile() ? uint64_t{wire::kFlagWithInv}
-                                      : Pick(rng, {0, 0, 0, wire::kFlagWithImm,
-                                                   wire::kFlagSolicited})));
+  // One draw per statement: the operands of | are evaluated in no fixed order, and a seed must
+  // give the same frames whatever the compiler.
+  uint64_t flags = hostile() ? Pick(rng, {wire::kFlagFirst, wire::kFlagLast, 0}) : kFirstLast;
+  flags |= hostile() ? uint64_t{wire::kFlagWithInv}
+                     : Pick(rng, {0, 0, 0, wire::kFlagWithImm, wire::kFlagSolicited});
+  if (hostile()) flags = rng();
+  f.flags = static_cast<uint8_t>(flags);
   f.length = static_cast<uint32_t>(
       hostile() ? Pick(rng, {wire::kMaxChunk + 1, rng() % (2 * wire::kMaxChunk), 0xffffffffu})
                 : Pick(rng, {0, 1, 8, 16, 64, 4096, wire::kMaxChunk - 1, wire::kMaxChunk}));
