@@ -131,6 +131,18 @@ uint32_t Worker::BindWindow(Connection* c, int32_t w, uint64_t addr, uint32_t le
   return rkey;
 }
 
+bool Worker::BulkInFlight(const Connection* c) const {
+  if (c->ops_.size() != c->free_ops_.size() || !c->static_download_.empty()) return true;
+  for (const Connection::Window& w : c->windows_) {
+    if (w.state == Connection::Window::State::kRevoking ||
+        (w.state == Connection::Window::State::kExposed &&
+         w.purpose != Connection::Window::Purpose::kGrant)) {
+      return true;
+    }
+  }
+  return false;
+}
+
 void Worker::FreeWindow(Connection* c, int32_t w) {
   Window& window = c->windows_[w];
   if (window.purpose == Window::Purpose::kDownload) c->download_bytes_ -= window.buffer.capacity();
@@ -870,6 +882,7 @@ void Worker::HandleBulkOp(Connection* c, int32_t op, const ibv_wc& wc) {
       in.bulk.resize(o.length);
       in.has_chunk = o.has_chunk;
       in.chunk = o.chunk;
+      in.admitted = true;
       DispatchCall(c, in);
       return;
     }
@@ -916,6 +929,7 @@ void Worker::HandleBulkOp(Connection* c, int32_t op, const ibv_wc& wc) {
       in.bulk.resize(o.length);
       FreeWindow(c, o.window);
       GrantWindows(c, 1, grant_size);
+      in.admitted = true;
       DispatchCall(c, in);
       return;
     }

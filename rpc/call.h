@@ -4,7 +4,9 @@
 // Three ways to call, from the generated stubs or the raw API:
 //   * synchronous: Status Method(req, &resp, options) blocks the calling thread;
 //   * asynchronous with a callback: the callback runs on the connection's worker thread (or on
-//     whichever thread drives a caller-driven channel) once the call completes;
+//     whichever thread drives a caller-driven channel) once the call completes; a call started
+//     on a channel or connection that is already closed completes at once, its callback (with
+//     UNAVAILABLE) running on the starting thread;
 //   * futures: Future<Resp>, which owns its response.
 // The allocation-free form takes a caller-owned ClientCall that can be reused call after call.
 //
@@ -90,7 +92,7 @@ class ClientCall {
   }
   // The response's bulk data when CallOptions::response_bulk was not given (else empty).
   BulkBuffer& response_bulk() { return owned_response_bulk_; }
-  // Runs on completion (on the worker thread). Optional.
+  // Runs on completion (on the worker thread; see the top of this file). Optional.
   void SetCallback(absl::AnyInvocable<void(absl::Status)> callback) {
     callback_ = std::move(callback);
   }

@@ -2,6 +2,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <atomic>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -122,7 +123,11 @@ class Channel::Impl {
   std::shared_ptr<internal::Connection> connection;
   uint64_t connection_id = 0;
   control::Negotiated negotiated;
-  bool closed = false;
+  // `connection` and `runtime` are set before the Channel is handed out and live as long as it
+  // does, so any thread may use them; Close() only marks the channel closed and closes the
+  // connection. `close_mu` makes a second Close() wait for the first to finish.
+  std::atomic<bool> closed{false};
+  swirl::Mutex close_mu;
 
   void AddAuth(grpc::ClientContext* ctx) const {
     if (!options.auth_token.empty()) {
@@ -239,8 +244,9 @@ class Channel::Impl {
   }
 
   void Close() {
-    if (closed || connection == nullptr) return;
-    closed = true;
+    swirl::MutexLock lock(&close_mu);
+    if (closed.load(std::memory_order_acquire) || connection == nullptr) return;
+    closed.store(true, std::memory_order_release);
     SendDisconnect(connection_id);
     internal::Worker* worker = runtime->worker.get();
     worker->Close(connection->id(), absl::UnavailableError("channel closed"));
@@ -254,8 +260,6 @@ class Channel::Impl {
         absl::SleepFor(absl::Microseconds(200));
       }
     }
-    connection.reset();
-    runtime.reset();
   }
 };
 
@@ -272,7 +276,7 @@ Channel::Channel(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Channel::~Channel() { Close(); }
 
 void Channel::Start(ClientCall* call) {
-  if (impl_->closed || impl_->connection == nullptr) {
+  if (impl_->closed.load(std::memory_order_acquire) || impl_->connection == nullptr) {
     internal::Worker::FailUnstarted(call, absl::UnavailableError("channel closed"));
     return;
   }
@@ -288,7 +292,7 @@ const control::Negotiated& Channel::negotiated() const { return impl_->negotiate
 uint64_t Channel::connection_id() const { return impl_->connection_id; }
 
 bool Channel::connected() const {
-  return !impl_->closed && impl_->connection != nullptr &&
+  return !impl_->closed.load(std::memory_order_acquire) && impl_->connection != nullptr &&
          impl_->connection->state() == internal::Connection::State::kActive;
 }
 

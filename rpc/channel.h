@@ -8,10 +8,13 @@
 //   EchoResponse resp;
 //   absl::Status s = stub.Echo(req, &resp);
 //
-// Threads: a Channel is thread-safe; share one between threads or make one per thread.
+// Threads: a Channel is thread-safe (Close() included: calls started during or after it fail
+// with UNAVAILABLE); share one between threads or make one per thread.
 //   * Driver::kBackgroundThread (default): a worker thread polls the channel's completion queue;
 //     calls from any thread are handed to it through a lock-free queue and callbacks run on it.
-//     Channels of a process share that worker unless `dedicated_worker` is set.
+//     Channels of a process with the same device, credits, buffer_size and bulk_pool_bytes
+//     share that worker unless `dedicated_worker` is set; a shared worker keeps the keepalive,
+//     window_lease and worker_core of the channel that created it.
 //   * Driver::kCaller: no thread; a thread waiting for a call drives the connection itself, and
 //     a thread starting a call posts it directly when nobody else is driving. Lowest latency
 //     with one thread per channel; callbacks run on whichever thread drives.
@@ -43,7 +46,7 @@ struct ChannelOptions {
   enum class Driver { kBackgroundThread, kCaller };
   Driver driver = Driver::kBackgroundThread;
   bool dedicated_worker = false;  // background driver: own worker thread instead of shared
-  int worker_core = -1;           // pin a dedicated worker thread
+  int worker_core = -1;           // pin the worker thread (a shared one: see above)
 
   uint32_t credits = 32;
   uint32_t buffer_size = 4096 + 32;

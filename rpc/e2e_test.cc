@@ -21,6 +21,7 @@
 #include "rpc/channel.h"
 #include "rpc/handshake.h"
 #include "rpc/testing/process.h"
+#include "rpc/testing/test_data.h"
 #include "rpc/wire.h"
 #include "transport/device.h"
 #include "transport/verbs/verbs.h"
@@ -167,6 +168,24 @@ TEST_F(E2ETest, ErrorsCarryCodeAndMessage) {
   s = CallRaw(**channel, Id("/test.E2E/Echo"), huge, &response, {});
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
   EXPECT_EQ(Echo(**channel, "still fine"), "still fine");
+}
+
+TEST_F(E2ETest, ARequestToAOneWayMethodIsRefusedWithoutRunningIt) {
+  // Gate is one-way and blocks its pool thread for up to 20 s: had it run, the 5 s timeout
+  // would end this call instead.
+  std::string before;
+  ASSERT_TRUE(CallRaw(*Connect(port_).value(), Id("/test.E2E/GatePassed"), "", &before, {}).ok());
+  auto channel = Connect(port_);
+  ASSERT_TRUE(channel.ok()) << channel.status();
+  std::string response;
+  absl::Status s = CallRaw(**channel, Id("/test.E2E/Gate"), "", &response,
+                           CallOptions{absl::Seconds(5)});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("one-way"), absl::string_view::npos) << s;
+  std::string after;
+  ASSERT_TRUE(CallRaw(**channel, Id("/test.E2E/GatePassed"), "", &after, {}).ok());
+  EXPECT_EQ(after, before) << "the one-way handler ran";
+  EXPECT_EQ(Echo(**channel, "still here"), "still here");
 }
 
 TEST_F(E2ETest, DeadlineExceededAndTheServerHearsOfIt) {
@@ -576,6 +595,135 @@ TEST(E2EShutdown, GracefulShutdownLetsAcceptedCallsFinish) {
   options.timeout = absl::Seconds(10);
   absl::Status s = CallRaw(**channel, Id("/test.E2E/Echo"), "x", &response, options);
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+}
+
+TEST(E2EShutdown, BlockingHandlersPastTheDeadlineAreCancelledAndWaitedFor) {
+  // Four pool threads run four 20-second Sleeps; four more wait in the pool's queue. A 100 ms
+  // deadline must end in seconds: the running handlers see IsCancelled() once their connection
+  // is closed, the queued ones are dropped, and nothing reaches a worker after it is gone
+  // (which ASan would report).
+  auto server = testing::SpawnServer(kServer, {"--shutdown_ms=100"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto& [process, port] = *server;
+  auto channel = Connect(port);
+  ASSERT_TRUE(channel.ok()) << channel.status();
+  constexpr int kCalls = 8;
+  std::vector<ClientCall> calls(kCalls);
+  std::vector<std::string> responses(kCalls);
+  for (int i = 0; i < kCalls; ++i) {
+    calls[i].SetMethod(Id("/test.E2E/Sleep"));
+    calls[i].SetRequestBytes("20000");
+    calls[i].SetResponseBytes(&responses[i]);
+    (*channel)->Start(&calls[i]);
+  }
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  uint64_t seen = 0;
+  while (seen < kCalls && absl::Now() < deadline) {
+    auto stats = Stats(port);
+    if (stats.ok()) seen = stats->server().requests();
+  }
+  ASSERT_GE(seen, static_cast<uint64_t>(kCalls));
+  const absl::Time signalled = absl::Now();
+  process.Signal(SIGTERM);
+  auto exit_code = process.Wait(absl::Seconds(15));
+  ASSERT_TRUE(exit_code.ok()) << exit_code.status();
+  EXPECT_EQ(*exit_code, 0);
+  EXPECT_LT(absl::Now() - signalled, absl::Seconds(10)) << "the handlers ran to their end";
+  for (int i = 0; i < kCalls; ++i) {
+    EXPECT_EQ(calls[i].Wait().code(), absl::StatusCode::kUnavailable) << calls[i].status();
+  }
+}
+
+TEST(E2EShutdown, DrainWaitsForADownloadTheClientIsStillReading) {
+  auto server = testing::SpawnServer(kServer, {"--shutdown_ms=5000"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto& [process, port] = *server;
+  // Caller-driven: the response (a window over 200,000 bytes) arrives while nobody drives, so
+  // the client's READ of it waits until this thread calls Wait().
+  ChannelOptions options;
+  options.driver = ChannelOptions::Driver::kCaller;
+  auto channel = Connect(port, "e2e", options);
+  ASSERT_TRUE(channel.ok()) << channel.status();
+  constexpr size_t kSize = 200000;
+  auto landing = (*channel)->AllocateBulk(kSize);
+  ASSERT_TRUE(landing.ok()) << landing.status();
+  ClientCall call;
+  const std::string request = std::to_string(kSize);
+  std::string response;
+  CallOptions call_options;
+  call_options.response_bulk = &*landing;
+  call.SetMethod(Id("/test.E2E/Fill"));
+  call.SetRequestBytes(request);
+  call.SetResponseBytes(&response);
+  call.SetOptions(call_options);
+  (*channel)->Start(&call);
+  absl::Time deadline = absl::Now() + absl::Seconds(10);
+  uint64_t seen = 0;
+  while (seen < 1 && absl::Now() < deadline) {
+    auto stats = Stats(port);
+    if (stats.ok()) seen = stats->server().requests();
+  }
+  ASSERT_EQ(seen, 1u);
+  process.Signal(SIGTERM);
+  // The drain has begun once new connections are refused.
+  deadline = absl::Now() + absl::Seconds(10);
+  bool refused = false;
+  while (!refused && absl::Now() < deadline) {
+    ChannelOptions probe;
+    probe.connect_timeout = absl::Seconds(2);
+    refused = !Connect(port, "e2e", probe).ok();
+  }
+  ASSERT_TRUE(refused);
+  ASSERT_TRUE(call.Wait().ok()) << call.status();
+  EXPECT_EQ(response, "filled");
+  ASSERT_EQ(landing->size(), kSize);
+  for (size_t i = 0; i < kSize; i += 997) ASSERT_EQ(landing->data()[i], testing::Pattern(i)) << i;
+  auto exit_code = process.Wait(absl::Seconds(20));
+  ASSERT_TRUE(exit_code.ok()) << exit_code.status();
+  EXPECT_EQ(*exit_code, 0);
+}
+
+TEST(E2EChannel, CloseWhileOtherThreadsCall) {
+  auto server = testing::SpawnServer(kServer, {});
+  ASSERT_TRUE(server.ok()) << server.status();
+  for (auto driver : {ChannelOptions::Driver::kBackgroundThread, ChannelOptions::Driver::kCaller}) {
+    ChannelOptions options;
+    options.driver = driver;
+    auto channel = Connect(server->second, "e2e", options);
+    ASSERT_TRUE(channel.ok()) << channel.status();
+    std::atomic<int> ok{0}, unavailable{0}, other{0};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 4; ++t) {
+      threads.emplace_back([&, t] {
+        const absl::Time until = absl::Now() + absl::Seconds(20);
+        for (int i = 0; absl::Now() < until; ++i) {
+          const std::string request = absl::StrCat("t", t, "#", i);
+          std::string response;
+          absl::Status s = CallRaw(**channel, Id("/test.E2E/Echo"), request, &response,
+                                   CallOptions{absl::Seconds(5)});
+          if (s.ok() && response == request) {
+            ok.fetch_add(1);
+          } else if (s.code() == absl::StatusCode::kUnavailable) {
+            unavailable.fetch_add(1);
+            return;
+          } else {
+            other.fetch_add(1);
+            return;
+          }
+        }
+      });
+    }
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    while (ok.load() < 200 && absl::Now() < deadline) std::this_thread::yield();
+    ASSERT_GE(ok.load(), 200);
+    std::thread second_closer([&] { (*channel)->Close(); });
+    (*channel)->Close();
+    second_closer.join();
+    for (auto& t : threads) t.join();
+    EXPECT_EQ(other.load(), 0);
+    EXPECT_EQ(unavailable.load(), 4) << "every caller ends on UNAVAILABLE after Close";
+    EXPECT_FALSE((*channel)->connected());
+  }
 }
 
 TEST(E2EChurn, ThousandsOfConnectsDoNotLeak) {

@@ -145,13 +145,16 @@ class Server::Impl final : public control::Control::Service {
       }
     }
     grpc_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Milliseconds(200)));
+    // The handler pool goes before the workers: a blocking handler hands its result to its
+    // worker when it returns. Closing the connections told the running ones (IsCancelled());
+    // they are waited for, and those not yet started are dropped.
+    pool_.reset();
     {
       // gRPC may still be running a control handler that reached for a worker.
       swirl::MutexLock lock(&workers_mu_);
       for (auto& w : workers_) w->Stop();
       workers_.clear();
     }
-    pool_.reset();
   }
 
   // ---- Control service ----

@@ -10,7 +10,7 @@
 //   server.RegisterService(&echo);
 //   if (auto s = server.Start(); !s.ok()) ...
 //   ...
-//   server.Shutdown(absl::Seconds(5));  // drains in-flight calls
+//   server.Shutdown(absl::Seconds(5));  // drains in-flight calls, bulk transfers included
 //
 // Connection setup: a client calls Control.Connect with its QP address and capabilities. The
 // server checks the token and the protocol version and its limits, *then* creates a QP on the
@@ -90,8 +90,12 @@ class Server {
   int port() const;
   std::string address() const;
 
-  // Stops accepting connections, lets requests already received finish (until `deadline`),
-  // then closes every connection.
+  // Stops accepting connections and new requests (refused with UNAVAILABLE), lets requests
+  // already received finish until `deadline`: their handlers, their responses, and bulk
+  // transfers under way (a download the client is still reading, an upload or mirror-mode
+  // request whose data is still arriving). Then closes every connection. Blocking handlers
+  // still running then see ServerContext::IsCancelled() and are waited for; queued ones that
+  // never started are dropped.
   void Shutdown(absl::Duration deadline = absl::Seconds(5));
 
   control::StatsResponse Stats() const;

@@ -6,8 +6,9 @@
 // other end (server-to-client calls).
 //
 // Where handlers run: on the connection's worker thread by default (run to completion, so keep
-// them short and never block), or on the server's handler thread pool for methods marked
-// Execution::kThreadPool (proto option `(swirl.blocking) = true`).
+// them short and never block), or, on a Server, on its handler thread pool for methods marked
+// Execution::kThreadPool (proto option `(swirl.blocking) = true`). A Channel has no handler
+// pool: every method of a service it offers runs on its worker, so such services must not block.
 
 #ifndef SWIRL_RPC_SERVICE_H_
 #define SWIRL_RPC_SERVICE_H_
@@ -41,13 +42,16 @@ enum class Execution { kWorker, kThreadPool };
 
 struct MethodOptions {
   Execution execution = Execution::kWorker;
-  bool one_way = false;  // no response is sent
+  // The handler's result is never sent. A caller that waits for a response (a request instead
+  // of a one-way message) gets INVALID_ARGUMENT without the handler running.
+  bool one_way = false;
 };
 
 // Per-call context for handlers.
 class ServerContext {
  public:
-  // True once the caller cancelled or gave up (deadline), as far as this side has heard.
+  // True once the caller cancelled or gave up (deadline), as far as this side has heard, or the
+  // connection is gone (failed, closed, or the server shut down): nobody will get the result.
   bool IsCancelled() const;
   uint64_t connection_id() const;
   const std::string& peer() const;
@@ -79,8 +83,10 @@ class ServerContext {
 class ResponseWriter {
  public:
   virtual ~ResponseWriter() = default;
-  // Contiguous space for `size` bytes, or nullptr if the response would exceed the negotiated
-  // maximum message size. Call Commit afterwards with the bytes actually written.
+  // Contiguous space for `size` bytes, or nullptr if the response would exceed the largest
+  // response the connection can carry: the negotiated maximum bulk size when the connection has
+  // bulk transfers (a response above the eager threshold leaves through a window), else the
+  // negotiated maximum message size. Call Commit afterwards with the bytes actually written.
   virtual char* Reserve(size_t size) = 0;
   virtual void Commit(size_t size) = 0;
   // Convenience: Reserve + copy + Commit. False if too large.

@@ -59,7 +59,7 @@ struct MessageHeader {
   uint64_t request_id;   // chosen by the caller; echoed in the response
   uint32_t status;       // kResponse: absl::StatusCode (the gRPC code numbers); otherwise 0
   uint32_t payload_len;  // bytes following the header in this message
-  uint32_t credits;      // receive buffers the sender re-posted for the peer since last report
+  uint32_t credits;      // peer messages the sender received since its last report
   uint32_t aux;          // type specific: kWindowGrant counts, kBulkAck the window's rkey,
                          // BulkAux bits on bulk requests/responses; 0 otherwise
 };

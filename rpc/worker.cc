@@ -495,8 +495,16 @@ void Worker::HandleItem(WorkItem& item) {
     case WorkItem::kCancelCall: {
       Connection* c = FindById(item.connection_id);
       if (c == nullptr) break;
+      // The call named may have completed and been started again (or another call may live at
+      // its address) since Cancel() queued this: only a round that still asks to be cancelled
+      // is. StartCall clears the request for each new round, and a call found pending or
+      // queued below is alive.
+      auto still_wanted = [](const ClientCall* call) {
+        return call->cancel_requested_.load(std::memory_order_acquire);
+      };
       for (uint32_t slot = 0; slot < c->pending_.size(); ++slot) {
         if (c->pending_[slot] != item.call) continue;
+        if (!still_wanted(item.call)) return;
         const uint64_t request_id = (uint64_t{c->generation_[slot]} << 32) | slot;
         ReleaseSlot(c, request_id);
         if (DeferIfReading(c, item.call, absl::CancelledError("cancelled by the caller"))) {
@@ -508,6 +516,7 @@ void Worker::HandleItem(WorkItem& item) {
       }
       for (ClientCall** p = &c->backlog_head_; *p != nullptr; p = &(*p)->next_) {
         if (*p != item.call) continue;
+        if (!still_wanted(item.call)) return;
         ClientCall* call = *p;
         *p = call->next_;
         if (c->backlog_tail_ == call) {
@@ -707,7 +716,8 @@ void Worker::DispatchCall(Connection* c, Incoming& in) {
   Bump(c->counters_.requests_received);
   Bump(requests_);
   const bool one_way = h.type == rpc_wire::kOneWay;
-  if (draining_ || c->state_.load(std::memory_order_relaxed) != Connection::State::kActive) {
+  if ((draining_ && !in.admitted) ||
+      c->state_.load(std::memory_order_relaxed) != Connection::State::kActive) {
     if (!one_way) {
       SendResponseBytes(c, h.request_id, absl::UnavailableError("server is shutting down"), {});
     }
@@ -725,6 +735,15 @@ void Worker::DispatchCall(Connection* c, Incoming& in) {
           c, h.request_id,
           absl::UnimplementedError(absl::StrFormat("no method with id 0x%08x", h.method_id)), {});
     }
+    return;
+  }
+  if (method->options.one_way && !one_way) {
+    // Its handler produces no response, so the caller would wait for nothing.
+    SendResponseBytes(c, h.request_id,
+                      absl::InvalidArgumentError(absl::StrFormat(
+                          "method 0x%08x is one-way: call it without waiting for a response",
+                          h.method_id)),
+                      {});
     return;
   }
   if (method->options.execution == Execution::kThreadPool && pool_ != nullptr) {
@@ -1308,6 +1327,8 @@ void Worker::FailConnection(Connection* c, const absl::Status& why) {
   }
   SettleBulkOps(c);
   FailPendingCalls(c, absl::UnavailableError(absl::StrCat("connection lost: ", why.message())));
+  // Blocking handlers still running for this connection can no longer answer anyone.
+  for (auto& [request_id, cancelled] : c->running_) cancelled->store(true, std::memory_order_release);
   for (const auto& m : c->response_backlog_) send_pool_->Give(m.buffer);
   c->response_backlog_.clear();
   // Queued but never posted WRs: their send buffers come back now.
@@ -1402,7 +1423,8 @@ void Worker::Timers(absl::Time now) {
         FailConnection(c, absl::DeadlineExceededError("the peer stopped answering keepalives"));
       }
     }
-    if (c->pool_handlers_ > 0 || !c->response_backlog_.empty() || c->batch_size_ > 0) {
+    if (c->pool_handlers_ > 0 || !c->response_backlog_.empty() || c->batch_size_ > 0 ||
+        (draining_ && idle && BulkInFlight(c))) {
       idle = false;
     }
   }
@@ -1461,9 +1483,13 @@ ThreadPool::ThreadPool(int threads) {
 }
 
 ThreadPool::~ThreadPool() {
+  // Tasks not yet started are dropped, not run: their connections are gone by now, and a task
+  // run late would reach for a worker that is about to be destroyed. Running ones are waited for.
+  std::deque<absl::AnyInvocable<void()>> dropped;
   {
     swirl::MutexLock lock(&mu_);
     stop_ = true;
+    dropped.swap(tasks_);
   }
   for (std::thread& t : threads_) t.join();
 }
@@ -1483,7 +1509,7 @@ void ThreadPool::Run() {
             return p->stop_ || !p->tasks_.empty();
           },
           this));
-      if (tasks_.empty()) return;
+      if (stop_) return;
       task = std::move(tasks_.front());
       tasks_.pop_front();
     }

@@ -264,7 +264,7 @@ struct WorkerOptions {
   uint32_t max_connections = 64;
   uint32_t credits = 32;             // receive buffers reserved per connection
   uint32_t buffer_size = 4096 + 32;  // receive/send buffer size, header included
-  uint32_t send_buffers = 0;         // 0: max_connections * credits
+  uint32_t send_buffers = 0;         // 0: 2 * max_connections * credits
   absl::Duration keepalive = absl::Seconds(5);
   // Bulk (docs/BULK.md).
   size_t bulk_pool_bytes = 0;        // 0: no bulk
@@ -382,6 +382,9 @@ class Worker {
     BulkBuffer bulk;           // attachment or the message itself (kAuxBulkIsMessage)
     bool has_chunk = false;    // mirror: the caller's reply window
     rpc_wire::BulkDescriptor chunk{};
+    // Arrived before a drain began and waited for its bulk data (a READ or a LOCAL_INV): it
+    // is served, not refused, while the server drains.
+    bool admitted = false;
   };
   void Dispatch(Connection* c, const rpc_wire::MessageHeader& h, const char* payload);
   void DispatchCall(Connection* c, Incoming& in);
@@ -462,6 +465,9 @@ class Worker {
   void EmitMessage(Connection* c, char* data, uint32_t length, int32_t buffer,
                    uint32_t invalidate_rkey, unsigned int flags = 0);
   void FreeWindow(Connection* c, int32_t w);
+  // True while a bulk transfer of `c` is under way: a window other than an unused upload grant
+  // is exposed or being revoked, or an operation waits for its completion. A drain waits.
+  bool BulkInFlight(const Connection* c) const;
   int32_t NewOp(Connection* c);
   void PostRdma(Connection* c, ibv_wr_opcode opcode, const BulkBuffer& local, uint32_t length,
                 uint64_t remote_addr, uint32_t rkey, int32_t op);

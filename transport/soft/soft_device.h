@@ -27,7 +27,7 @@ namespace swirl::soft {
 
 inline constexpr char kDefaultSoftDeviceName[] = "soft0";
 
-// True for "soft" followed by decimal digits.
+// True for "soft" followed by one to four decimal digits (soft0 .. soft9999).
 bool IsSoftDeviceName(absl::string_view name);
 
 // Opens a context on the named soft device (created on first open in this process).
