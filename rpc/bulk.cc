@@ -410,6 +410,7 @@ void Worker::HandleBulkRequest(Connection* c, const MessageHeader& h, const char
       BulkOp& o = c->ops_[op];
       o.kind = BulkOp::Kind::kRevokeThenDispatch;
       o.window = w;
+      o.admitted = !draining_;
       o.header = h;
       o.eager.assign(in.eager.data(), in.eager.size());
       o.has_chunk = false;
@@ -437,6 +438,12 @@ void Worker::HandleBulkRequest(Connection* c, const MessageHeader& h, const char
     }
     case control::BULK_MIRROR: {
       if (with_inv) return BulkViolation(c, "SEND_WITH_INV on a mirror-mode request");
+      if (draining_) {
+        // Refused before its data is read, so that a drain is not kept busy by new requests.
+        SendBulkAck(c, h.request_id, d.rkey);
+        SendResponseBytes(c, h.request_id, absl::UnavailableError("server is shutting down"), {});
+        return;
+      }
       auto buffer = bulk_pool_->Allocate(d.length);
       if (!buffer.ok()) {
         // Release the caller's window at once and answer with the reason.
@@ -447,6 +454,7 @@ void Worker::HandleBulkRequest(Connection* c, const MessageHeader& h, const char
       const int32_t op = NewOp(c);
       BulkOp& o = c->ops_[op];
       o.kind = BulkOp::Kind::kMirrorRead;
+      o.admitted = true;  // not draining (above)
       o.request_id = h.request_id;
       o.header = h;
       o.eager.assign(in.eager.data(), in.eager.size());
@@ -882,7 +890,7 @@ void Worker::HandleBulkOp(Connection* c, int32_t op, const ibv_wc& wc) {
       in.bulk.resize(o.length);
       in.has_chunk = o.has_chunk;
       in.chunk = o.chunk;
-      in.admitted = true;
+      in.admitted = o.admitted;
       DispatchCall(c, in);
       return;
     }
@@ -929,7 +937,7 @@ void Worker::HandleBulkOp(Connection* c, int32_t op, const ibv_wc& wc) {
       in.bulk.resize(o.length);
       FreeWindow(c, o.window);
       GrantWindows(c, 1, grant_size);
-      in.admitted = true;
+      in.admitted = o.admitted;
       DispatchCall(c, in);
       return;
     }

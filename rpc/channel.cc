@@ -125,7 +125,8 @@ class Channel::Impl {
   control::Negotiated negotiated;
   // `connection` and `runtime` are set before the Channel is handed out and live as long as it
   // does, so any thread may use them; Close() only marks the channel closed and closes the
-  // connection. `close_mu` makes a second Close() wait for the first to finish.
+  // connection. A Close() that finds it closed or closing returns at once; `close_mu` keeps two
+  // that start together from both closing it.
   std::atomic<bool> closed{false};
   swirl::Mutex close_mu;
 
@@ -244,6 +245,9 @@ class Channel::Impl {
   }
 
   void Close() {
+    // Closed already (or closing on another thread): done, without waiting for that thread,
+    // which may be waiting for the very worker this call runs on (a callback closing it).
+    if (closed.load(std::memory_order_acquire)) return;
     swirl::MutexLock lock(&close_mu);
     if (closed.load(std::memory_order_acquire) || connection == nullptr) return;
     closed.store(true, std::memory_order_release);

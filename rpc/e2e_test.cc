@@ -598,15 +598,23 @@ TEST(E2EShutdown, GracefulShutdownLetsAcceptedCallsFinish) {
 }
 
 TEST(E2EShutdown, BlockingHandlersPastTheDeadlineAreCancelledAndWaitedFor) {
-  // Four pool threads run four 20-second Sleeps; four more wait in the pool's queue. A 100 ms
-  // deadline must end in seconds: the running handlers see IsCancelled() once their connection
-  // is closed, the queued ones are dropped, and nothing reaches a worker after it is gone
-  // (which ASan would report).
+  // Four pool threads run 20-second handlers (two one-way Gates, two Sleeps); six more Sleeps
+  // wait in the pool's queue. A 100 ms deadline must end in seconds: the running handlers see
+  // IsCancelled() once their connection is closed, one-way ones included, the queued ones are
+  // dropped, and nothing reaches a worker after it is gone (which ASan would report).
   auto server = testing::SpawnServer(kServer, {"--shutdown_ms=100"});
   ASSERT_TRUE(server.ok()) << server.status();
   auto& [process, port] = *server;
   auto channel = Connect(port);
   ASSERT_TRUE(channel.ok()) << channel.status();
+  constexpr int kOneWay = 2;
+  for (int i = 0; i < kOneWay; ++i) {
+    ClientCall gate;
+    gate.SetMethod(Id("/test.E2E/Gate"));
+    gate.SetOneWay(true);
+    (*channel)->Start(&gate);
+    ASSERT_TRUE(gate.Wait().ok()) << gate.status();
+  }
   constexpr int kCalls = 8;
   std::vector<ClientCall> calls(kCalls);
   std::vector<std::string> responses(kCalls);
@@ -618,11 +626,11 @@ TEST(E2EShutdown, BlockingHandlersPastTheDeadlineAreCancelledAndWaitedFor) {
   }
   const absl::Time deadline = absl::Now() + absl::Seconds(10);
   uint64_t seen = 0;
-  while (seen < kCalls && absl::Now() < deadline) {
+  while (seen < kCalls + kOneWay && absl::Now() < deadline) {
     auto stats = Stats(port);
     if (stats.ok()) seen = stats->server().requests();
   }
-  ASSERT_GE(seen, static_cast<uint64_t>(kCalls));
+  ASSERT_GE(seen, static_cast<uint64_t>(kCalls + kOneWay));
   const absl::Time signalled = absl::Now();
   process.Signal(SIGTERM);
   auto exit_code = process.Wait(absl::Seconds(15));
@@ -635,7 +643,10 @@ TEST(E2EShutdown, BlockingHandlersPastTheDeadlineAreCancelledAndWaitedFor) {
 }
 
 TEST(E2EShutdown, DrainWaitsForADownloadTheClientIsStillReading) {
-  auto server = testing::SpawnServer(kServer, {"--shutdown_ms=5000"});
+  // The caller-driven client below answers no keepalive and acknowledges its download only
+  // when it drives: keepalive and lease are generous, so that only the drain is tested.
+  auto server = testing::SpawnServer(
+      kServer, {"--shutdown_ms=20000", "--keepalive_ms=20000", "--window_lease_ms=30000"});
   ASSERT_TRUE(server.ok()) << server.status();
   auto& [process, port] = *server;
   // Caller-driven: the response (a window over 200,000 bytes) arrives while nobody drives, so

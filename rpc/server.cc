@@ -10,6 +10,7 @@
 
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "base/mutex.h"
 #include "base/log.h"
 #include "proto/control.grpc.pb.h"
@@ -139,22 +140,31 @@ class Server::Impl final : public control::Control::Service {
       if (drained || absl::Now() >= until) break;
       absl::SleepFor(absl::Milliseconds(1));
     }
+    // Each worker closes its connections in its loop; the barrier after them means that
+    // blocking handlers still running have been told (IsCancelled()) before the pool waits
+    // for them. (Bounded: a worker that does not get there in time is not waited for.)
+    std::vector<std::shared_ptr<absl::Notification>> closed;
     for (auto& w : workers_) {
       for (auto& c : w->Connections()) {
         w->Close(c->id(), absl::UnavailableError("server shut down"));
       }
+      auto done = std::make_shared<absl::Notification>();
+      w->RunInLoop([done] { done->Notify(); });
+      closed.push_back(std::move(done));
     }
+    for (auto& done : closed) done->WaitForNotificationWithTimeout(absl::Seconds(2));
     grpc_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Milliseconds(200)));
-    // The handler pool goes before the workers: a blocking handler hands its result to its
-    // worker when it returns. Closing the connections told the running ones (IsCancelled());
-    // they are waited for, and those not yet started are dropped.
-    pool_.reset();
+    // The pool stops before the workers do: a blocking handler hands its result to its worker
+    // when it returns, so none may still run once a worker is gone. Queued handlers are
+    // dropped; the pool object itself outlives the workers, which may still try to schedule.
+    pool_->Stop();
     {
       // gRPC may still be running a control handler that reached for a worker.
       swirl::MutexLock lock(&workers_mu_);
       for (auto& w : workers_) w->Stop();
       workers_.clear();
     }
+    pool_.reset();
   }
 
   // ---- Control service ----

@@ -91,9 +91,9 @@ class Server {
   std::string address() const;
 
   // Stops accepting connections and new requests (refused with UNAVAILABLE), lets requests
-  // already received finish until `deadline`: their handlers, their responses, and bulk
-  // transfers under way (a download the client is still reading, an upload or mirror-mode
-  // request whose data is still arriving). Then closes every connection. Blocking handlers
+  // already received finish until `deadline`: their handlers, their responses, and their bulk
+  // transfers (a download the client is still reading, a mirror-mode request still being
+  // read, a fallback-mode upload still being revoked). Then closes every connection. Blocking handlers
   // still running then see ServerContext::IsCancelled() and are waited for; queued ones that
   // never started are dropped.
   void Shutdown(absl::Duration deadline = absl::Seconds(5));

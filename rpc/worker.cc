@@ -321,7 +321,8 @@ void Worker::StartCall(uint64_t connection_id, ClientCall* call) {
   call->status_ = absl::OkStatus();
   call->cancel_requested_.store(false, std::memory_order_relaxed);
   call->notifier_.Reset();
-  call->state_.store(ClientCall::kQueued, std::memory_order_relaxed);
+  // Release: a Cancel() that sees this round's state also sees its cleared cancel request.
+  call->state_.store(ClientCall::kQueued, std::memory_order_release);
   if (t_driving == this) {
     // From a callback or handler on this loop: queue it behind this iteration's doorbell.
     // A connection that is not active goes through the queue, so a callback that restarts a
@@ -840,7 +841,11 @@ void Worker::RunOnPool(Connection* c, Incoming& in, const Service::Method* metho
   ++c->pool_handlers_;
   c->pool_bytes_ += held;
   auto cancelled = std::make_shared<std::atomic<bool>>(false);
-  if (!one_way) c->running_[h.request_id] = cancelled;
+  if (one_way) {
+    c->running_one_way_.push_back(cancelled);
+  } else {
+    c->running_[h.request_id] = cancelled;
+  }
   const bool message_in_bulk = (h.aux & rpc_wire::kAuxBulkIsMessage) != 0;
   // The pool path copies the (eager) message: blocking handlers are not the zero-copy path.
   std::string request = message_in_bulk ? std::string(in.bulk.view()) : std::string(in.eager);
@@ -863,11 +868,18 @@ void Worker::RunOnPool(Connection* c, Incoming& in, const Service::Method* metho
     absl::Status status = invoker->Invoke(ctx, request, writer);
     RunInLoop([this, connection, header, one_way, held, status = std::move(status),
                response = writer.Take(), bulk = std::move(ctx.mutable_response_bulk()),
-               has_chunk, chunk]() mutable {
+               has_chunk, chunk, cancelled]() mutable {
       Connection* c = connection.get();
       --c->pool_handlers_;
       c->pool_bytes_ -= held;
-      c->running_.erase(header.request_id);
+      if (one_way) {
+        auto& list = c->running_one_way_;
+        if (auto it = std::find(list.begin(), list.end(), cancelled); it != list.end()) {
+          list.erase(it);
+        }
+      } else {
+        c->running_.erase(header.request_id);
+      }
       if (one_way || c->state_.load() >= Connection::State::kClosing) return;
       Incoming in;
       in.header = header;
@@ -1329,6 +1341,7 @@ void Worker::FailConnection(Connection* c, const absl::Status& why) {
   FailPendingCalls(c, absl::UnavailableError(absl::StrCat("connection lost: ", why.message())));
   // Blocking handlers still running for this connection can no longer answer anyone.
   for (auto& [request_id, cancelled] : c->running_) cancelled->store(true, std::memory_order_release);
+  for (auto& cancelled : c->running_one_way_) cancelled->store(true, std::memory_order_release);
   for (const auto& m : c->response_backlog_) send_pool_->Give(m.buffer);
   c->response_backlog_.clear();
   // Queued but never posted WRs: their send buffers come back now.
@@ -1482,21 +1495,33 @@ ThreadPool::ThreadPool(int threads) {
   for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { Run(); });
 }
 
-ThreadPool::~ThreadPool() {
-  // Tasks not yet started are dropped, not run: their connections are gone by now, and a task
-  // run late would reach for a worker that is about to be destroyed. Running ones are waited for.
+ThreadPool::~ThreadPool() { Stop(); }
+
+void ThreadPool::Stop() {
+  // Tasks not yet started are dropped, not run: their connections are closed by now. Running
+  // ones are waited for. The queue is destroyed outside the lock (tasks own buffers and
+  // connections).
   std::deque<absl::AnyInvocable<void()>> dropped;
   {
     swirl::MutexLock lock(&mu_);
     stop_ = true;
     dropped.swap(tasks_);
   }
-  for (std::thread& t : threads_) t.join();
+  for (std::thread& t : threads_) {
+    if (t.joinable()) t.join();
+  }
 }
 
 void ThreadPool::Schedule(absl::AnyInvocable<void()> task) {
-  swirl::MutexLock lock(&mu_);
-  tasks_.push_back(std::move(task));
+  {
+    swirl::MutexLock lock(&mu_);
+    if (!stop_) {
+      tasks_.push_back(std::move(task));
+      return;
+    }
+  }
+  // Stopped (a worker still dispatching during shutdown): dropped, outside the lock.
+  task = nullptr;
 }
 
 void ThreadPool::Run() {

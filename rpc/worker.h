@@ -233,6 +233,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     uint32_t length = 0;
     uint32_t peer_rkey = 0;  // kMirrorRead: the caller's window to invalidate afterwards
     absl::Status status;     // kRevokeThenComplete, cancelled kDownloadRead: how the call ends
+    bool admitted = false;   // the request arrived before a drain began (Incoming::admitted)
     bool cancelled = false;  // kDownloadRead: the caller gave up; finish when the READ is done
   };
 
@@ -248,6 +249,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   uint64_t pool_bytes_ = 0;             // requests and attachments they hold
   uint64_t download_bytes_ = 0;         // buffers behind download windows not yet acknowledged
   absl::flat_hash_map<uint64_t, std::shared_ptr<std::atomic<bool>>> running_;  // pool handlers
+  // One-way pool handlers (no request id to key them by): at most 2 * credits of them.
+  std::vector<std::shared_ptr<std::atomic<bool>>> running_one_way_;
   bool received_ = false;               // something arrived since the last timer pass
   absl::Time last_received_;
   bool ping_outstanding_ = false;
@@ -382,8 +385,8 @@ class Worker {
     BulkBuffer bulk;           // attachment or the message itself (kAuxBulkIsMessage)
     bool has_chunk = false;    // mirror: the caller's reply window
     rpc_wire::BulkDescriptor chunk{};
-    // Arrived before a drain began and waited for its bulk data (a READ or a LOCAL_INV): it
-    // is served, not refused, while the server drains.
+    // Arrived before a drain began and then waited for its bulk data (a READ or a LOCAL_INV):
+    // it is served, not refused, while the server drains.
     bool admitted = false;
   };
   void Dispatch(Connection* c, const rpc_wire::MessageHeader& h, const char* payload);
@@ -566,8 +569,11 @@ class Worker {
 class ThreadPool {
  public:
   explicit ThreadPool(int threads);
-  ~ThreadPool();
+  ~ThreadPool();  // Stop()
+  // Queues `task`; after Stop() it is dropped instead.
   void Schedule(absl::AnyInvocable<void()> task);
+  // Drops the queued tasks and waits for the running ones. Idempotent.
+  void Stop();
 
  private:
   void Run();

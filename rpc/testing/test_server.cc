@@ -33,6 +33,7 @@ ABSL_FLAG(std::string, token, "e2e", "authentication token");
 ABSL_FLAG(int, max_per_client, 64, "connections per client address");
 ABSL_FLAG(int, shutdown_ms, 3000, "graceful shutdown deadline");
 ABSL_FLAG(int, window_lease_ms, 5000, "bulk window lease");
+ABSL_FLAG(int, keepalive_ms, 1000, "keepalive interval");
 ABSL_FLAG(int64_t, download_bytes, 64 << 20, "unacknowledged download bytes per connection");
 ABSL_FLAG(bool, allow_unsafe, false, "allow the unsafe static-rkey bulk mode");
 ABSL_FLAG(bool, no_local_fallback, false, "refuse clients without remote invalidation");
@@ -41,7 +42,8 @@ namespace {
 
 std::atomic<bool> g_stop{false};
 std::atomic<int> g_cancelled{0};
-// Gate: blocking handlers wait for OpenGate (at most 20 s); GatePassed counts those through.
+// Gate: blocking handlers wait for OpenGate (at most 20 s, or until cancelled); GatePassed
+// counts those through.
 std::atomic<bool> g_gate_open{false};
 std::atomic<int> g_gate_passed{0};
 swirl::Server* g_server = nullptr;
@@ -87,9 +89,11 @@ class E2E : public swirl::Service {
         swirl::MethodOptions{swirl::Execution::kThreadPool, false});
     AddRawMethod(
         "Gate",
-        [](swirl::ServerContext&, absl::string_view, swirl::ResponseWriter&) {
+        [](swirl::ServerContext& ctx, absl::string_view, swirl::ResponseWriter&) {
           const absl::Time until = absl::Now() + absl::Seconds(20);
-          while (!g_gate_open.load() && absl::Now() < until) absl::SleepFor(absl::Milliseconds(1));
+          while (!g_gate_open.load() && !ctx.IsCancelled() && absl::Now() < until) {
+            absl::SleepFor(absl::Milliseconds(1));
+          }
           g_gate_passed.fetch_add(1);
           return absl::OkStatus();
         },
@@ -182,7 +186,7 @@ int main(int argc, char** argv) {
   options.address = "127.0.0.1:0";
   options.auth_token = absl::GetFlag(FLAGS_token);
   options.max_connections_per_client = absl::GetFlag(FLAGS_max_per_client);
-  options.keepalive = absl::Seconds(1);
+  options.keepalive = absl::Milliseconds(absl::GetFlag(FLAGS_keepalive_ms));
   options.window_lease = absl::Milliseconds(absl::GetFlag(FLAGS_window_lease_ms));
   options.download_bytes_per_connection = static_cast<size_t>(absl::GetFlag(FLAGS_download_bytes));
   options.allow_unsafe_static_rkey_for_benchmarks = absl::GetFlag(FLAGS_allow_unsafe);
