@@ -30,6 +30,7 @@ namespace swirl {
 namespace {
 
 constexpr char kServer[] = "rpc/testing/test_server";
+constexpr size_t kMaxClientNameForTest = internal::kMaxClientName;
 
 uint32_t Id(const char* method) { return rpc_wire::MethodId(method); }
 
@@ -735,6 +736,49 @@ TEST(E2EChannel, CloseWhileOtherThreadsCall) {
     EXPECT_EQ(unavailable.load(), 4) << "every caller ends on UNAVAILABLE after Close";
     EXPECT_FALSE((*channel)->connected());
   }
+}
+
+TEST(E2ECredits, APeerGrantingMoreCreditsThanOurSendQueueHolds) {
+  // The server reserves 256 receive buffers for each client; this client's send queue was
+  // sized for its own 32 credits before it heard that. 200 calls started at once must all
+  // complete on one connection, which stays healthy.
+  auto server = testing::SpawnServer(kServer, {"--credits=256"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto channel = Connect(server->second);
+  ASSERT_TRUE(channel.ok()) << channel.status();
+  EXPECT_EQ((*channel)->negotiated().client_credits(), 256u);  // what the server grants us
+  constexpr int kCalls = 200;
+  std::vector<ClientCall> calls(kCalls);
+  std::vector<std::string> requests(kCalls), responses(kCalls);
+  for (int i = 0; i < kCalls; ++i) {
+    requests[i] = absl::StrCat("call ", i);
+    calls[i].SetMethod(Id("/test.E2E/Echo"));
+    calls[i].SetRequestBytes(requests[i]);
+    calls[i].SetResponseBytes(&responses[i]);
+    (*channel)->Start(&calls[i]);
+  }
+  for (int i = 0; i < kCalls; ++i) {
+    ASSERT_TRUE(calls[i].Wait().ok()) << i << ": " << calls[i].status();
+    EXPECT_EQ(responses[i], requests[i]);
+  }
+  EXPECT_TRUE((*channel)->connected());
+  EXPECT_EQ(Echo(**channel, "after"), "after");
+}
+
+TEST(E2EHandshake, OverlongClientNamesAreRefused) {
+  auto server = testing::SpawnServer(kServer, {});
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string address = absl::StrCat("127.0.0.1:", server->second);
+  ChannelOptions options;
+  options.auth_token = "e2e";
+  options.client_name = std::string(100000, '\n');
+  auto refused = Channel::Create(address, options);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+  options.client_name = std::string(kMaxClientNameForTest, 'n');
+  auto accepted = Channel::Create(address, options);
+  ASSERT_TRUE(accepted.ok()) << accepted.status();
+  EXPECT_EQ(Echo(**accepted, "named"), "named");
 }
 
 TEST(E2EChurn, ThousandsOfConnectsDoNotLeak) {

@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "rpc/wire.h"
@@ -55,6 +56,13 @@ absl::StatusOr<verbs::PeerAddress> FromProto(const control::QueuePairAddress& ad
   return out;
 }
 
+std::string LoggableName(absl::string_view name) {
+  constexpr size_t kShown = 64;
+  std::string out = absl::CHexEscape(name.substr(0, kShown));
+  if (name.size() > kShown) absl::StrAppend(&out, "...(", name.size(), " bytes)");
+  return out;
+}
+
 absl::StatusOr<control::Negotiated> Negotiate(const control::ConnectRequest& request,
                                               const verbs::Capabilities& server_caps,
                                               const LocalConfig& server) {
@@ -62,6 +70,11 @@ absl::StatusOr<control::Negotiated> Negotiate(const control::ConnectRequest& req
     return absl::FailedPreconditionError(
         absl::StrFormat("client speaks protocol version %u; this server speaks %u",
                         request.protocol_version(), kControlProtocolVersion));
+  }
+  if (request.client_name().size() > kMaxClientName) {
+    return absl::InvalidArgumentError(absl::StrFormat("client name of %u bytes (at most %u)",
+                                                      request.client_name().size(),
+                                                      kMaxClientName));
   }
   const control::Capabilities& client = request.capabilities();
   if (client.recv_credits() < kMinCredits || client.recv_credits() > kMaxCredits) {

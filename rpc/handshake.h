@@ -18,6 +18,12 @@ namespace swirl::internal {
 inline constexpr uint32_t kControlProtocolVersion = 2;  // follows rpc_wire::kProtocolVersion
 inline constexpr uint32_t kMinCredits = 4;
 inline constexpr uint32_t kMaxCredits = 4096;
+// A client's name is kept per connection and shown in Stats and logs: bounded.
+inline constexpr size_t kMaxClientName = 256;
+
+// `name` (from a peer) as it may appear in a log line: at most 64 bytes, escaped, so that a
+// peer can neither flood the log nor forge lines in it.
+std::string LoggableName(absl::string_view name);
 inline constexpr uint32_t kMinMessage = 64;
 
 struct LocalConfig {

@@ -175,7 +175,7 @@ class Server::Impl final : public control::Control::Service {
     if (!s.ok()) {
       refused_.fetch_add(1, std::memory_order_relaxed);
       SWIRL_LOG(INFO, "refused connection from %s (%s): %s", context->peer(),
-                request->client_name(), s.ToString());
+                internal::LoggableName(request->client_name()), s.ToString());
     }
     return ToGrpc(s);
   }
@@ -258,7 +258,7 @@ class Server::Impl final : public control::Control::Service {
     *response->mutable_capabilities() = internal::DescribeLocal(caps_, LocalConfig());
     *response->mutable_negotiated() = negotiated;
     SWIRL_LOG(INFO, "connection %u from %s (%s): credits %u/%u, max message %u, invalidation %s",
-              id, peer, request.client_name(), negotiated.client_credits(),
+              id, peer, internal::LoggableName(request.client_name()), negotiated.client_credits(),
               negotiated.server_credits(), negotiated.max_message_size(),
               control::InvalidationMode_Name(negotiated.invalidation()));
     if (negotiated.invalidation() == control::INVALIDATION_LOCAL) {
@@ -292,7 +292,9 @@ class Server::Impl final : public control::Control::Service {
     }
     swirl::ReaderMutexLock lock(&workers_mu_);
     for (auto& w : workers_) {
-      if (w->Find(request->connection_id()) != nullptr) {
+      auto c = w->Find(request->connection_id());
+      // Not yet active: its Connect has not answered, so nobody can have been told its id.
+      if (c != nullptr && c->state() != internal::Connection::State::kNew) {
         w->Close(request->connection_id(), absl::CancelledError("client disconnected"));
         return grpc::Status::OK;
       }
@@ -341,7 +343,9 @@ class Server::Impl final : public control::Control::Service {
         s->set_bulk_bytes_in_use(s->bulk_bytes_in_use() + w->bulk_pool()->bytes_in_use());
       }
       for (auto& c : w->Connections()) {
-        if (c->state() != internal::Connection::State::kNew) ++live;
+        // A connection still being set up is being configured by its Connect right now.
+        if (c->state() == internal::Connection::State::kNew) continue;
+        ++live;
         if (only != 0 && c->id() != only) continue;
         control::ConnectionStats* cs = out.add_connections();
         cs->set_connection_id(c->id());

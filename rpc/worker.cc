@@ -104,7 +104,12 @@ void Connection::Configure(const control::Negotiated& negotiated, bool is_server
   is_server_ = is_server;
   peer_ = std::move(peer);
   client_name_ = std::move(client_name);
-  peer_credits_ = is_server ? negotiated.server_credits() : negotiated.client_credits();
+  // The peer may reserve more receive buffers for us than our send queue was sized for (it
+  // was created before the peer's offer was known): we use no more than it holds. Using fewer
+  // credits than granted is always safe; the peer returns only what we used.
+  peer_credits_ = std::min<uint32_t>(
+      is_server ? negotiated.server_credits() : negotiated.client_credits(),
+      sq_depth_ - kBulkSqReserve - kSignalInterval);
   local_credits_ = is_server ? negotiated.client_credits() : negotiated.server_credits();
   send_credits_ = peer_credits_;
   peer_available_ = local_credits_;

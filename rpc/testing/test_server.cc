@@ -34,6 +34,7 @@ ABSL_FLAG(int, max_per_client, 64, "connections per client address");
 ABSL_FLAG(int, shutdown_ms, 3000, "graceful shutdown deadline");
 ABSL_FLAG(int, window_lease_ms, 5000, "bulk window lease");
 ABSL_FLAG(int, keepalive_ms, 1000, "keepalive interval");
+ABSL_FLAG(int, credits, 32, "receive credits per connection");
 ABSL_FLAG(int64_t, download_bytes, 64 << 20, "unacknowledged download bytes per connection");
 ABSL_FLAG(bool, allow_unsafe, false, "allow the unsafe static-rkey bulk mode");
 ABSL_FLAG(bool, no_local_fallback, false, "refuse clients without remote invalidation");
@@ -187,6 +188,7 @@ int main(int argc, char** argv) {
   options.auth_token = absl::GetFlag(FLAGS_token);
   options.max_connections_per_client = absl::GetFlag(FLAGS_max_per_client);
   options.keepalive = absl::Milliseconds(absl::GetFlag(FLAGS_keepalive_ms));
+  options.credits = static_cast<uint32_t>(absl::GetFlag(FLAGS_credits));
   options.window_lease = absl::Milliseconds(absl::GetFlag(FLAGS_window_lease_ms));
   options.download_bytes_per_connection = static_cast<size_t>(absl::GetFlag(FLAGS_download_bytes));
   options.allow_unsafe_static_rkey_for_benchmarks = absl::GetFlag(FLAGS_allow_unsafe);
