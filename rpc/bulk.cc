@@ -718,12 +718,14 @@ void Worker::HandleBulkAck(Connection* c, const MessageHeader& h, const ibv_wc& 
     }
     Bump(c->counters_.windows_remote_invalidated);
     Bump(totals_.windows_remote_invalidated);
+    ClientCall* call = nullptr;
     if (win.purpose == Window::Purpose::kMirrorRequest) {
       // The caller's request buffer is ours again.
-      ClientCall* call = PendingCall(c, win.request_id);
+      call = PendingCall(c, win.request_id);
       if (call != nullptr && call->request_window_ == w) call->request_window_ = -1;
     }
     FreeWindow(c, w);
+    if (call != nullptr) FinishIfAbandoned(c, call);
     return;
   }
   if (wc.wc_flags & IBV_WC_WITH_INV) {
@@ -763,7 +765,12 @@ void Worker::GrantWindows(Connection* c, uint32_t count, uint32_t size) {
          c->granted_bytes_ + class_size <= options_.grant_bytes_per_connection) {
     auto pooled = bulk_pool_->Allocate(size);
     if (!pooled.ok()) break;
-    BulkDescriptor d{Addr(pooled->data()), static_cast<uint32_t>(pooled->capacity()), 0};
+    // The whole class buffer, but never more than the negotiated maximum (which need not be a
+    // power of two): the peer refuses a grant above it.
+    BulkDescriptor d{Addr(pooled->data()),
+                     static_cast<uint32_t>(std::min<uint64_t>(pooled->capacity(),
+                                                              c->negotiated_.max_bulk_size())),
+                     0};
     if (unsafe) {
       d.rkey = bulk_pool_->unsafe_rkey();
       c->static_exposed_[d.addr] = std::move(*pooled);
@@ -775,7 +782,7 @@ void Worker::GrantWindows(Connection* c, uint32_t count, uint32_t size) {
       c->windows_[w].buffer = std::move(*pooled);
     }
     ++outstanding;
-    c->granted_bytes_ += d.length;
+    c->granted_bytes_ += class_size;  // given back as the buffer's capacity
     std::memcpy(descriptors + n * sizeof(d), &d, sizeof(d));
     ++n;
     Bump(c->counters_.windows_granted);
@@ -911,6 +918,9 @@ void Worker::HandleBulkOp(Connection* c, int32_t op, const ibv_wc& wc) {
           ClientCall* owner = PendingCall(c, win.request_id);
           if (owner != nullptr && owner->request_window_ == o.window) owner->request_window_ = -1;
           if (owner != nullptr && owner->reply_window_ == o.window) owner->reply_window_ = -1;
+          FreeWindow(c, o.window);
+          if (owner != nullptr) FinishIfAbandoned(c, owner);
+          return;
         }
       }
       FreeWindow(c, o.window);
@@ -998,6 +1008,27 @@ bool Worker::DeferIfReading(Connection* c, ClientCall* call, absl::Status status
   o.call = call;
   o.status = std::move(status);
   return true;
+}
+
+bool Worker::DeferIfExposing(Connection* c, ClientCall* call, absl::Status status) {
+  if (call->abandoned_) return true;  // given up on already
+  bool exposed = false;
+  for (int32_t w : {call->request_window_, call->reply_window_}) {
+    if (w >= 0 && c->windows_[w].state == Window::State::kExposed) exposed = true;
+  }
+  if (!exposed) return false;
+  call->abandoned_ = true;
+  call->abandoned_status_ = std::move(status);
+  call->deadline_ = absl::InfiniteFuture();
+  return true;
+}
+
+void Worker::FinishIfAbandoned(Connection* c, ClientCall* call) {
+  if (!call->abandoned_ || call->request_window_ >= 0 || call->reply_window_ >= 0) return;
+  // The server is done with our memory; a response still on its way finds no call.
+  ReleaseSlot(c, call->request_id_);
+  call->scratch_.Release();
+  CompleteLocally(call, absl::OkStatus());  // completes with the abandoned status
 }
 
 void Worker::SettleBulkOps(Connection* c) {

@@ -361,6 +361,115 @@ TEST(BulkNegotiation, UnsafeStaticRkeyNeedsTheServersOptIn) {
 // Downloads a peer leaves unacknowledged hold pool memory every connection of the worker shares:
 // past download_bytes_per_connection the server answers RESOURCE_EXHAUSTED instead of exposing
 // more, and an acknowledgement makes room again.
+TEST(BulkMirror, GivingUpWhileTheServerStillWritesTheReplyKeepsTheConnection) {
+  // Mirror mode: the reply window over `landing` is the server's to WRITE until it answers.
+  // A deadline passing meanwhile must not revoke it under the server (which would fail the
+  // server's WRITE, and with it the connection): the call ends once the server is done.
+  auto server = testing::SpawnServer(kServer, {});
+  ASSERT_TRUE(server.ok()) << server.status();
+  ChannelOptions options;
+  options.auth_token = "e2e";
+  options.bulk_mode = BulkMode::kMirror;
+  auto channel = Channel::Create(absl::StrCat("127.0.0.1:", server->second), options);
+  ASSERT_TRUE(channel.ok()) << channel.status();
+  auto landing = (*channel)->AllocateBulk(100000);
+  ASSERT_TRUE(landing.ok()) << landing.status();
+  // Bulk data with the request makes it a mirror call, with a reply window over `landing`.
+  auto attachment = (*channel)->AllocateBulk(8192);
+  ASSERT_TRUE(attachment.ok()) << attachment.status();
+  attachment->resize(8192);
+  CallOptions call_options;
+  call_options.timeout = absl::Milliseconds(50);
+  call_options.request_bulk = &*attachment;
+  call_options.response_bulk = &*landing;
+  std::string response;
+  absl::Status s =
+      CallRaw(**channel, Id("/test.E2E/SlowFill"), "400 100000", &response, call_options);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+  EXPECT_TRUE((*channel)->connected());
+  EXPECT_EQ((*channel)->LocalStats().windows_remote_invalidated(), 2u)
+      << "both windows ended by the server's SEND_WITH_INV, none revoked under it";
+  // A call that outlasts the first one's handler: had the server's WRITE failed, the
+  // connection would fail under it.
+  CallOptions again;
+  again.response_bulk = &*landing;
+  s = CallRaw(**channel, Id("/test.E2E/SlowFill"), "600 100000", &response, again);
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(response, "filled");
+  ExpectHealthy(**channel, 1);
+  ExpectFillsInto(**channel, "/test.E2E/Fill", *landing, {100000});
+  EXPECT_EQ(Stats(**channel).violations, 0u);
+}
+
+TEST(BulkWindows, UploadGrantsOfEverySizeLeaveWindowsForDownloads) {
+  // One upload of each size class collects window_credits (8) unused grants per class; eight
+  // downloads at once must still each get a window. Caller-driven: nothing reads (and so
+  // releases) a download until all eight have been answered.
+  auto server = testing::SpawnServer(kServer, {});
+  ASSERT_TRUE(server.ok()) << server.status();
+  ChannelOptions options;
+  options.auth_token = "e2e";
+  options.driver = ChannelOptions::Driver::kCaller;
+  auto channel = Channel::Create(absl::StrCat("127.0.0.1:", server->second), options);
+  ASSERT_TRUE(channel.ok()) << channel.status();
+  for (size_t size = 4096; size <= (1u << 20); size *= 2) {
+    auto data = (*channel)->AllocateBulk(size);
+    ASSERT_TRUE(data.ok()) << data.status();
+    data->resize(size);
+    CallOptions call_options;
+    call_options.request_bulk = &*data;
+    std::string response;
+    absl::Status s = CallRaw(**channel, Id("/test.E2E/Sum"), "", &response, call_options);
+    ASSERT_TRUE(s.ok()) << size << ": " << s;
+  }
+  constexpr int kDownloads = 8;
+  std::vector<ClientCall> calls(kDownloads);
+  std::vector<BulkBuffer> landings(kDownloads);
+  std::vector<std::string> responses(kDownloads);
+  const std::string request = "100000";
+  for (int i = 0; i < kDownloads; ++i) {
+    auto b = (*channel)->AllocateBulk(100000);
+    ASSERT_TRUE(b.ok()) << b.status();
+    landings[i] = std::move(*b);
+    CallOptions call_options;
+    call_options.response_bulk = &landings[i];
+    calls[i].SetMethod(Id("/test.E2E/Fill"));
+    calls[i].SetRequestBytes(request);
+    calls[i].SetResponseBytes(&responses[i]);
+    calls[i].SetOptions(call_options);
+    (*channel)->Start(&calls[i]);
+  }
+  for (int i = 0; i < kDownloads; ++i) {
+    ASSERT_TRUE(calls[i].Wait().ok()) << i << ": " << calls[i].status();
+    EXPECT_EQ(responses[i], "filled");
+    ASSERT_EQ(landings[i].size(), 100000u);
+    EXPECT_EQ(landings[i].data()[4242], testing::Pattern(4242));
+  }
+}
+
+TEST(BulkWindows, AMaximumBulkSizeThatIsNoPowerOfTwo) {
+  // 10 MiB: a 9 MiB upload falls in the 16 MiB size class, but its grant may not exceed 10 MiB.
+  auto server = testing::SpawnServer(kServer, {"--max_bulk_size=10485760"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  ChannelOptions options;
+  options.auth_token = "e2e";
+  auto channel = Channel::Create(absl::StrCat("127.0.0.1:", server->second), options);
+  ASSERT_TRUE(channel.ok()) << channel.status();
+  EXPECT_EQ((*channel)->negotiated().max_bulk_size(), 10485760u);
+  constexpr size_t kSize = 9 << 20;
+  auto data = (*channel)->AllocateBulk(kSize);
+  ASSERT_TRUE(data.ok()) << data.status();
+  data->resize(kSize);
+  for (size_t i = 0; i < kSize; ++i) data->data()[i] = static_cast<char>(i * 31);
+  CallOptions call_options;
+  call_options.request_bulk = &*data;
+  std::string response;
+  absl::Status s = CallRaw(**channel, Id("/test.E2E/Sum"), "", &response, call_options);
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(response, absl::StrCat(kSize, ":", Fnv(data->view())));
+  EXPECT_TRUE((*channel)->connected());
+}
+
 TEST(BulkLimits, UnacknowledgedDownloadsAreCappedPerConnection) {
   auto server = testing::SpawnServer(kServer, {"--download_bytes=262144"});
   ASSERT_TRUE(server.ok()) << server.status();

@@ -127,6 +127,11 @@ class ClientCall {
   int32_t request_window_ = -1;    // mirror mode: the window exposing the request
   int32_t reply_window_ = -1;      // mirror mode: the window exposing the response buffer
   int32_t read_op_ = -1;           // download: the RDMA READ into this call's buffer
+  // Mirror mode: the caller gave up (cancel, deadline) while the server may still use our
+  // windows. The call keeps its slot until the server is done with them (its ack and
+  // response, or the windows' lease), then completes with this status.
+  bool abandoned_ = false;
+  absl::Status abandoned_status_;
   internal::Worker* worker_ = nullptr;
   internal::Connection* connection_ = nullptr;
   uint64_t connection_id_ = 0;

@@ -115,7 +115,15 @@ void Connection::Configure(const control::Negotiated& negotiated, bool is_server
   peer_available_ = local_credits_;
   max_payload_ = negotiated.max_message_size();
   max_inline_ = is_server ? negotiated.server_max_inline() : negotiated.client_max_inline();
-  max_windows_ = 2 * std::max(peer_credits_, local_credits_) + negotiated.window_credits() + 4;
+  // Windows: two per call in flight either way (downloads, mirror requests and replies), plus
+  // unused upload grants, window_credits of them per size class the negotiated maximum spans
+  // (grants of one class must not leave none for downloads or for another class).
+  uint32_t classes = 1;
+  for (uint64_t size = BulkPool::kMinClass; size < negotiated.max_bulk_size(); size <<= 1) {
+    ++classes;
+  }
+  max_windows_ = 2 * std::max(peer_credits_, local_credits_) +
+                 negotiated.window_credits() * classes + 4;
   const uint32_t slots = std::bit_ceil<uint32_t>(std::max<uint32_t>(peer_credits_, 1));
   pending_.assign(slots, nullptr);
   generation_.assign(slots, 0);
@@ -323,6 +331,7 @@ void Worker::StartCall(uint64_t connection_id, ClientCall* call) {
   call->request_window_ = -1;
   call->reply_window_ = -1;
   call->read_op_ = -1;
+  call->abandoned_ = false;
   call->status_ = absl::OkStatus();
   call->cancel_requested_.store(false, std::memory_order_relaxed);
   call->notifier_.Reset();
@@ -512,6 +521,10 @@ void Worker::HandleItem(WorkItem& item) {
         if (c->pending_[slot] != item.call) continue;
         if (!still_wanted(item.call)) return;
         const uint64_t request_id = (uint64_t{c->generation_[slot]} << 32) | slot;
+        if (DeferIfExposing(c, item.call, absl::CancelledError("cancelled by the caller"))) {
+          SendControl(c, rpc_wire::kCancel, request_id);
+          return;
+        }
         ReleaseSlot(c, request_id);
         if (DeferIfReading(c, item.call, absl::CancelledError("cancelled by the caller"))) {
           return;  // the response is here already; only its READ is left
@@ -1299,6 +1312,10 @@ ClientCall* Worker::ReleaseSlot(Connection* c, uint64_t request_id) {
 }
 
 void Worker::CompleteLocally(ClientCall* call, absl::Status status) {
+  if (call->abandoned_) {  // whatever the server answered, the caller gave up first
+    call->abandoned_ = false;
+    status = std::move(call->abandoned_status_);
+  }
   call->connection_ = nullptr;
   call->Complete(std::move(status));
 }
@@ -1414,6 +1431,10 @@ void Worker::Timers(absl::Time now) {
         ClientCall* call = c->pending_[slot];
         if (call == nullptr || call->deadline_ > now) continue;
         const uint64_t request_id = (uint64_t{c->generation_[slot]} << 32) | slot;
+        if (DeferIfExposing(c, call, absl::DeadlineExceededError("deadline exceeded"))) {
+          SendControl(c, rpc_wire::kCancel, request_id);
+          continue;
+        }
         ReleaseSlot(c, request_id);
         if (DeferIfReading(c, call, absl::DeadlineExceededError("deadline exceeded"))) continue;
         SendControl(c, rpc_wire::kCancel, request_id);

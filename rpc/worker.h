@@ -462,6 +462,13 @@ class Worker {
   // A call that gave up (cancel, deadline) while an RDMA READ into its buffer is in flight:
   // it completes when the READ is done, never while the device may still write into it.
   bool DeferIfReading(Connection* c, ClientCall* call, absl::Status status);
+  // Mirror mode: a call given up on while the server may still READ its request window or
+  // WRITE its reply window. Revoking them now would fail the server's access and with it the
+  // connection; instead the call stays pending (no deadline) until the server's ack and
+  // response, or the windows' lease, end the exposure, and then completes with `status`.
+  bool DeferIfExposing(Connection* c, ClientCall* call, absl::Status status);
+  // Completes an abandoned call (above) once none of its windows is left.
+  void FinishIfAbandoned(Connection* c, ClientCall* call);
   // The QP is in ERR: calls waiting on bulk operations complete now.
   void SettleBulkOps(Connection* c);
   // Sends a message already written at `data` now, or parks it until a credit comes back.

@@ -7,6 +7,7 @@
 //   CallBack  (blocking) calls "test.Client/Ping" on the caller's side of the same connection
 //             and returns its answer (server-to-client calls)
 //   Fill      returns a bulk attachment of N bytes (N in the request) of a known pattern
+//   SlowFill  (blocking) "<ms> <N>": sleeps ms (ignoring cancellation), then does what Fill does
 //   Sum       returns "<bytes>:<FNV-1a hash>" of the request's bulk attachment
 //   BulkEcho  returns the request's bulk attachment as the response's, and the eager part
 //   Stats     returns "<exposed> <remote> <local> <lease_expired> <violations>" for this server
@@ -35,6 +36,7 @@ ABSL_FLAG(int, shutdown_ms, 3000, "graceful shutdown deadline");
 ABSL_FLAG(int, window_lease_ms, 5000, "bulk window lease");
 ABSL_FLAG(int, keepalive_ms, 1000, "keepalive interval");
 ABSL_FLAG(int, credits, 32, "receive credits per connection");
+ABSL_FLAG(int64_t, max_bulk_size, 16 << 20, "largest bulk transfer");
 ABSL_FLAG(int64_t, download_bytes, 64 << 20, "unacknowledged download bytes per connection");
 ABSL_FLAG(bool, allow_unsafe, false, "allow the unsafe static-rkey bulk mode");
 ABSL_FLAG(bool, no_local_fallback, false, "refuse clients without remote invalidation");
@@ -137,6 +139,21 @@ class E2E : public swirl::Service {
       out.Append("filled");
       return absl::OkStatus();
     });
+    AddRawMethod(
+        "SlowFill",
+        [](swirl::ServerContext& ctx, absl::string_view in, swirl::ResponseWriter& out) {
+          const size_t space = in.find(' ');
+          int ms = 0;
+          if (space == absl::string_view::npos || !absl::SimpleAtoi(in.substr(0, space), &ms)) {
+            return absl::InvalidArgumentError("SlowFill wants \"<ms> <size>\"");
+          }
+          absl::SleepFor(absl::Milliseconds(ms));
+          size_t n = 0;
+          if (auto s = FillAttachment(ctx, in.substr(space + 1), &n); !s.ok()) return s;
+          out.Append("filled");
+          return absl::OkStatus();
+        },
+        swirl::MethodOptions{swirl::Execution::kThreadPool, false});
     // The same two on the handler thread pool, whose results take another road to the wire.
     AddRawMethod("PoolEcho", Echo, swirl::MethodOptions{swirl::Execution::kThreadPool, false});
     AddRawMethod(
@@ -189,6 +206,7 @@ int main(int argc, char** argv) {
   options.max_connections_per_client = absl::GetFlag(FLAGS_max_per_client);
   options.keepalive = absl::Milliseconds(absl::GetFlag(FLAGS_keepalive_ms));
   options.credits = static_cast<uint32_t>(absl::GetFlag(FLAGS_credits));
+  options.max_bulk_size = static_cast<size_t>(absl::GetFlag(FLAGS_max_bulk_size));
   options.window_lease = absl::Milliseconds(absl::GetFlag(FLAGS_window_lease_ms));
   options.download_bytes_per_connection = static_cast<size_t>(absl::GetFlag(FLAGS_download_bytes));
   options.allow_unsafe_static_rkey_for_benchmarks = absl::GetFlag(FLAGS_allow_unsafe);
