@@ -304,7 +304,13 @@ bool Worker::SendBulkCall(Connection* c, ClientCall* call, size_t message_size,
     const BulkDescriptor g = c->grants_[grant];
     c->grants_.erase(c->grants_.begin() + grant);
     // The payload goes straight into the server's window; the request that follows seals it.
-    PostRdma(c, IBV_WR_RDMA_WRITE, *data, length, g.addr, g.rkey, -1);
+    // Tracked: a caller that gives up before the response gets its buffer back only once the
+    // WRITE is done reading it.
+    const int32_t op = NewOp(c);
+    c->ops_[op].kind = BulkOp::Kind::kUploadWrite;
+    c->ops_[op].call = call;
+    call->write_op_ = op;
+    PostRdma(c, IBV_WR_RDMA_WRITE, *data, length, g.addr, g.rkey, op);
     descriptor = {g.addr, length, g.rkey};
     if (mode == control::BULK_SERVER_EXPOSES && remote_invalidation(c)) invalidate = g.rkey;
   }
@@ -951,6 +957,13 @@ void Worker::HandleBulkOp(Connection* c, int32_t op, const ibv_wc& wc) {
       DispatchCall(c, in);
       return;
     }
+    case BulkOp::Kind::kUploadWrite:
+      if (o.call != nullptr) {
+        o.call->write_op_ = -1;
+        // The caller gave up meanwhile (its slot is gone): its buffer is free now.
+        if (o.cancelled) FinishCall(c, o.call, std::move(o.status));
+      }
+      return;
     case BulkOp::Kind::kHold:
     case BulkOp::Kind::kNone:
       return;
@@ -958,6 +971,12 @@ void Worker::HandleBulkOp(Connection* c, int32_t op, const ibv_wc& wc) {
 }
 
 void Worker::FinishCall(Connection* c, ClientCall* call, absl::Status status) {
+  if (call->write_op_ >= 0) {
+    // Answered (or failed) with its upload WRITE's completion not yet seen: the server placed
+    // the data before it saw the request, so the WRITE is done with the buffer.
+    c->ops_[call->write_op_].call = nullptr;
+    call->write_op_ = -1;
+  }
   if (c->state_.load(std::memory_order_relaxed) >= Connection::State::kClosing) {
     // The QP is in ERR: its windows are unusable, nothing waits on a revocation.
     call->scratch_.Release();
@@ -1002,8 +1021,9 @@ ClientCall* Worker::PendingCall(Connection* c, uint64_t request_id) const {
 }
 
 bool Worker::DeferIfReading(Connection* c, ClientCall* call, absl::Status status) {
-  if (call->read_op_ < 0) return false;
-  BulkOp& o = c->ops_[call->read_op_];
+  const int32_t op = call->read_op_ >= 0 ? call->read_op_ : call->write_op_;
+  if (op < 0) return false;
+  BulkOp& o = c->ops_[op];
   o.cancelled = true;
   o.call = call;
   o.status = std::move(status);
@@ -1040,6 +1060,7 @@ void Worker::SettleBulkOps(Connection* c) {
     ClientCall* call = o.call;
     const bool gave_up_slot = o.kind == BulkOp::Kind::kRevokeThenComplete || o.cancelled;
     if (o.kind == BulkOp::Kind::kDownloadRead) call->read_op_ = -1;
+    if (o.kind == BulkOp::Kind::kUploadWrite) call->write_op_ = -1;
     if (gave_up_slot) {
       bool seen = false;
       for (auto& [other, s] : settle) seen |= other == call;

@@ -470,6 +470,40 @@ TEST(BulkWindows, AMaximumBulkSizeThatIsNoPowerOfTwo) {
   EXPECT_TRUE((*channel)->connected());
 }
 
+TEST(BulkUpload, AGivenUpUploadReturnsItsBufferOnlyOnceTheWriteIsDone) {
+  // A 16 MiB upload whose deadline passes while its RDMA WRITE is still reading the buffer:
+  // the call may complete only once the WRITE is done, so that overwriting the buffer right
+  // after cannot change what the server receives.
+  auto server = testing::SpawnServer(kServer, {});
+  ASSERT_TRUE(server.ok()) << server.status();
+  ChannelOptions options;
+  options.auth_token = "e2e";
+  options.driver = ChannelOptions::Driver::kCaller;
+  auto channel = Channel::Create(absl::StrCat("127.0.0.1:", server->second), options);
+  ASSERT_TRUE(channel.ok()) << channel.status();
+  constexpr size_t kSize = 16 << 20;
+  auto data = (*channel)->AllocateBulk(kSize);
+  ASSERT_TRUE(data.ok()) << data.status();
+  data->resize(kSize);
+  for (size_t i = 0; i < kSize; ++i) data->data()[i] = static_cast<char>(i * 7 + 1);
+  const std::string expected = absl::StrCat(kSize, ":", Fnv(data->view()));
+  CallOptions call_options;
+  call_options.request_bulk = &*data;
+  call_options.timeout = absl::Milliseconds(1);
+  std::string response;
+  absl::Status s = CallRaw(**channel, Id("/test.E2E/Sum"), "", &response, call_options);
+  ASSERT_FALSE(s.ok()) << "finished within 1 ms: nothing was tested";
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+  std::memset(data->data(), 0, kSize);  // the caller's buffer is its own again
+  // The server saw the whole upload as it was when the call started.
+  std::string last;
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (last != expected && absl::Now() < deadline) {
+    ASSERT_TRUE(CallRaw(**channel, Id("/test.E2E/LastSum"), "", &last, {}).ok());
+  }
+  EXPECT_EQ(last, expected);
+}
+
 TEST(BulkLimits, UnacknowledgedDownloadsAreCappedPerConnection) {
   auto server = testing::SpawnServer(kServer, {"--download_bytes=262144"});
   ASSERT_TRUE(server.ok()) << server.status();

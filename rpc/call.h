@@ -127,6 +127,7 @@ class ClientCall {
   int32_t request_window_ = -1;    // mirror mode: the window exposing the request
   int32_t reply_window_ = -1;      // mirror mode: the window exposing the response buffer
   int32_t read_op_ = -1;           // download: the RDMA READ into this call's buffer
+  int32_t write_op_ = -1;          // upload: the RDMA WRITE from this call's buffer
   // Mirror mode: the caller gave up (cancel, deadline) while the server may still use our
   // windows. The call keeps its slot until the server is done with them (its ack and
   // response, or the windows' lease), then completes with this status.

@@ -331,6 +331,7 @@ void Worker::StartCall(uint64_t connection_id, ClientCall* call) {
   call->request_window_ = -1;
   call->reply_window_ = -1;
   call->read_op_ = -1;
+  call->write_op_ = -1;
   call->abandoned_ = false;
   call->status_ = absl::OkStatus();
   call->cancel_requested_.store(false, std::memory_order_relaxed);
@@ -526,8 +527,12 @@ void Worker::HandleItem(WorkItem& item) {
           return;
         }
         ReleaseSlot(c, request_id);
+        const bool uploading = item.call->write_op_ >= 0;
         if (DeferIfReading(c, item.call, absl::CancelledError("cancelled by the caller"))) {
-          return;  // the response is here already; only its READ is left
+          // A download's response is here already, only its READ is left; an upload's
+          // request may be still to be answered, and the server can stop early.
+          if (uploading) SendControl(c, rpc_wire::kCancel, request_id);
+          return;
         }
         SendControl(c, rpc_wire::kCancel, request_id);
         FinishCall(c, item.call, absl::CancelledError("cancelled by the caller"));
@@ -1436,7 +1441,11 @@ void Worker::Timers(absl::Time now) {
           continue;
         }
         ReleaseSlot(c, request_id);
-        if (DeferIfReading(c, call, absl::DeadlineExceededError("deadline exceeded"))) continue;
+        const bool uploading = call->write_op_ >= 0;
+        if (DeferIfReading(c, call, absl::DeadlineExceededError("deadline exceeded"))) {
+          if (uploading) SendControl(c, rpc_wire::kCancel, request_id);
+          continue;
+        }
         SendControl(c, rpc_wire::kCancel, request_id);
         FinishCall(c, call, absl::DeadlineExceededError("deadline exceeded"));
       }

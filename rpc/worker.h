@@ -219,6 +219,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
       kRevokeThenDispatch,  // server: LOCAL_INV of an upload window, then dispatch (fallback)
       kRevokeThenComplete,  // client: LOCAL_INV of a mirror reply window, then complete
       kHold,            // keep `buffer` until this WR is done (RDMA WRITE source)
+      kUploadWrite,     // client: RDMA WRITE of an upload, reading the caller's buffer
     } kind = Kind::kNone;
     ClientCall* call = nullptr;
     uint64_t request_id = 0;
@@ -234,7 +235,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
     uint32_t peer_rkey = 0;  // kMirrorRead: the caller's window to invalidate afterwards
     absl::Status status;     // kRevokeThenComplete, cancelled kDownloadRead: how the call ends
     bool admitted = false;   // the request arrived before a drain began (Incoming::admitted)
-    bool cancelled = false;  // kDownloadRead: the caller gave up; finish when the READ is done
+    bool cancelled = false;  // kDownloadRead, kUploadWrite: the caller gave up; finish when the
+                             // READ or WRITE is done with its buffer
   };
 
  private:
@@ -459,8 +461,9 @@ class Worker {
   void FinishCall(Connection* c, ClientCall* call, absl::Status status);
   // The call waiting for `request_id` (the slot stays taken), or nullptr.
   ClientCall* PendingCall(Connection* c, uint64_t request_id) const;
-  // A call that gave up (cancel, deadline) while an RDMA READ into its buffer is in flight:
-  // it completes when the READ is done, never while the device may still write into it.
+  // A call that gave up (cancel, deadline) while an RDMA READ into its buffer (download) or an
+  // RDMA WRITE from it (upload) is in flight: it completes when that is done, never while the
+  // device may still use the buffer.
   bool DeferIfReading(Connection* c, ClientCall* call, absl::Status status);
   // Mirror mode: a call given up on while the server may still READ its request window or
   // WRITE its reply window. Revoking them now would fail the server's access and with it the

@@ -9,6 +9,7 @@
 //   Fill      returns a bulk attachment of N bytes (N in the request) of a known pattern
 //   SlowFill  (blocking) "<ms> <N>": sleeps ms (ignoring cancellation), then does what Fill does
 //   Sum       returns "<bytes>:<FNV-1a hash>" of the request's bulk attachment
+//   LastSum   returns what the last Sum computed
 //   BulkEcho  returns the request's bulk attachment as the response's, and the eager part
 //   Stats     returns "<exposed> <remote> <local> <lease_expired> <violations>" for this server
 // Prints nothing; writes its port to --port_file. SIGTERM: graceful shutdown, exit 0.
@@ -24,6 +25,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "base/mutex.h"
 #include "rpc/server.h"
 #include "rpc/service.h"
 #include "rpc/testing/test_data.h"
@@ -50,6 +52,9 @@ std::atomic<int> g_cancelled{0};
 std::atomic<bool> g_gate_open{false};
 std::atomic<int> g_gate_passed{0};
 swirl::Server* g_server = nullptr;
+// What the last Sum saw (even when its caller had given up by then).
+swirl::Mutex g_last_sum_mu;
+std::string g_last_sum ABSL_GUARDED_BY(g_last_sum_mu);
 
 using swirl::testing::Fnv;
 using swirl::testing::Pattern;
@@ -170,7 +175,18 @@ class E2E : public swirl::Service {
                            swirl::ResponseWriter& out) {
       swirl::BulkBuffer* in = ctx.request_bulk();
       if (in == nullptr) return absl::InvalidArgumentError("Sum wants bulk data");
-      out.Append(absl::StrCat(in->size(), ":", Fnv(in->view())));
+      std::string sum = absl::StrCat(in->size(), ":", Fnv(in->view()));
+      {
+        swirl::MutexLock lock(&g_last_sum_mu);
+        g_last_sum = sum;
+      }
+      out.Append(sum);
+      return absl::OkStatus();
+    });
+    AddRawMethod("LastSum", [](swirl::ServerContext&, absl::string_view,
+                               swirl::ResponseWriter& out) {
+      swirl::MutexLock lock(&g_last_sum_mu);
+      out.Append(g_last_sum);
       return absl::OkStatus();
     });
     AddRawMethod("BulkEcho", [](swirl::ServerContext& ctx, absl::string_view eager,
