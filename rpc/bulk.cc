@@ -632,10 +632,14 @@ void Worker::HandleBulkResponse(Connection* c, const MessageHeader& h, const cha
         FinishCall(c, call, absl::DataLossError("the server did not revoke our reply window"));
         return BulkViolation(c, "mirror response did not invalidate the reply window");
       }
-      Bump(c->counters_.windows_remote_invalidated);
-      Bump(totals_.windows_remote_invalidated);
-      FreeWindow(c, call->reply_window_);
-      call->reply_window_ = -1;
+      if (win.state == Window::State::kExposed) {
+        Bump(c->counters_.windows_remote_invalidated);
+        Bump(totals_.windows_remote_invalidated);
+        FreeWindow(c, call->reply_window_);
+        call->reply_window_ = -1;
+      }
+      // Otherwise our own revocation (its lease ran out) is under way: the window is freed,
+      // once, when it completes, and FinishCall completes the call behind it.
     }
     FinishCall(c, call, std::move(status));
     return;
@@ -648,7 +652,11 @@ void Worker::HandleBulkResponse(Connection* c, const MessageHeader& h, const cha
   }
   BulkBuffer* dest;
   if (is_message) {
-    dest = &call->scratch_;
+    // Not into `scratch_`: in mirror mode it may hold the request, exposed through a window
+    // until the server's ack is handled (and a malicious server may never send one), so it
+    // is neither overwritten nor given back to the pool here. A message response has no
+    // attachment, so the call's own attachment buffer is free to hold it.
+    dest = &call->owned_response_bulk_;
   } else if (call->response_bulk_ != nullptr && *call->response_bulk_) {
     dest = call->response_bulk_;
   } else {
@@ -869,6 +877,7 @@ void Worker::HandleBulkOp(Connection* c, int32_t op, const ibv_wc& wc) {
       if (o.cancelled) {
         // The caller gave up while the READ was writing into its buffer; now it may have it.
         o.call->read_op_ = -1;
+        if (o.header.aux & rpc_wire::kAuxBulkIsMessage) o.call->owned_response_bulk_.Release();
         FinishCall(c, o.call, std::move(o.status));
         return;
       }
@@ -882,14 +891,15 @@ void Worker::HandleBulkOp(Connection* c, int32_t op, const ibv_wc& wc) {
       Bump(c->counters_.responses_received);
       absl::Status status;
       const bool is_message = (o.header.aux & rpc_wire::kAuxBulkIsMessage) != 0;
-      absl::string_view message = is_message ? call->scratch_.view() : absl::string_view(o.eager);
+      absl::string_view message =
+          is_message ? call->owned_response_bulk_.view() : absl::string_view(o.eager);
       if (call->response_ != nullptr &&
           !call->response_->ParseFromArray(message.data(), static_cast<int>(message.size()))) {
         status = absl::DataLossError("response does not parse");
       } else if (call->response_bytes_ != nullptr) {
         call->response_bytes_->assign(message.data(), message.size());
       }
-      if (is_message) call->scratch_.Release();
+      if (is_message) call->owned_response_bulk_.Release();
       FinishCall(c, call, std::move(status));
       return;
     }
