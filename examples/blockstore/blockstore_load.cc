@@ -26,6 +26,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -75,7 +76,12 @@ namespace bs = swirl::blockstore;
 
 constexpr uint64_t kUnknown = UINT64_MAX;  // expected generation of a block whose write failed
 
-int64_t NowNs() { return absl::GetCurrentTimeNanos(); }
+// Monotonic: a step of the system clock must not make a latency negative or move --runtime.
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
 
 // The human-readable report: stdout, or stderr when stdout carries --json.
 FILE* g_text = stdout;
@@ -86,7 +92,8 @@ struct Slot {
   bs::ReadResponse read_response;
   bs::WriteRequest write_request;
   bs::WriteResponse write_response;
-  swirl::BulkBuffer buffer;
+  swirl::BulkBuffer buffer;        // reads land here
+  swirl::BulkBuffer write_buffer;  // writes leave from here (never a block just read)
   bool in_flight = false;
   bool is_read = false;
   uint64_t block = 0;
@@ -139,13 +146,18 @@ class Load {
       auto buffer = channel.AllocateBulk(config_.bs);
       if (!buffer.ok()) return buffer.status();
       slot->buffer = std::move(*buffer);
+      auto write_buffer = channel.AllocateBulk(config_.bs);
+      if (!write_buffer.ok()) return write_buffer.status();
+      slot->write_buffer = std::move(*write_buffer);
       slot->read_request.set_volume(config_.volume);
       slot->read_request.set_length(config_.bs);
       slot->write_request.set_volume(config_.volume);
       slot->write_request.set_length(config_.bs);
-      // Without --verify writes send what the buffer holds now: random bytes, deliberately not
-      // pattern sectors (a later --verify run would take those for misplaced data).
-      FillRandom(slot->buffer.data(), config_.bs);
+      // Without --verify writes send random bytes, deliberately not pattern sectors (a later
+      // --verify run would take those for misplaced data). Reads land in the other buffer, so
+      // a block just read (which may hold pattern sectors) is never written elsewhere.
+      FillRandom(slot->write_buffer.data(), config_.bs);
+      slot->write_buffer.resize(config_.bs);
       slot->buffer.resize(config_.bs);
       slots_.push_back(std::move(slot));
     }
@@ -182,6 +194,34 @@ class Load {
     }
     end_ns_ = NowNs();
   }
+
+  // --verify: reads back every block this run wrote, after it (as fio's verify does), so that
+  // writes are checked against the volume even when the run itself read none of them back.
+  // Not timed, not in the totals.
+  void ReadBack() {
+    if (!config_.verify || connection_lost_ || slots_.empty()) return;
+    Slot& s = *slots_.front();
+    for (uint64_t block = 0; block < blocks_ && !connection_lost_; ++block) {
+      if (expected_[block] == 0 || expected_[block] == kUnknown) continue;
+      s.is_read = true;
+      s.block = block;
+      s.read_request.set_offset(block * config_.bs);
+      s.in_flight = true;
+      Start(s);
+      while (!s.done.load(std::memory_order_acquire)) channel_->Poll();
+      s.in_flight = false;
+      if (!s.call.status().ok()) {
+        VerifyFailure(absl::StrFormat("read-back of offset %u: %s", block * config_.bs,
+                                      s.call.status().ToString()));
+        if (!channel_->connected()) connection_lost_ = true;
+        continue;
+      }
+      const uint64_t failures = verify_failures_;
+      VerifyRead(s);
+      if (verify_failures_ == failures) ++read_back_;
+    }
+  }
+  uint64_t read_back() const { return read_back_; }
 
   double elapsed_s() const { return static_cast<double>(end_ns_ - start_ns_) / 1e9; }
   const Totals& reads() const { return reads_; }
@@ -226,20 +266,19 @@ class Load {
     s.block = PickBlock();
     const uint64_t offset = s.block * config_.bs;
     s.in_flight = true;
-    s.start_ns = NowNs();
     if (s.is_read) {
       s.read_request.set_offset(offset);
     } else {
-      s.buffer.resize(config_.bs);
       s.write_request.set_offset(offset);
       if (config_.verify) {
         s.generation = ++generation_;
-        bs::FillPattern(s.buffer.data(), offset, config_.bs, s.generation, run_id_);
-        s.crc = bs::Crc32c(s.buffer.data(), config_.bs);
+        bs::FillPattern(s.write_buffer.data(), offset, config_.bs, s.generation, run_id_);
+        s.crc = bs::Crc32c(s.write_buffer.data(), config_.bs);
         s.write_request.set_has_crc32c(true);
         s.write_request.set_crc32c(s.crc);
       }
     }
+    s.start_ns = NowNs();  // the I/O's latency, not the time to make its data
     Start(s);
   }
 
@@ -262,7 +301,7 @@ class Load {
       }
       return;
     }
-    options.request_bulk = &s.buffer;
+    options.request_bulk = &s.write_buffer;
     if (blocking_) {
       stub_.AsyncWriteBlocking(&s.call, s.write_request, &s.write_response, options);
     } else {
@@ -309,6 +348,12 @@ class Load {
       expected_[s.block] = s.generation;
       return;
     }
+    VerifyRead(s);
+  }
+
+  // Checks the data a read of slot `s` brought against what this run wrote there.
+  void VerifyRead(Slot& s) {
+    const uint64_t offset = s.block * config_.bs;
     if (s.buffer.size() != config_.bs || s.read_response.length() != config_.bs) {
       VerifyFailure(absl::StrFormat("read at offset %u: received %u bytes (response says %u)",
                                     offset, s.buffer.size(), s.read_response.length()));
@@ -355,6 +400,7 @@ class Load {
   uint64_t errors_ = 0;
   uint64_t verify_failures_ = 0;
   uint64_t verified_reads_ = 0;
+  uint64_t read_back_ = 0;
   uint64_t sectors_matched_ = 0;
   uint64_t sectors_unverifiable_ = 0;
   uint64_t sectors_consistent_ = 0;
@@ -462,6 +508,8 @@ int main(int argc, char** argv) {
   options.device = absl::GetFlag(FLAGS_device);
   options.driver = swirl::ChannelOptions::Driver::kCaller;
   options.local_invalidation_only = config.local_invalidation_only;
+  // Room for --iodepth responses (and a credit message) from the server at once.
+  options.credits = std::max<uint32_t>(32, static_cast<uint32_t>(config.iodepth) + 2);
   // One --bs buffer per slot, plus room for the library's own (mirror mode, large messages).
   size_t class_bytes = bs::kBlockSize;
   while (class_bytes < config.bs) class_bytes <<= 1;
@@ -492,6 +540,14 @@ int main(int argc, char** argv) {
 
   if (absl::GetFlag(FLAGS_json)) g_text = stderr;
   const swirl::control::Negotiated& negotiated = (*channel)->negotiated();
+  // A request keeps one credit back for returning credits: credits - 1 calls can be in flight.
+  // Beyond that they would wait in the client's queue with their latency clocks running.
+  if (static_cast<uint32_t>(config.iodepth) + 1 > negotiated.client_credits()) {
+    return Usage(absl::StrFormat(
+        "--iodepth=%d needs %d credits; the server grants %u per connection (start "
+        "blockstore_server with --credits=%d or more)",
+        config.iodepth, config.iodepth + 1, negotiated.client_credits(), config.iodepth + 1));
+  }
   const std::string invalidation = swirl::control::InvalidationMode_Name(negotiated.invalidation());
   const std::string bulk_mode = swirl::control::BulkMode_Name(negotiated.bulk_mode());
   std::fprintf(g_text,
@@ -517,6 +573,7 @@ int main(int argc, char** argv) {
     return 3;
   }
   load.Run();
+  load.ReadBack();
   const swirl::control::ConnectionStats mine = (*channel)->LocalStats();
   // The server's view of this connection (its windows: downloads it exposed, grants it made).
   // Windows of the last I/Os may still be being revoked (the fallback's LOCAL_INV completes
@@ -553,10 +610,12 @@ int main(int argc, char** argv) {
                static_cast<unsigned long long>(load.errors()),
                static_cast<unsigned long long>(load.verify_failures()),
                config.verify
-                   ? absl::StrFormat(" (verified: %u reads of blocks written in this run, %u "
+                   ? absl::StrFormat(" (verified: %u reads of blocks written in this run, of "
+                                     "which %u read back after it, %u "
                                      "sectors byte for byte; %u sectors of other runs intact; %u "
                                      "sectors unverifiable)",
-                                     load.verified_reads(), load.sectors_matched(),
+                                     load.verified_reads(), load.read_back(),
+                                     load.sectors_matched(),
                                      load.sectors_consistent(), load.sectors_unverifiable())
                          .c_str()
                    : " (not verifying)");
@@ -589,7 +648,7 @@ int main(int argc, char** argv) {
         "\"%s\", \"credits\": %u, \"window_credits\": %u, \"eager_threshold\": %u, "
         "\"max_bulk_size\": %u},\n"
         " \"elapsed_s\": %.6f,\n \"read\": %s,\n \"write\": %s,\n \"total\": %s,\n"
-        " \"errors\": %u, \"verify_failures\": %u, \"verified_reads\": %u, "
+        " \"errors\": %u, \"verify_failures\": %u, \"verified_reads\": %u, \"read_back\": %u, "
         "\"sectors_matched\": %u, \"sectors_consistent\": %u, \"sectors_unverifiable\": %u,\n"
         " \"client_windows\": %s,\n \"server_windows\": %s}\n",
         config.volume, config.rw, config.rwmixread, config.bs, config.iodepth, config.runtime,
@@ -599,7 +658,7 @@ int main(int argc, char** argv) {
         negotiated.client_credits(), negotiated.window_credits(), negotiated.eager_threshold(),
         negotiated.max_bulk_size(), seconds, JsonTotals(load.reads(), seconds),
         JsonTotals(load.writes(), seconds), JsonTotals(total, seconds), load.errors(),
-        load.verify_failures(), load.verified_reads(), load.sectors_matched(),
+        load.verify_failures(), load.verified_reads(), load.read_back(), load.sectors_matched(),
         load.sectors_consistent(), load.sectors_unverifiable(), json_windows(mine),
         have_theirs ? json_windows(theirs) : std::string("null"));
     std::fflush(stdout);

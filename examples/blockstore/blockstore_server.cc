@@ -39,6 +39,8 @@ ABSL_FLAG(std::string, port_file, "", "write the chosen port here once listening
 ABSL_FLAG(std::vector<std::string>, volume, {},
           "name:size[:path]; repeatable, or comma separated (no path: in memory)");
 ABSL_FLAG(int, handler_threads, 4, "threads for ReadBlocking/WriteBlocking (file-backed volumes)");
+ABSL_FLAG(int, credits, 64,
+          "receive buffers per connection: a client may have credits - 1 calls in flight");
 ABSL_FLAG(int, bulk_pool_mb, 128, "registered memory for bulk data, per worker (MiB)");
 ABSL_FLAG(int, window_credits, 8,
           "upload windows granted ahead of need per connection and size class (the negotiated "
@@ -91,6 +93,7 @@ int main(int argc, char** argv) {
   options.auth_token = absl::GetFlag(FLAGS_token);
   options.device = absl::GetFlag(FLAGS_device);
   options.handler_threads = absl::GetFlag(FLAGS_handler_threads);
+  options.credits = static_cast<uint32_t>(absl::GetFlag(FLAGS_credits));
   options.bulk_pool_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_bulk_pool_mb)) << 20;
   if (absl::GetFlag(FLAGS_window_credits) < 1) {
     std::fprintf(stderr, "blockstore_server: --window_credits >= 1\n");
@@ -156,6 +159,8 @@ int main(int argc, char** argv) {
   std::printf("blockstore_server: %s, shutting down\n", signal == SIGINT ? "SIGINT" : "SIGTERM");
   std::fflush(stdout);
 
+  // The engine's totals go with its workers at shutdown, so they are read first; the volumes'
+  // counters below are read after the drain and include the calls it let finish.
   swirl::control::StatsResponse stats = server.Stats();
   server.Shutdown(absl::Milliseconds(absl::GetFlag(FLAGS_shutdown_ms)));
   int rc = 0;
@@ -182,7 +187,8 @@ int main(int argc, char** argv) {
   uint64_t granted = 0;
   for (const auto& c : stats.connections()) granted += c.windows_granted();
   std::printf(
-      "blockstore_server: served %llu requests on %llu connections (%llu refused): "
+      "blockstore_server: served %llu requests (before the drain) on %llu connections (%llu "
+      "refused): "
       "%llu reads (%llu bytes), %llu writes (%llu bytes), %llu errors, %llu protocol "
       "errors\n",
       static_cast<unsigned long long>(s.requests()),

@@ -4,6 +4,7 @@
 #ifndef SWIRL_EXAMPLES_BLOCKSTORE_HISTOGRAM_H_
 #define SWIRL_EXAMPLES_BLOCKSTORE_HISTOGRAM_H_
 
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -35,7 +36,8 @@ class LatencyHistogram {
   // The value at quantile q in [0, 1] (the nearest-rank sample's bucket midpoint, capped at max).
   uint64_t Percentile(double q) const {
     if (count_ == 0) return 0;
-    uint64_t rank = static_cast<uint64_t>(q * static_cast<double>(count_) + 0.5);
+    // Nearest rank: the smallest rank whose share reaches q (ceil(q * n)).
+    uint64_t rank = static_cast<uint64_t>(std::ceil(q * static_cast<double>(count_)));
     if (rank < 1) rank = 1;
     if (rank >= count_) return max_;
     uint64_t seen = 0;
