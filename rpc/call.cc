@@ -1,5 +1,8 @@
 #include "rpc/call.h"
 
+#include <cstdlib>
+
+#include "base/log.h"
 #include "google/protobuf/message_lite.h"
 #include "rpc/worker.h"
 
@@ -33,6 +36,13 @@ void ClientCall::Complete(absl::Status status) {
 bool ClientCall::done() const { return notifier_.HasBeenNotified(); }
 
 absl::Status ClientCall::Wait() {
+  if (worker_ != nullptr && !notifier_.HasBeenNotified() && worker_->OnLoopThread()) {
+    // Waiting here would wait for this very thread to make progress: a hang, silent and
+    // permanent, under backpressure or always. A programming error, reported as one.
+    SWIRL_LOG(ERROR, "ClientCall::Wait() on the thread running its worker's loop (from a "
+                     "handler or callback): it could never complete; use an asynchronous call");
+    std::abort();
+  }
   if (worker_ != nullptr && worker_->caller_driven()) {
     while (!notifier_.HasBeenNotified()) worker_->TryDrive();
   } else {
@@ -57,6 +67,26 @@ absl::Status CallUnary(CallTarget& target, uint32_t method_id,
   call.SetOptions(options);
   target.Start(&call);
   return call.Wait();
+}
+
+absl::Status CallOneWay(CallTarget& target, uint32_t method_id,
+                        std::unique_ptr<const google::protobuf::MessageLite> request,
+                        const CallOptions& options) {
+  // Shared by this function and the completion callback; whichever lets go last frees it.
+  // (ClientCall::Complete touches nothing of the call once the callback runs.)
+  struct State {
+    std::unique_ptr<const google::protobuf::MessageLite> request;
+    ClientCall call;
+  };
+  auto state = std::make_shared<State>();
+  state->request = std::move(request);
+  state->call.SetMethod(method_id);
+  state->call.SetRequest(state->request.get());
+  state->call.SetOneWay(true);
+  state->call.SetOptions(options);
+  state->call.SetCallback([state](absl::Status) mutable { state.reset(); });
+  target.Start(&state->call);
+  return state->call.done() ? state->call.status() : absl::OkStatus();
 }
 
 absl::Status CallRaw(CallTarget& target, uint32_t method_id, absl::string_view request,

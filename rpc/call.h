@@ -63,7 +63,10 @@ class ClientCall {
   ClientCall& operator=(const ClientCall&) = delete;
 
   // Blocks until the call completes and returns its status. On a caller-driven channel the
-  // waiting thread drives the connection's worker meanwhile.
+  // waiting thread drives the connection's worker meanwhile. Must not be called (nor may a
+  // call still in flight be destroyed) on the thread running that worker's loop, i.e. from a
+  // handler or callback of the same worker: the call could never complete, so the process
+  // aborts with a message rather than hang. Use the asynchronous forms there.
   absl::Status Wait();
   bool done() const;
   // Valid once done().
@@ -153,13 +156,18 @@ class CallTarget {
 template <typename Response>
 class Future {
  public:
-  Future() = default;
-  // Blocks until the call completes.
-  absl::Status Wait() { return state_->call.Wait(); }
-  bool ready() const { return state_->call.done(); }
-  // The response; valid after Wait() returned OK.
+  Future() = default;  // empty (no call): for assigning one later
+  // Blocks until the call completes (FAILED_PRECONDITION for an empty future).
+  absl::Status Wait() {
+    if (state_ == nullptr) return absl::FailedPreconditionError("an empty Future has no call");
+    return state_->call.Wait();
+  }
+  bool ready() const { return state_ != nullptr && state_->call.done(); }
+  // The response; valid after Wait() returned OK (so never for an empty future).
   Response& value() { return state_->response; }
-  void Cancel() { state_->call.Cancel(); }
+  void Cancel() {
+    if (state_ != nullptr) state_->call.Cancel();
+  }
 
   // For stubs. The future owns a copy of the request, so callers may pass temporaries.
   struct State {
@@ -180,6 +188,14 @@ absl::Status CallUnary(CallTarget& target, uint32_t method_id,
                        google::protobuf::MessageLite* response, const CallOptions& options);
 absl::Status CallRaw(CallTarget& target, uint32_t method_id, absl::string_view request,
                      std::string* response, const CallOptions& options);
+// A one-way message that never waits: safe from a handler or a callback on the connection's
+// own worker thread (ServerContext::caller()), where waiting would wait for itself. The call
+// owns `request` until the message is sent. Returns the call's status if it settled during
+// this function (sent, or refused: UNAVAILABLE, RESOURCE_EXHAUSTED), else OK (it is queued
+// behind credits and goes out, or fails, later).
+absl::Status CallOneWay(CallTarget& target, uint32_t method_id,
+                        std::unique_ptr<const google::protobuf::MessageLite> request,
+                        const CallOptions& options);
 
 }  // namespace swirl
 

@@ -247,6 +247,44 @@ TEST_F(E2ETest, ServerCallsTheClientBackOverTheSameConnection) {
   EXPECT_EQ(response, "pong:hi");
 }
 
+TEST_F(E2ETest, AHandlerSendsOneWayMessagesBeyondItsCreditsWithoutWaiting) {
+  // NotifyBack runs on the server's worker and sends 200 one-way messages back over the same
+  // connection: more than its credits, so most wait behind them. Waiting for any of them on
+  // the worker's own thread would wait forever; CallOneWay queues them and returns.
+  class ClientService : public Service {
+   public:
+    ClientService() : Service("test.Client") {
+      AddRawMethod(
+          "Note",
+          [this](ServerContext&, absl::string_view in, ResponseWriter&) {
+            control::DisconnectRequest note;
+            if (note.ParseFromArray(in.data(), static_cast<int>(in.size())) &&
+                note.connection_id() == static_cast<uint64_t>(received.load())) {
+              received.fetch_add(1);
+            }
+            return absl::OkStatus();
+          },
+          MethodOptions{Execution::kWorker, /*one_way=*/true});
+    }
+    std::atomic<int> received{0};
+  } client_service;
+  ChannelOptions options;
+  options.services = {&client_service};
+  auto channel = Connect(port_, "e2e", options);
+  ASSERT_TRUE(channel.ok()) << channel.status();
+  std::string response;
+  absl::Status s = CallRaw(**channel, Id("/test.E2E/NotifyBack"), "200", &response,
+                           CallOptions{absl::Seconds(10)});
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(response, "sent");
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (client_service.received.load() < 200 && absl::Now() < deadline) {
+    std::this_thread::yield();
+  }
+  EXPECT_EQ(client_service.received.load(), 200) << "all in order, none lost";
+  EXPECT_EQ(Echo(**channel, "after"), "after");
+}
+
 TEST_F(E2ETest, AuthenticationFailuresAreRefusedBeforeAnyQueuePair) {
   auto before = Stats(port_);
   ASSERT_TRUE(before.ok()) << before.status();

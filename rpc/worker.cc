@@ -80,13 +80,19 @@ class StringWriter final : public ResponseWriter {
 // ---- MethodTable -------------------------------------------------------------------------------
 
 absl::Status MethodTable::Add(const Service& service) {
+  // All or nothing: a service refused leaves nothing of itself behind (its caller may well
+  // destroy it after the error).
+  absl::flat_hash_map<uint32_t, const Service::Method*> added;
   for (const auto& m : service.methods()) {
-    auto [it, inserted] = methods_.emplace(m->id, m.get());
-    if (!inserted) {
+    auto existing = methods_.find(m->id);
+    const Service::Method* other = existing != methods_.end() ? existing->second : nullptr;
+    if (auto [it, inserted] = added.emplace(m->id, m.get()); !inserted) other = it->second;
+    if (other != nullptr) {
       return absl::AlreadyExistsError(absl::StrCat("method ", m->full_name, " collides with ",
-                                                   it->second->full_name, " (same id)"));
+                                                   other->full_name, " (same id)"));
     }
   }
+  methods_.insert(added.begin(), added.end());
   return absl::OkStatus();
 }
 
@@ -391,6 +397,8 @@ void Worker::Submit(WorkItem item) {
 }
 
 // ---- The loop ----------------------------------------------------------------------------------
+
+bool Worker::OnLoopThread() const { return t_driving == this; }
 
 bool Worker::TryDrive() {
   if (!driver_.try_lock()) return false;
@@ -752,6 +760,7 @@ void Worker::DispatchCall(Connection* c, Incoming& in) {
     method = c->methods_ ? c->methods_->Find(h.method_id) : nullptr;
     c->last_method_id_ = h.method_id;
     c->last_method_ = method;
+    c->last_invoker_ = nullptr;
   }
   if (method == nullptr) {
     if (!one_way) {
@@ -774,12 +783,13 @@ void Worker::DispatchCall(Connection* c, Incoming& in) {
     RunOnPool(c, in, method);
     return;
   }
-  Service::Invoker* invoker = last_invoker_;
-  if (method != last_method_) {
-    std::unique_ptr<Service::Invoker>& slot = invokers_[method];
+  // Invokers are the connection's: its method table (and so `method`) outlives it, which a
+  // worker shared by channels that come and go could not say of a cache of its own.
+  Service::Invoker* invoker = c->last_invoker_;
+  if (invoker == nullptr) {
+    std::unique_ptr<Service::Invoker>& slot = c->invokers_[method];
     if (slot == nullptr) slot = const_cast<Service::Method*>(method)->new_invoker();
-    invoker = last_invoker_ = slot.get();
-    last_method_ = method;
+    invoker = c->last_invoker_ = slot.get();
   }
   // A message carried in bulk is parsed straight out of registered memory.
   const bool message_in_bulk = (h.aux & rpc_wire::kAuxBulkIsMessage) != 0;

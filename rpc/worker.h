@@ -122,7 +122,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
   const MethodTable* methods_;
   // Most requests repeat the previous method: that lookup, checked first (worker only).
   uint32_t last_method_id_ = 0;
-  const Service::Method* last_method_ = nullptr;
+  const Service::Method* last_method_ = nullptr;  // most requests repeat the previous method
+  // Handlers' reusable state (parsed request, response) per method, for the worker's thread.
+  absl::flat_hash_map<const Service::Method*, std::unique_ptr<Service::Invoker>> invokers_;
+  Service::Invoker* last_invoker_ = nullptr;  // last_method_'s
   std::atomic<State> state_{State::kNew};
   std::string peer_;
   std::string client_name_;
@@ -335,6 +338,8 @@ class Worker {
   // One iteration if no other thread is driving; returns true if there was work.
   bool TryDrive();
   bool caller_driven() const { return !options_.own_thread; }
+  // True on the thread running this worker's loop right now (its handlers and callbacks).
+  bool OnLoopThread() const;
 
   // ---- Observation (any thread) ----
   WorkerStats Stats() const;
@@ -559,9 +564,6 @@ class Worker {
   uint64_t iterations_ = 0;
   absl::Time next_timer_ = absl::InfinitePast();
   bool draining_ = false;
-  absl::flat_hash_map<const Service::Method*, std::unique_ptr<Service::Invoker>> invokers_;
-  const Service::Method* last_method_ = nullptr;  // most requests repeat the previous method
-  Service::Invoker* last_invoker_ = nullptr;
   std::vector<Connection*> closing_;
 
   // Shared with the control path.

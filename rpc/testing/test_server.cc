@@ -6,6 +6,8 @@
 //   Fail      fails with the absl::StatusCode number in the request
 //   CallBack  (blocking) calls "test.Client/Ping" on the caller's side of the same connection
 //             and returns its answer (server-to-client calls)
+//   NotifyBack (on the worker) sends N (the request) one-way "test.Client/Note" messages to the
+//             caller with CallOneWay, more than the credits allow at once, and returns "sent"
 //   Fill      returns a bulk attachment of N bytes (N in the request) of a known pattern
 //   SlowFill  (blocking) "<ms> <N>": sleeps ms (ignoring cancellation), then does what Fill does
 //   Sum       returns "<bytes>:<FNV-1a hash>" of the request's bulk attachment
@@ -26,6 +28,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "base/mutex.h"
+#include "proto/control.pb.h"
+#include "rpc/call.h"
 #include "rpc/server.h"
 #include "rpc/service.h"
 #include "rpc/testing/test_data.h"
@@ -137,6 +141,21 @@ class E2E : public swirl::Service {
           return absl::OkStatus();
         },
         swirl::MethodOptions{swirl::Execution::kThreadPool, false});
+    AddRawMethod("NotifyBack", [](swirl::ServerContext& ctx, absl::string_view in,
+                                  swirl::ResponseWriter& out) {
+      int n = 0;
+      if (!absl::SimpleAtoi(in, &n)) return absl::InvalidArgumentError("NotifyBack wants N");
+      std::shared_ptr<swirl::CallTarget> caller = ctx.caller();
+      for (int i = 0; i < n; ++i) {
+        auto note = std::make_unique<swirl::control::DisconnectRequest>();
+        note->set_connection_id(static_cast<uint64_t>(i));
+        absl::Status s = swirl::CallOneWay(*caller, swirl::rpc_wire::MethodId("/test.Client/Note"),
+                                           std::move(note), {});
+        if (!s.ok()) return s;
+      }
+      out.Append("sent");
+      return absl::OkStatus();
+    });
     AddRawMethod("Fill", [](swirl::ServerContext& ctx, absl::string_view in,
                             swirl::ResponseWriter& out) {
       size_t n = 0;

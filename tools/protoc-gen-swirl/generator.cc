@@ -167,10 +167,19 @@ bool Analyze(const FileDescriptor* file, std::vector<Service>* services, std::st
     absl::flat_hash_map<std::string, std::string> service_members = {
         {service.service_class, "the class name"},
         {"kServiceName", "a generated constant"},
+        // swirl::Service's own members, which a method of the same name would hide.
+        {"full_name", "a member of swirl::Service"},
+        {"methods", "a member of swirl::Service"},
+        {"AddRawMethod", "a member of swirl::Service"},
+        {"AddUnaryMethod", "a member of swirl::Service"},
+        {"SetExecution", "a member of swirl::Service"},
+        {"AddMethod", "a member of swirl::Service"},
     };
     absl::flat_hash_map<std::string, std::string> stub_members = {
         {service.stub_class, "the class name"},
         {"target", "a generated accessor"},
+        {"target_", "a generated member"},
+        {"owned_target_", "a generated member"},
         {"MethodIds", "a generated helper"},
     };
     auto claim = [&](absl::flat_hash_map<std::string, std::string>& members,
@@ -282,11 +291,15 @@ void EmitStubDeclaration(const Service& service, std::string* out) {
     const std::string response_param = method.response + "* response";
     absl::StrAppend(out, "\n", LeadingComment(method.descriptor, "  "));
     if (method.one_way) {
-      absl::StrAppend(out,
-                      "  // One-way (swirl.one_way): returns once the request is queued; there "
-                      "is no response.\n",
-                      Signature("  ", "::absl::Status " + method.name,
-                                {request_param, options_param}, ";"));
+      absl::StrAppend(
+          out,
+          "  // One-way (swirl.one_way): there is no response. Never waits (so it may be called\n"
+          "  // from a handler or callback): the request is copied, and the status is the\n"
+          "  // message's if it was sent or refused at once, else OK (queued behind credits).\n",
+          Signature("  ", "::absl::Status " + method.name, {request_param, options_param}, ";"),
+          "  // Allocation-free: `call` and `request` stay valid until `call` completes.\n",
+          Signature("  ", "void " + method.name,
+                    {"::swirl::ClientCall* call", request_param, options_param}, ";"));
       continue;
     }
     absl::StrAppend(
@@ -430,13 +443,21 @@ void EmitStubDefinition(const Service& service, std::string* out) {
       absl::StrAppend(out, Signature("", "::absl::Status " + cls + "::" + method.name,
                                      {request_param, options_param}, " {"));
       Emit(out, vars,
-           "  ::swirl::ClientCall call;\n"
-           "  call.SetMethod(MethodIds::$name$());\n"
-           "  call.SetRequest(&request);\n"
-           "  call.SetOneWay(true);\n"
-           "  call.SetOptions(options);\n"
-           "  target_->Start(&call);\n"
-           "  return call.Wait();\n"
+           "  return ::swirl::CallOneWay(*target_, MethodIds::$name$(),\n"
+           "                             ::std::make_unique<$request$>(request), options);\n"
+           "}\n"
+           "\n");
+      absl::StrAppend(out, Signature("", "void " + cls + "::" + method.name,
+                                     {"::swirl::ClientCall* call", request_param, options_param},
+                                     " {"));
+      Emit(out, vars,
+           "  call->SetMethod(MethodIds::$name$());\n"
+           "  call->SetRequest(&request);\n"
+           "  call->SetResponse(nullptr);\n"
+           "  call->SetResponseBytes(nullptr);\n"
+           "  call->SetOneWay(true);\n"
+           "  call->SetOptions(options);\n"
+           "  target_->Start(call);\n"
            "}\n");
       continue;
     }
