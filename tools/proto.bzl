@@ -21,9 +21,26 @@ load("//tools:copts.bzl", "GENERATED_COPTS")
 _SWIRL_RPC = str(Label("//rpc:rpc"))
 _SWIRL_PLUGIN = str(Label("//tools/protoc-gen-swirl:protoc-gen-swirl"))
 
+# Where swirl's own .proto files sit in the execroot ("" inside swirl, "external/<name>" when
+# swirl is another workspace's dependency): proto/options.proto is imported by that path.
+_SWIRL_ROOT = Label("//proto:options_proto").workspace_root
+
 def _workspace_root():
     repo = native.repository_name()
     return "" if repo == "@" else "external/" + repo[1:]
+
+def _normalize(dep):
+    # "//a/b" and "@r//a/b" mean ":b" of that package: spelled out, so "_protos" can be appended.
+    if dep.startswith(":"):
+        return dep
+    path = dep[dep.find("//") + 2:]
+    return dep if ":" in path else dep + ":" + path.split("/")[-1]
+
+def _dep_root(dep, own_root):
+    # The execroot directory a dependency's .proto files are imported from.
+    if dep.startswith("@") and not dep.startswith("@//"):
+        return "external/" + dep[1:dep.find("//")]
+    return own_root
 
 def swirl_proto_library(name, srcs, deps = [], grpc = False, swirl = True, visibility = None):
     root = _workspace_root()
@@ -37,6 +54,7 @@ def swirl_proto_library(name, srcs, deps = [], grpc = False, swirl = True, visib
         if swirl:
             outs += [b + ".swirl.h", b + ".swirl.cc"]
 
+    deps = [_normalize(d) for d in deps]
     native.filegroup(
         name = name + "_protos",
         srcs = srcs + [d + "_protos" for d in deps],
@@ -44,9 +62,16 @@ def swirl_proto_library(name, srcs, deps = [], grpc = False, swirl = True, visib
     )
 
     out_dir = "$(GENDIR)" + ("/" + root if root else "")
-    include = root if root else "."
+    # Import roots: this workspace's, each dependency's, and swirl's (for proto/options.proto).
+    roots = [root]
+    for r in [_dep_root(d, root) for d in deps] + [_SWIRL_ROOT]:
+        if r not in roots:
+            roots.append(r)
     tools = ["@system//:protoc"]
-    cmd = "$(location @system//:protoc) -I" + include + " -I/usr/include"
+    cmd = "$(location @system//:protoc)"
+    for r in roots:
+        cmd += " -I" + (r if r else ".")
+    cmd += " -I/usr/include"
     cmd += " --cpp_out=" + out_dir
     if grpc:
         tools.append("@system//:grpc_cpp_plugin")

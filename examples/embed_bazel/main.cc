@@ -20,6 +20,11 @@ class GreeterImpl final : public embed_bazel::GreeterService {
     reply->set_greeting("hello, " + request.name());
     return absl::OkStatus();
   }
+  absl::Status SayHelloBlocking(swirl::ServerContext& context,
+                                const embed_bazel::HelloRequest& request,
+                                embed_bazel::HelloReply* reply) override {
+    return SayHello(context, request, reply);
+  }
 };
 
 int Fail(const char* what, const absl::Status& status) {
@@ -53,7 +58,9 @@ int main(int argc, char** argv) {
       embed_bazel::HelloRequest request;
       request.set_name("swirl " + std::to_string(i));
       embed_bazel::HelloReply reply;
-      if (absl::Status s = stub.SayHello(request, &reply); !s.ok()) {
+      absl::Status s = i % 2 == 0 ? stub.SayHello(request, &reply)
+                                  : stub.SayHelloBlocking(request, &reply);
+      if (!s.ok()) {
         rc = Fail("SayHello", s);
       } else if (reply.greeting() != "hello, " + request.name()) {
         std::fprintf(stderr, "embed_bazel: SayHello: got '%s'\n", reply.greeting().c_str());
