@@ -49,7 +49,10 @@ absl::StatusOr<verbs::Capabilities> CachedCapabilities(const std::shared_ptr<ver
   probe.confirm_remote_invalidation = true;
   auto caps = verbs::ProbeCapabilities(ctx, probe);
   if (!caps.ok()) return caps.status();
-  (*cache)[ctx->name()] = *caps;
+  // A self-test that could not run (port down) is tried again next time, not remembered.
+  if (caps->remote_invalidation_selftest != verbs::SelfTest::kNotRun) {
+    (*cache)[ctx->name()] = *caps;
+  }
   return *caps;
 }
 

@@ -15,7 +15,8 @@ ABSL_FLAG(std::string, swirl_device, "",
 namespace swirl {
 namespace {
 
-bool IsSoftName(absl::string_view name) { return absl::StartsWith(name, "soft"); }
+// Exactly swirl's names (soft0 .. soft9999): an rdma-core device may be called "softroce0".
+bool IsSoftName(absl::string_view name) { return soft::IsSoftDeviceName(name); }
 
 // An rdma-core device is usable if its first port is ACTIVE.
 bool PortActive(const std::string& name) {

@@ -2,6 +2,7 @@
 
 #include <poll.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -267,13 +268,21 @@ absl::Status QueuePair::ToInit(const ConnectOptions& options) {
 }
 
 absl::Status QueuePair::ToRtr(const PeerAddress& peer, const ConnectOptions& options) {
+  // Both ends must use one path MTU (a responder checks every packet against its own): the
+  // smaller of the two ports'. And no more READ/atomic responder resources than the device has
+  // (providers reject the modify otherwise).
+  absl::StatusOr<ibv_port_attr> port = pd_->context().QueryPort(options.port_num);
+  if (!port.ok()) return port.status();
+  absl::StatusOr<ibv_device_attr_ex> device = pd_->context().QueryDevice();
+  if (!device.ok()) return device.status();
   ibv_qp_attr attr;
   std::memset(&attr, 0, sizeof(attr));
   attr.qp_state = IBV_QPS_RTR;
-  attr.path_mtu = peer.mtu;
+  attr.path_mtu = std::min(peer.mtu, port->active_mtu);
   attr.dest_qp_num = peer.qp_num;
   attr.rq_psn = peer.psn;
-  attr.max_dest_rd_atomic = options.max_dest_rd_atomic;
+  attr.max_dest_rd_atomic = static_cast<uint8_t>(std::min<int>(
+      options.max_dest_rd_atomic, std::max(1, device->orig_attr.max_qp_rd_atom)));
   attr.min_rnr_timer = options.min_rnr_timer;
   attr.ah_attr.dlid = peer.lid;
   attr.ah_attr.port_num = options.port_num;
@@ -298,7 +307,10 @@ absl::Status QueuePair::ToRts(uint32_t sq_psn, const ConnectOptions& options) {
   attr.timeout = options.timeout;
   attr.retry_cnt = options.retry_cnt;
   attr.rnr_retry = options.rnr_retry;
-  attr.max_rd_atomic = options.max_rd_atomic;
+  absl::StatusOr<ibv_device_attr_ex> device = pd_->context().QueryDevice();
+  if (!device.ok()) return device.status();
+  attr.max_rd_atomic = static_cast<uint8_t>(std::min<int>(
+      options.max_rd_atomic, std::max(1, device->orig_attr.max_qp_init_rd_atom)));
   return Modify(attr,
                 IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
                     IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC,
