@@ -802,12 +802,14 @@ Test ParseTest(const std::string& name) {
   Die("unknown --test '%s' (send_lat, write_lat, read_lat, send_bw, write_bw)", name.c_str());
 }
 
-void PinOrWarn(int core, const char* who) {
+// Numbers from an unpinned run would be reported as pinned: a failure to pin ends the run
+// (core -1 runs unpinned on purpose).
+void PinOrDie(int core, const char* who) {
   if (core < 0) return;
   std::string error;
   if (!PinToCore(core, &error)) {
-    std::fprintf(stderr, "verbs_perf: cannot pin the %s to core %d: %s\n", who, core,
-                 error.c_str());
+    Die("cannot pin the %s to core %d: %s (give -1 to run it unpinned)", who, core,
+        error.c_str());
   }
 }
 
@@ -823,7 +825,7 @@ void DieWithParent() {
 
 int RunServer() {
   const int core = absl::GetFlag(FLAGS_server_core);
-  PinOrWarn(core, "server");  // before the device starts its thread, which inherits it
+  PinOrDie(core, "server");  // before the device starts its thread, which inherits it
   int listen_fd = absl::GetFlag(FLAGS_oob_fd);
   if (listen_fd < 0) {
     int port;
@@ -858,7 +860,7 @@ int RunServer() {
 
 int RunClient(int fd, const std::string& device, int server_core_hint) {
   const int core = absl::GetFlag(FLAGS_client_core);
-  PinOrWarn(core, "client");
+  PinOrDie(core, "client");
   Oob oob(fd);
   const Test test = ParseTest(absl::GetFlag(FLAGS_test));
   const std::vector<uint64_t> sizes = Sizes();
@@ -982,7 +984,7 @@ RawShared* MapRaw(int fd) {
 }
 
 int RunRawChild() {
-  PinOrWarn(absl::GetFlag(FLAGS_server_core), "raw responder");
+  PinOrDie(absl::GetFlag(FLAGS_server_core), "raw responder");
   RawShared* shm = MapRaw(absl::GetFlag(FLAGS_raw_fd));
   shm->ready.store(1, std::memory_order_release);
   uint64_t expect = 1;
@@ -1008,7 +1010,7 @@ int RunRaw() {
       absl::StrCat("--server_core=", absl::GetFlag(FLAGS_server_core)),
   });
   const int core = absl::GetFlag(FLAGS_client_core);
-  PinOrWarn(core, "client");
+  PinOrDie(core, "client");
   {
     SpinGuard guard("the raw responder to start");
     while (shm->ready.load(std::memory_order_acquire) == 0) guard.Check();
