@@ -400,6 +400,10 @@ int RunClient(const std::string& address, Result& result) {
     for (int i = 0; i < absl::GetFlag(FLAGS_warmup); ++i) {
       if (auto s = echo(); !s.ok()) Fail(s.ToString());
     }
+    // What is timed must be a real echo: checked once, outside the timed loop.
+    if (raw ? raw_response != raw_payload : response.payload() != request.payload()) {
+      Fail("the echo came back wrong");
+    }
     std::vector<uint64_t> samples(iters);
     for (int i = 0; i < iters; ++i) {
       const uint64_t start = Ticks();
