@@ -292,6 +292,9 @@ bool Worker::SendBulkCall(Connection* c, ClientCall* call, size_t message_size,
     return false;
   }
   const uint64_t request_id = AllocateSlot(c, call);
+  // Pending from here: a doorbell rung below whose post fails completes the call (the
+  // connection fails), and nothing may mark it pending again after that.
+  call->state_.store(ClientCall::kPending, std::memory_order_relaxed);
   BulkDescriptor descriptor{};
   uint32_t invalidate = 0;
   if (mode == control::BULK_MIRROR) {
@@ -311,6 +314,10 @@ bool Worker::SendBulkCall(Connection* c, ClientCall* call, size_t message_size,
     c->ops_[op].call = call;
     call->write_op_ = op;
     PostRdma(c, IBV_WR_RDMA_WRITE, *data, length, g.addr, g.rkey, op);
+    if (c->state_.load(std::memory_order_relaxed) >= Connection::State::kClosing) {
+      if (buffer >= 0) send_pool_->Give(static_cast<uint32_t>(buffer));
+      return true;  // its doorbell failed the connection, which completed the call
+    }
     descriptor = {g.addr, length, g.rkey};
     if (mode == control::BULK_SERVER_EXPOSES && remote_invalidation(c)) invalidate = g.rkey;
   }
@@ -349,7 +356,6 @@ bool Worker::SendBulkCall(Connection* c, ClientCall* call, size_t message_size,
   }
   QueueWr(c, msg, kHeader + payload, buffer, invalidate);
   Bump(c->counters_.requests_sent);
-  call->state_.store(ClientCall::kPending, std::memory_order_relaxed);
   return true;
 }
 

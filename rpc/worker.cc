@@ -1254,12 +1254,15 @@ bool Worker::TrySendCall(Connection* c, ClientCall* call) {
   } else if (size > 0) {
     std::memcpy(data + kHeader, call->request_bytes_.data(), size);
   }
+  // Pending before the doorbell: if queueing rings it and the post fails, the connection fails
+  // and completes the call, which must not be marked pending after that.
+  if (!call->one_way_) call->state_.store(ClientCall::kPending, std::memory_order_relaxed);
   QueueWr(c, data, static_cast<uint32_t>(kHeader + size), buffer);
   Bump(c->counters_.requests_sent);
   if (call->one_way_) {
-    CompleteLocally(call, absl::OkStatus());
-  } else {
-    call->state_.store(ClientCall::kPending, std::memory_order_relaxed);
+    CompleteLocally(call, c->state_.load(std::memory_order_relaxed) >= Connection::State::kClosing
+                              ? absl::UnavailableError("connection lost")
+                              : absl::OkStatus());
   }
   return true;
 }
