@@ -39,19 +39,23 @@ namespace {
 
 swirl::Mutex g_mu;
 
-// The capability probe (with its self-test) runs once per device per process.
-absl::StatusOr<verbs::Capabilities> CachedCapabilities(const std::shared_ptr<verbs::Context>& ctx) {
+// The capability probe (with its self-test) runs once per device, port and GID per process.
+absl::StatusOr<verbs::Capabilities> CachedCapabilities(const std::shared_ptr<verbs::Context>& ctx,
+                                                       const ChannelOptions& options) {
   static auto* cache = new std::map<std::string, verbs::Capabilities>();
+  const std::string key = absl::StrCat(ctx->name(), "/", options.port, "/", options.gid_index);
   swirl::MutexLock lock(&g_mu);
-  auto it = cache->find(ctx->name());
+  auto it = cache->find(key);
   if (it != cache->end()) return it->second;
   verbs::ProbeOptions probe;
+  probe.port_num = options.port;
+  probe.gid_index = options.gid_index;
   probe.confirm_remote_invalidation = true;
   auto caps = verbs::ProbeCapabilities(ctx, probe);
   if (!caps.ok()) return caps.status();
   // A self-test that could not run (port down) is tried again next time, not remembered.
   if (caps->remote_invalidation_selftest != verbs::SelfTest::kNotRun) {
-    (*cache)[ctx->name()] = *caps;
+    (*cache)[key] = *caps;
   }
   return *caps;
 }
@@ -62,7 +66,7 @@ absl::StatusOr<std::shared_ptr<ClientRuntime>> NewRuntime(const ChannelOptions& 
   auto context = OpenDevice(options.device);
   if (!context.ok()) return context.status();
   runtime->context = *context;
-  auto caps = CachedCapabilities(runtime->context);
+  auto caps = CachedCapabilities(runtime->context, options);
   if (!caps.ok()) return caps.status();
   runtime->caps = *caps;
   auto pd = verbs::ProtectionDomain::Create(runtime->context);
@@ -90,8 +94,9 @@ absl::StatusOr<std::shared_ptr<ClientRuntime>> GetRuntime(const ChannelOptions& 
                       !options.dedicated_worker;
   if (!shared) return NewRuntime(options, false);
   static auto* runtimes = new std::map<std::string, std::weak_ptr<ClientRuntime>>();
-  const std::string key = absl::StrCat(options.device, "/", options.credits, "/",
-                                       options.buffer_size, "/", options.bulk_pool_bytes);
+  const std::string key =
+      absl::StrCat(options.device, "/", options.port, "/", options.gid_index, "/",
+                   options.credits, "/", options.buffer_size, "/", options.bulk_pool_bytes);
   {
     swirl::MutexLock lock(&g_mu);
     if (auto existing = (*runtimes)[key].lock()) return existing;
@@ -179,6 +184,8 @@ class Channel::Impl {
                               : runtime->worker->bulk_pool()->max_allocation();
 
     verbs::ConnectOptions co;
+    co.port_num = options.port;
+    co.gid_index = options.gid_index;
     const uint64_t local_id = absl::Uniform<uint64_t>(absl::BitGen());
     auto c = worker->CreateConnection(local_id, &methods, co);
     if (!c.ok()) return c.status();

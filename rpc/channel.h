@@ -12,9 +12,9 @@
 // with UNAVAILABLE); share one between threads or make one per thread.
 //   * Driver::kBackgroundThread (default): a worker thread polls the channel's completion queue;
 //     calls from any thread are handed to it through a lock-free queue and callbacks run on it.
-//     Channels of a process with the same device, credits, buffer_size and bulk_pool_bytes
-//     share that worker unless `dedicated_worker` is set; a shared worker keeps the keepalive,
-//     window_lease and worker_core of the channel that created it.
+//     Channels of a process with the same device, port, gid_index, credits, buffer_size and
+//     bulk_pool_bytes share that worker unless `dedicated_worker` is set; a shared worker keeps
+//     the keepalive, window_lease and worker_core of the channel that created it.
 //   * Driver::kCaller: no thread; a thread waiting for a call drives the connection itself, and
 //     a thread starting a call posts it directly when nobody else is driving. Lowest latency
 //     with one thread per channel; callbacks run on whichever thread drives.
@@ -43,6 +43,9 @@ struct ChannelOptions {
   std::string tls_target_name;  // override the name checked in the server certificate
 
   std::string device;  // "" = automatic
+  // Port and GID table entry (see ServerOptions: RoCE v2 fabrics need a v2 entry).
+  uint8_t port = 1;
+  int gid_index = 0;
   enum class Driver { kBackgroundThread, kCaller };
   Driver driver = Driver::kBackgroundThread;
   bool dedicated_worker = false;  // background driver: own worker thread instead of shared

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/random/random.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "proto/control.grpc.pb.h"
@@ -817,6 +818,23 @@ TEST(E2EHandshake, OverlongClientNamesAreRefused) {
   auto accepted = Channel::Create(address, options);
   ASSERT_TRUE(accepted.ok()) << accepted.status();
   EXPECT_EQ(Echo(**accepted, "named"), "named");
+}
+
+TEST(E2EHandshake, TheGidIndexReachesTheDevice) {
+  // The soft device has one GID: a channel asking for entry 1 must fail, saying so, rather
+  // than connect with entry 0.
+  auto server = testing::SpawnServer(kServer, {});
+  ASSERT_TRUE(server.ok()) << server.status();
+  ChannelOptions options;
+  options.gid_index = 1;
+  auto refused = Connect(server->second, "e2e", options);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(absl::AsciiStrToLower(refused.status().message()).find("gid"), std::string::npos)
+      << refused.status();
+  options.gid_index = 0;
+  auto accepted = Connect(server->second, "e2e", options);
+  ASSERT_TRUE(accepted.ok()) << accepted.status();
+  EXPECT_EQ(Echo(**accepted, "gid 0"), "gid 0");
 }
 
 TEST(E2EChurn, ThousandsOfConnectsDoNotLeak) {

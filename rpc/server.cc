@@ -62,6 +62,8 @@ class Server::Impl final : public control::Control::Service {
     if (!context.ok()) return context.status();
     context_ = *context;
     verbs::ProbeOptions probe;
+    probe.port_num = options_.port;
+    probe.gid_index = options_.gid_index;
     probe.confirm_remote_invalidation = true;
     auto caps = verbs::ProbeCapabilities(context_, probe);
     if (!caps.ok()) return caps.status();
@@ -238,6 +240,8 @@ class Server::Impl final : public control::Control::Service {
     }
     if (worker == nullptr) return absl::ResourceExhaustedError("every worker is full");
     verbs::ConnectOptions co;
+    co.port_num = options_.port;
+    co.gid_index = options_.gid_index;
     auto connection = worker->CreateConnection(id, &methods_, co);
     if (!connection.ok()) return connection.status();
     std::shared_ptr<internal::Connection> c = *connection;
