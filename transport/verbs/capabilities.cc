@@ -217,6 +217,34 @@ absl::Status RemoteInvalidationSelfTest(const std::shared_ptr<Context>& context,
   if (auto s = WaitCompletion(**cq, 1, options.selftest_timeout, stash, &wc); !s.ok()) return s;
   if (wc.status != IBV_WC_SUCCESS) return WorkCompletionError(wc);
 
+  // Step 1b: the window works: an RDMA READ through it brings the exposed bytes. (Without
+  // this, a window that never worked would pass step 3 below as well.)
+  for (size_t i = 0; i < sizeof(exposed); ++i) exposed[i] = static_cast<char>(0x40 + i);
+  {
+    ibv_sge sge{reinterpret_cast<uint64_t>(landing), sizeof(landing), (*landing_mr)->lkey()};
+    ibv_send_wr read{};
+    read.wr_id = 5;
+    read.opcode = IBV_WR_RDMA_READ;
+    read.send_flags = IBV_SEND_SIGNALED;
+    read.sg_list = &sge;
+    read.num_sge = 1;
+    read.wr.rdma.remote_addr = reinterpret_cast<uint64_t>(exposed);
+    read.wr.rdma.rkey = rkey;
+    if (int err = ibv_post_send((*requester)->get(), &read, &bad); err != 0) {
+      return VerbsError("ibv_post_send(RDMA_READ)", err);
+    }
+    if (auto s = WaitCompletion(**cq, 5, options.selftest_timeout, stash, &wc); !s.ok()) return s;
+    if (wc.status != IBV_WC_SUCCESS) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "RDMA_READ through the bound type 2 window completed with '", WcStatusName(wc.status),
+          "': the window does not work"));
+    }
+    if (std::memcmp(landing, exposed, sizeof(exposed)) != 0) {
+      return absl::FailedPreconditionError("RDMA_READ through the window brought other bytes");
+    }
+    std::memset(landing, 0, sizeof(landing));
+  }
+
   // Step 2: the requester sends SEND_WITH_INV carrying that rkey.
   ibv_sge recv_sge{reinterpret_cast<uint64_t>(recv_buf), sizeof(recv_buf), (*recv_mr)->lkey()};
   ibv_recv_wr recv{};
