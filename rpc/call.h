@@ -7,7 +7,8 @@
 //     whichever thread drives a caller-driven channel) once the call completes; a call started
 //     on a channel or connection that is already closed completes at once, its callback (with
 //     UNAVAILABLE) running on the starting thread;
-//   * futures: Future<Resp>, which owns its response.
+//   * futures: Future<Resp>, which owns its response;
+//   * one-way messages (no response): CallOneWay, never waiting, safe from handlers.
 // The allocation-free form takes a caller-owned ClientCall that can be reused call after call.
 //
 // Lifetimes: the request, the response and the ClientCall must stay valid until the call
@@ -41,7 +42,9 @@ class Connection;
 
 struct CallOptions {
   // The call fails with DEADLINE_EXCEEDED if no response arrived by then (whichever of the two
-  // is earlier). The server is told, best effort, that the caller gave up.
+  // is earlier). The server is told, best effort, that the caller gave up. While the device or
+  // the server still uses the call's buffers (an upload's RDMA WRITE, a download's READ, mirror
+  // windows the server has not released), the call completes only once they are done.
   absl::Duration timeout = absl::InfiniteDuration();
   absl::Time deadline = absl::InfiniteFuture();
 
@@ -73,7 +76,8 @@ class ClientCall {
   const absl::Status& status() const { return status_; }
 
   // Completes the call with CANCELLED if it has not completed yet (thread-safe, best effort
-  // toward the server: a response that arrives later is dropped).
+  // toward the server: a response that arrives later is dropped). As with deadlines, the call
+  // completes only once the device and the server are done with its buffers.
   void Cancel();
 
   // ---- Set up by stubs (or by hand for the raw API) before CallTarget::Start ------------------

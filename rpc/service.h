@@ -114,8 +114,8 @@ class Service {
   void SetExecution(const std::string& method_name, Execution execution);
 
   // ---- For generated code ---------------------------------------------------------------------
-  // One invocation context per worker thread: reuses request/response objects so that steady
-  // state allocates nothing.
+  // A reusable invocation context (request/response objects) so that steady state allocates
+  // nothing: one per connection on a worker, one per pool thread for blocking methods.
   class Invoker {
    public:
     virtual ~Invoker() = default;
@@ -126,15 +126,15 @@ class Service {
     std::string full_name;  // "/pkg.Service/Method"
     uint32_t id = 0;
     MethodOptions options;
-    // Makes a fresh Invoker (one per worker thread / pool thread).
+    // Makes a fresh Invoker (one per connection / pool thread).
     absl::AnyInvocable<std::unique_ptr<Invoker>()> new_invoker;
   };
   void AddMethod(const std::string& method_name, MethodOptions options,
                  absl::AnyInvocable<std::unique_ptr<Invoker>()> new_invoker);
   const std::vector<std::unique_ptr<Method>>& methods() const { return methods_; }
 
-  // Typed unary method on protobuf messages: parse, call, serialize, with per-thread reuse of
-  // the request and response objects.
+  // Typed unary method on protobuf messages: parse, call, serialize, reusing the request and
+  // response objects (per connection, or per pool thread).
   template <typename Request, typename Response, typename Handler>
   void AddUnaryMethod(const std::string& method_name, Handler handler,
                       MethodOptions options = {}) {

@@ -325,7 +325,8 @@ class Worker {
   void Close(uint64_t connection_id, absl::Status reason);
   // Stops accepting new requests on every connection; in-flight ones finish.
   void BeginDrain();
-  // True when no handler is running and nothing is waiting to be sent.
+  // True when no handler is running, nothing is waiting to be sent and no bulk transfer of a
+  // request it accepted is under way.
   bool Drained() const { return drained_.load(std::memory_order_acquire); }
 
   // ---- Calls (any thread) ----

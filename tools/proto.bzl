@@ -6,7 +6,9 @@ protoc plugin, //tools/protoc-gen-swirl, for typed swirl service bases and clien
     swirl_proto_library(
         name = "echo_proto",
         srcs = ["echo.proto"],
-        deps = [":other_proto"],   # other swirl_proto_library targets
+        deps = [":other_proto"],   # other swirl_proto_library targets, in any repository;
+                                   # "@swirl//proto:options_proto" to import
+                                   # "proto/options.proto" ((swirl.blocking), (swirl.one_way))
         grpc = False,              # also generate gRPC stubs (foo.grpc.pb.{h,cc})
         swirl = True,              # also generate swirl stubs (foo.swirl.{h,cc})
     )

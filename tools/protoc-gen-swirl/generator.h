@@ -7,7 +7,9 @@
 //   class SStub                                // client calls over a ::swirl::CallTarget
 //
 // Method options from proto/options.proto: (swirl.blocking) runs the handler on the server's
-// thread pool, (swirl.one_way) sends no response (the stub has only a fire-and-forget call).
+// thread pool, (swirl.one_way) sends no response (the stub's call never waits: it returns the
+// message's status if it settled at once, else OK; plus an allocation-free form taking a
+// ClientCall).
 // Streaming methods are refused. A file without services still gets both (nearly empty) files.
 
 #ifndef SWIRL_TOOLS_PROTOC_GEN_SWIRL_GENERATOR_H_

@@ -7,7 +7,8 @@
 // memory windows can be invalidated remotely. So:
 //   * remote_invalidation_advertised: bit 21 and a type 2 window type are both advertised;
 //   * the probe can confirm it with a self-test on a loopback QP pair (bind a type 2 window,
-//     SEND_WITH_INV its rkey, check the receive completion and that the key is dead after);
+//     READ through it, SEND_WITH_INV its rkey, check the receive completion and that the key is
+//     dead after);
 //   * SelectInvalidationMode() is the one place a caller turns that into a decision. It returns
 //     remote invalidation, the explicit local-invalidation fallback, or an error: nothing in
 //     swirl ever sends a plain SEND where a SEND_WITH_INV was asked for.
