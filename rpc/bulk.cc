@@ -1047,20 +1047,21 @@ bool Worker::DeferIfReading(Connection* c, ClientCall* call, absl::Status status
 }
 
 bool Worker::DeferIfExposing(Connection* c, ClientCall* call, absl::Status status) {
-  if (call->abandoned_) return true;  // given up on already
+  if (!call->abandoned_status_.ok()) return true;  // given up on already
   bool exposed = false;
   for (int32_t w : {call->request_window_, call->reply_window_}) {
     if (w >= 0 && c->windows_[w].state == Window::State::kExposed) exposed = true;
   }
   if (!exposed) return false;
-  call->abandoned_ = true;
-  call->abandoned_status_ = std::move(status);
+  call->abandoned_status_ = std::move(status);  // never OK: a cancel or a deadline
   call->deadline_ = absl::InfiniteFuture();
   return true;
 }
 
 void Worker::FinishIfAbandoned(Connection* c, ClientCall* call) {
-  if (!call->abandoned_ || call->request_window_ >= 0 || call->reply_window_ >= 0) return;
+  if (call->abandoned_status_.ok() || call->request_window_ >= 0 || call->reply_window_ >= 0) {
+    return;
+  }
   // The server is done with our memory; a response still on its way finds no call.
   ReleaseSlot(c, call->request_id_);
   call->scratch_.Release();

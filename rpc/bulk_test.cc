@@ -90,6 +90,12 @@ void ExpectFillsInto(Channel& channel, const char* method, BulkBuffer& landing,
   }
 }
 
+// A channel to the test server on `port`, with its token.
+absl::StatusOr<std::shared_ptr<Channel>> ConnectTo(int port, ChannelOptions options = {}) {
+  options.auth_token = "e2e";
+  return Channel::Create(absl::StrCat("127.0.0.1:", port), options);
+}
+
 struct Mode {
   const char* name;
   BulkMode bulk;
@@ -368,9 +374,8 @@ TEST(BulkMirror, GivingUpWhileTheServerStillWritesTheReplyKeepsTheConnection) {
   auto server = testing::SpawnServer(kServer, {});
   ASSERT_TRUE(server.ok()) << server.status();
   ChannelOptions options;
-  options.auth_token = "e2e";
   options.bulk_mode = BulkMode::kMirror;
-  auto channel = Channel::Create(absl::StrCat("127.0.0.1:", server->second), options);
+  auto channel = ConnectTo(server->second, options);
   ASSERT_TRUE(channel.ok()) << channel.status();
   auto landing = (*channel)->AllocateBulk(100000);
   ASSERT_TRUE(landing.ok()) << landing.status();
@@ -408,9 +413,8 @@ TEST(BulkWindows, UploadGrantsOfEverySizeLeaveWindowsForDownloads) {
   auto server = testing::SpawnServer(kServer, {});
   ASSERT_TRUE(server.ok()) << server.status();
   ChannelOptions options;
-  options.auth_token = "e2e";
   options.driver = ChannelOptions::Driver::kCaller;
-  auto channel = Channel::Create(absl::StrCat("127.0.0.1:", server->second), options);
+  auto channel = ConnectTo(server->second, options);
   ASSERT_TRUE(channel.ok()) << channel.status();
   for (size_t size = 4096; size <= (1u << 20); size *= 2) {
     auto data = (*channel)->AllocateBulk(size);
@@ -451,9 +455,7 @@ TEST(BulkWindows, AMaximumBulkSizeThatIsNoPowerOfTwo) {
   // 10 MiB: a 9 MiB upload falls in the 16 MiB size class, but its grant may not exceed 10 MiB.
   auto server = testing::SpawnServer(kServer, {"--max_bulk_size=10485760"});
   ASSERT_TRUE(server.ok()) << server.status();
-  ChannelOptions options;
-  options.auth_token = "e2e";
-  auto channel = Channel::Create(absl::StrCat("127.0.0.1:", server->second), options);
+  auto channel = ConnectTo(server->second);
   ASSERT_TRUE(channel.ok()) << channel.status();
   EXPECT_EQ((*channel)->negotiated().max_bulk_size(), 10485760u);
   constexpr size_t kSize = 9 << 20;
@@ -477,9 +479,8 @@ TEST(BulkUpload, AGivenUpUploadReturnsItsBufferOnlyOnceTheWriteIsDone) {
   auto server = testing::SpawnServer(kServer, {});
   ASSERT_TRUE(server.ok()) << server.status();
   ChannelOptions options;
-  options.auth_token = "e2e";
   options.driver = ChannelOptions::Driver::kCaller;
-  auto channel = Channel::Create(absl::StrCat("127.0.0.1:", server->second), options);
+  auto channel = ConnectTo(server->second, options);
   ASSERT_TRUE(channel.ok()) << channel.status();
   constexpr size_t kSize = 16 << 20;
   auto data = (*channel)->AllocateBulk(kSize);

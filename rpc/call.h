@@ -138,8 +138,7 @@ class ClientCall {
   // Mirror mode: the caller gave up (cancel, deadline) while the server may still use our
   // windows. The call keeps its slot until the server is done with them (its ack and
   // response, or the windows' lease), then completes with this status.
-  bool abandoned_ = false;
-  absl::Status abandoned_status_;
+  absl::Status abandoned_status_;  // OK: not abandoned
   internal::Worker* worker_ = nullptr;
   internal::Connection* connection_ = nullptr;
   uint64_t connection_id_ = 0;

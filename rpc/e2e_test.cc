@@ -62,6 +62,17 @@ absl::StatusOr<control::StatsResponse> Stats(int port, const std::string& token 
   return response;
 }
 
+// The server's request count once it reaches `n`, or as it stands after 10 s.
+uint64_t ServerRequestsReaching(int port, uint64_t n) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  uint64_t seen = 0;
+  while (seen < n && absl::Now() < deadline) {
+    auto stats = Stats(port);
+    if (stats.ok()) seen = stats->server().requests();
+  }
+  return seen;
+}
+
 class E2ETest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -614,12 +625,7 @@ TEST(E2EShutdown, GracefulShutdownLetsAcceptedCallsFinish) {
     (*channel)->Start(&calls[i]);
   }
   // Wait until the server has them all, then ask it to stop.
-  const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  uint64_t seen = 0;
-  while (seen < kCalls && absl::Now() < deadline) {
-    auto stats = Stats(port);
-    if (stats.ok()) seen = stats->server().requests();
-  }
+  const uint64_t seen = ServerRequestsReaching(port, kCalls);
   ASSERT_GE(seen, static_cast<uint64_t>(kCalls));
   process.Signal(SIGTERM);
   for (int i = 0; i < kCalls; ++i) {
@@ -664,12 +670,7 @@ TEST(E2EShutdown, BlockingHandlersPastTheDeadlineAreCancelledAndWaitedFor) {
     calls[i].SetResponseBytes(&responses[i]);
     (*channel)->Start(&calls[i]);
   }
-  const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  uint64_t seen = 0;
-  while (seen < kCalls + kOneWay && absl::Now() < deadline) {
-    auto stats = Stats(port);
-    if (stats.ok()) seen = stats->server().requests();
-  }
+  const uint64_t seen = ServerRequestsReaching(port, kCalls + kOneWay);
   ASSERT_GE(seen, static_cast<uint64_t>(kCalls + kOneWay));
   const absl::Time signalled = absl::Now();
   process.Signal(SIGTERM);
@@ -708,16 +709,11 @@ TEST(E2EShutdown, DrainWaitsForADownloadTheClientIsStillReading) {
   call.SetResponseBytes(&response);
   call.SetOptions(call_options);
   (*channel)->Start(&call);
-  absl::Time deadline = absl::Now() + absl::Seconds(10);
-  uint64_t seen = 0;
-  while (seen < 1 && absl::Now() < deadline) {
-    auto stats = Stats(port);
-    if (stats.ok()) seen = stats->server().requests();
-  }
+  const uint64_t seen = ServerRequestsReaching(port, 1);
   ASSERT_EQ(seen, 1u);
   process.Signal(SIGTERM);
   // The drain has begun once new connections are refused.
-  deadline = absl::Now() + absl::Seconds(10);
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
   bool refused = false;
   while (!refused && absl::Now() < deadline) {
     ChannelOptions probe;

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <utility>
 #include <bit>
 #include <cstring>
 
@@ -338,7 +339,7 @@ void Worker::StartCall(uint64_t connection_id, ClientCall* call) {
   call->reply_window_ = -1;
   call->read_op_ = -1;
   call->write_op_ = -1;
-  call->abandoned_ = false;
+  call->abandoned_status_ = absl::OkStatus();
   call->status_ = absl::OkStatus();
   call->cancel_requested_.store(false, std::memory_order_relaxed);
   call->notifier_.Reset();
@@ -530,20 +531,7 @@ void Worker::HandleItem(WorkItem& item) {
         if (c->pending_[slot] != item.call) continue;
         if (!still_wanted(item.call)) return;
         const uint64_t request_id = (uint64_t{c->generation_[slot]} << 32) | slot;
-        if (DeferIfExposing(c, item.call, absl::CancelledError("cancelled by the caller"))) {
-          SendControl(c, rpc_wire::kCancel, request_id);
-          return;
-        }
-        ReleaseSlot(c, request_id);
-        const bool uploading = item.call->write_op_ >= 0;
-        if (DeferIfReading(c, item.call, absl::CancelledError("cancelled by the caller"))) {
-          // A download's response is here already, only its READ is left; an upload's
-          // request may be still to be answered, and the server can stop early.
-          if (uploading) SendControl(c, rpc_wire::kCancel, request_id);
-          return;
-        }
-        SendControl(c, rpc_wire::kCancel, request_id);
-        FinishCall(c, item.call, absl::CancelledError("cancelled by the caller"));
+        GiveUp(c, item.call, request_id, absl::CancelledError("cancelled by the caller"));
         return;
       }
       for (ClientCall** p = &c->backlog_head_; *p != nullptr; p = &(*p)->next_) {
@@ -1329,10 +1317,26 @@ ClientCall* Worker::ReleaseSlot(Connection* c, uint64_t request_id) {
   return call;
 }
 
+void Worker::GiveUp(Connection* c, ClientCall* call, uint64_t request_id, absl::Status status) {
+  if (DeferIfExposing(c, call, status)) {  // mirror: the server still holds our windows
+    SendControl(c, rpc_wire::kCancel, request_id);
+    return;
+  }
+  ReleaseSlot(c, request_id);
+  const bool downloading = call->read_op_ >= 0;
+  if (DeferIfReading(c, call, status)) {
+    // A download's response is here already, only its READ is left; an upload's request may
+    // still be answered, and the server can stop early.
+    if (!downloading) SendControl(c, rpc_wire::kCancel, request_id);
+    return;
+  }
+  SendControl(c, rpc_wire::kCancel, request_id);
+  FinishCall(c, call, std::move(status));
+}
+
 void Worker::CompleteLocally(ClientCall* call, absl::Status status) {
-  if (call->abandoned_) {  // whatever the server answered, the caller gave up first
-    call->abandoned_ = false;
-    status = std::move(call->abandoned_status_);
+  if (!call->abandoned_status_.ok()) {  // whatever the server answered, the caller gave up
+    status = std::exchange(call->abandoned_status_, absl::OkStatus());
   }
   call->connection_ = nullptr;
   call->Complete(std::move(status));
@@ -1449,18 +1453,7 @@ void Worker::Timers(absl::Time now) {
         ClientCall* call = c->pending_[slot];
         if (call == nullptr || call->deadline_ > now) continue;
         const uint64_t request_id = (uint64_t{c->generation_[slot]} << 32) | slot;
-        if (DeferIfExposing(c, call, absl::DeadlineExceededError("deadline exceeded"))) {
-          SendControl(c, rpc_wire::kCancel, request_id);
-          continue;
-        }
-        ReleaseSlot(c, request_id);
-        const bool uploading = call->write_op_ >= 0;
-        if (DeferIfReading(c, call, absl::DeadlineExceededError("deadline exceeded"))) {
-          if (uploading) SendControl(c, rpc_wire::kCancel, request_id);
-          continue;
-        }
-        SendControl(c, rpc_wire::kCancel, request_id);
-        FinishCall(c, call, absl::DeadlineExceededError("deadline exceeded"));
+        GiveUp(c, call, request_id, absl::DeadlineExceededError("deadline exceeded"));
       }
     }
     if (!c->windows_.empty()) BulkTimers(c, now);

@@ -476,6 +476,10 @@ class Worker {
   // connection; instead the call stays pending (no deadline) until the server's ack and
   // response, or the windows' lease, end the exposure, and then completes with `status`.
   bool DeferIfExposing(Connection* c, ClientCall* call, absl::Status status);
+  // A pending call given up on (cancel, deadline), found in slot `request_id`: completes it
+  // with `status`, or once the device and the server are done with its buffers (the Defer*
+  // above), telling the server either way.
+  void GiveUp(Connection* c, ClientCall* call, uint64_t request_id, absl::Status status);
   // Completes an abandoned call (above) once none of its windows is left.
   void FinishIfAbandoned(Connection* c, ClientCall* call);
   // The QP is in ERR: calls waiting on bulk operations complete now.

@@ -219,11 +219,11 @@ absl::Status RemoteInvalidationSelfTest(const std::shared_ptr<Context>& context,
 
   // Step 1b: the window works: an RDMA READ through it brings the exposed bytes. (Without
   // this, a window that never worked would pass step 3 below as well.)
-  for (size_t i = 0; i < sizeof(exposed); ++i) exposed[i] = static_cast<char>(0x40 + i);
-  {
+  // An RDMA READ of `exposed` through the window into `landing`, waited for.
+  auto read_through_window = [&](uint64_t wr_id) -> absl::Status {
     ibv_sge sge{reinterpret_cast<uint64_t>(landing), sizeof(landing), (*landing_mr)->lkey()};
     ibv_send_wr read{};
-    read.wr_id = 5;
+    read.wr_id = wr_id;
     read.opcode = IBV_WR_RDMA_READ;
     read.send_flags = IBV_SEND_SIGNALED;
     read.sg_list = &sge;
@@ -233,7 +233,11 @@ absl::Status RemoteInvalidationSelfTest(const std::shared_ptr<Context>& context,
     if (int err = ibv_post_send((*requester)->get(), &read, &bad); err != 0) {
       return VerbsError("ibv_post_send(RDMA_READ)", err);
     }
-    if (auto s = WaitCompletion(**cq, 5, options.selftest_timeout, stash, &wc); !s.ok()) return s;
+    return WaitCompletion(**cq, wr_id, options.selftest_timeout, stash, &wc);
+  };
+  for (size_t i = 0; i < sizeof(exposed); ++i) exposed[i] = static_cast<char>(0x40 + i);
+  {
+    if (auto s = read_through_window(5); !s.ok()) return s;
     if (wc.status != IBV_WC_SUCCESS) {
       return absl::FailedPreconditionError(absl::StrCat(
           "RDMA_READ through the bound type 2 window completed with '", WcStatusName(wc.status),
@@ -280,19 +284,7 @@ absl::Status RemoteInvalidationSelfTest(const std::shared_ptr<Context>& context,
   }
 
   // Step 3: the key must now be dead. An RDMA READ with it fails with a remote access error.
-  ibv_sge read_sge{reinterpret_cast<uint64_t>(landing), sizeof(landing), (*landing_mr)->lkey()};
-  ibv_send_wr read{};
-  read.wr_id = 4;
-  read.opcode = IBV_WR_RDMA_READ;
-  read.send_flags = IBV_SEND_SIGNALED;
-  read.sg_list = &read_sge;
-  read.num_sge = 1;
-  read.wr.rdma.remote_addr = reinterpret_cast<uint64_t>(exposed);
-  read.wr.rdma.rkey = rkey;
-  if (int err = ibv_post_send((*requester)->get(), &read, &bad); err != 0) {
-    return VerbsError("ibv_post_send(RDMA_READ)", err);
-  }
-  if (auto s = WaitCompletion(**cq, 4, options.selftest_timeout, stash, &wc); !s.ok()) return s;
+  if (auto s = read_through_window(4); !s.ok()) return s;
   if (wc.status != IBV_WC_REM_ACCESS_ERR) {
     return absl::FailedPreconditionError(absl::StrCat(
         "RDMA_READ through the invalidated rkey completed with '", WcStatusName(wc.status),
