@@ -108,17 +108,11 @@ bool MapPeerSegment(const Hello& hello, int memfd, PeerSegment* out, std::string
   }
   wire::SegmentHeader header;
   std::memcpy(&header, base, sizeof(header));
-  auto ring_ok = [&](uint64_t offset, uint64_t size) {
-    return std::has_single_bit(size) && size >= wire::kMinRingSize && size <= wire::kMaxRingSize &&
-           offset >= wire::kRingsOffset && offset % 4096 == 0 && offset <= hello.segment_size &&
-           size <= hello.segment_size - offset;
-  };
   bool ok = header.magic == wire::kSegmentMagic && header.version == wire::kWireVersion &&
             header.qp_num == hello.src_qpn && header.segment_size == hello.segment_size &&
-            ring_ok(header.request_ring_offset, header.request_ring_size) &&
-            ring_ok(header.response_ring_offset, header.response_ring_size) &&
-            (header.request_ring_offset + header.request_ring_size <= header.response_ring_offset ||
-             header.response_ring_offset + header.response_ring_size <= header.request_ring_offset);
+            SegmentGeometryOk(hello.segment_size, header.request_ring_offset,
+                              header.request_ring_size, header.response_ring_offset,
+                              header.response_ring_size);
   if (!ok) {
     munmap(base, hello.segment_size);
     *why = "segment header invalid";
@@ -134,6 +128,50 @@ bool MapPeerSegment(const Hello& hello, int memfd, PeerSegment* out, std::string
   out->qp_num = hello.src_qpn;
   return true;
 }
+
+}  // namespace
+
+bool SegmentGeometryOk(uint64_t segment_size, uint64_t request_ring_offset,
+                       uint64_t request_ring_size, uint64_t response_ring_offset,
+                       uint64_t response_ring_size) {
+  if (segment_size < wire::kRingsOffset + 2 * wire::kMinRingSize ||
+      segment_size > wire::kMaxSegmentSize) {
+    return false;
+  }
+  auto ring_ok = [&](uint64_t offset, uint64_t size) {
+    return std::has_single_bit(size) && size >= wire::kMinRingSize && size <= wire::kMaxRingSize &&
+           offset >= wire::kRingsOffset && offset % 4096 == 0 && offset <= segment_size &&
+           size <= segment_size - offset;
+  };
+  return ring_ok(request_ring_offset, request_ring_size) &&
+         ring_ok(response_ring_offset, response_ring_size) &&
+         (request_ring_offset + request_ring_size <= response_ring_offset ||
+          response_ring_offset + response_ring_size <= request_ring_offset);
+}
+
+bool OfferSegment(Hca* hca, uint64_t watch_id, uint32_t dst_qpn, const PeerSegment& segment,
+                  std::string* why) {
+  auto qp = hca->qps.find(dst_qpn);
+  auto watch = hca->watches.find(watch_id);
+  if (qp == hca->qps.end() || watch == hca->watches.end()) {
+    *why = "no such QP";
+    return false;
+  }
+  {
+    swirl::MutexLock incoming(&qp->second->incoming_mu);
+    if (qp->second->incoming.size() >= 4) {
+      *why = "too many pending links";
+      return false;
+    }
+    qp->second->incoming.push_back(segment);
+  }
+  watch->second.qp = qp->second;
+  // The QP picks it up at its next progress.
+  qp->second->link_event.store(true, std::memory_order_release);
+  return true;
+}
+
+namespace {
 
 void CloseFds(int* fds, int n) {
   for (int i = 0; i < n; ++i) {
@@ -186,34 +224,15 @@ bool ReceiveHello(Hca* hca, uint64_t watch_id, int fd) {
     segment.wake_fd = fds[1];
     fds[1] = -1;
     segment.watch = watch_id;
-    swirl::ReaderMutexLock lock(&hca->mu);
-    swirl::MutexLock watch_lock(&hca->watch_mu);
-    auto qp = hca->qps.find(hello.dst_qpn);
-    auto watch = hca->watches.find(watch_id);
-    if (qp == hca->qps.end() || watch == hca->watches.end()) {
-      why = "no such QP";
-      munmap(const_cast<char*>(segment.base), segment.size);
-      close(segment.wake_fd);
-    } else {
-      watch->second.qp = qp->second;
-      {
-        swirl::MutexLock incoming(&qp->second->incoming_mu);
-        if (qp->second->incoming.size() >= 4) {
-          why = "too many pending links";
-        } else {
-          qp->second->incoming.push_back(segment);
-        }
-      }
-      if (!why.empty()) {
-        watch->second.qp = nullptr;
-        munmap(const_cast<char*>(segment.base), segment.size);
-        close(segment.wake_fd);
-      } else {
-        qp->second->link_event.store(true, std::memory_order_release);
-        // The QP picks it up at its next progress; make sure something runs it.
-        return true;
-      }
+    bool offered;
+    {
+      swirl::ReaderMutexLock lock(&hca->mu);
+      swirl::MutexLock watch_lock(&hca->watch_mu);
+      offered = OfferSegment(hca, watch_id, hello.dst_qpn, segment, &why);
     }
+    if (offered) return true;
+    munmap(const_cast<char*>(segment.base), segment.size);
+    close(segment.wake_fd);
   }
   CloseFds(fds, 2);
   SWIRL_LOG(WARNING, "soft %s: refused a link to QP 0x%x: %s", hca->name, hello.dst_qpn, why);
@@ -237,6 +256,10 @@ void AcceptAll(Hca* hca) {
 }
 
 void HandleWatchEvent(Hca* hca, uint64_t id, uint32_t events) {
+  if (hca->tcp) {
+    HandleTcpEvent(hca, id, events);
+    return;
+  }
   int fd = -1;
   SoftQp* qp = nullptr;
   {
@@ -350,7 +373,11 @@ void HcaLoop(Hca* hca) {
       const uint64_t id = events[i].data.u64;
       if (id == kStopId) return;
       if (id == kListenId) {
-        AcceptAll(hca);
+        if (hca->tcp) {
+          AcceptTcp(hca);
+        } else {
+          AcceptAll(hca);
+        }
       } else if (id == kWakeId) {
         uint64_t count;
         while (read(hca->wake_fd, &count, sizeof(count)) > 0) {
@@ -359,6 +386,9 @@ void HcaLoop(Hca* hca) {
         HandleWatchEvent(hca, id, events[i].events);
       }
     }
+    // TCP fabric: QPs write our wake eventfd after every publish (their peer's mirror says it
+    // sleeps), and the 10 ms timeout picks up state changes that wake nobody.
+    if (hca->tcp) ShipTcp(hca);
     if (assist) {
       for (int round = 0; round < 64 && ProgressAssisted(hca); ++round) {
       }
@@ -379,15 +409,33 @@ Hca* CreateHca(const std::string& name, std::string* error) {
   if (const char* env = std::getenv("SWIRL_SOFT_PROGRESS")) {
     hca->assist = std::strcmp(env, "off") != 0;
   }
-  hca->listen_fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  socklen_t len;
-  sockaddr_un addr = AddressFor(hca->gid, &len);
+  if (const char* env = std::getenv("SWIRL_SOFT_TCP"); env != nullptr && *env != 0) {
+    uint16_t port = 0;
+    std::string why;
+    if (!ParseTcpFabric(env, &hca->tcp_addr, &port, &why)) {
+      *error = absl::StrCat("soft device ", name, ": SWIRL_SOFT_TCP: ", why);
+      return nullptr;
+    }
+    hca->tcp = true;
+    hca->listen_fd = ListenTcp(hca->tcp_addr, port, &hca->gid, &why);
+    if (hca->listen_fd < 0) {
+      *error = absl::StrCat("soft device ", name, ": ", why);
+      return nullptr;
+    }
+  }
+  bool listening = hca->tcp;
+  if (!hca->tcp) {
+    hca->listen_fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    socklen_t len;
+    sockaddr_un addr = AddressFor(hca->gid, &len);
+    listening = hca->listen_fd >= 0 &&
+                bind(hca->listen_fd, reinterpret_cast<sockaddr*>(&addr), len) == 0 &&
+                listen(hca->listen_fd, 1024) == 0;
+  }
   hca->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   hca->stop_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   hca->epoll_fd = epoll_create1(EPOLL_CLOEXEC);
-  if (hca->listen_fd < 0 || hca->wake_fd < 0 || hca->stop_fd < 0 || hca->epoll_fd < 0 ||
-      bind(hca->listen_fd, reinterpret_cast<sockaddr*>(&addr), len) != 0 ||
-      listen(hca->listen_fd, 1024) != 0) {
+  if (!listening || hca->wake_fd < 0 || hca->stop_fd < 0 || hca->epoll_fd < 0) {
     *error = absl::StrCat("soft device ", name, ": ", std::strerror(errno));
     for (int fd : {hca->listen_fd, hca->wake_fd, hca->stop_fd, hca->epoll_fd}) {
       if (fd >= 0) close(fd);
@@ -409,15 +457,17 @@ Hca* CreateHca(const std::string& name, std::string* error) {
 
 }  // namespace
 
-uint64_t Hca::Watch(int fd, SoftQp* qp) {
+uint64_t Hca::Watch(int fd, SoftQp* qp) { return WatchTcp(fd, qp, nullptr, EPOLLIN | EPOLLRDHUP); }
+
+uint64_t Hca::WatchTcp(int fd, SoftQp* qp, TcpLink* link, uint32_t events) {
   uint64_t id;
   {
     swirl::MutexLock lock(&watch_mu);
     id = next_watch++;
-    watches[id] = LinkWatch{qp, fd};
+    watches[id] = LinkWatch{qp, fd, link};
   }
   epoll_event ev;
-  ev.events = EPOLLIN | EPOLLRDHUP;
+  ev.events = events;
   ev.data.u64 = id;
   epoll_ctl(epoll_fd, EPOLL_CTL_ADD, fd, &ev);
   return id;
@@ -428,6 +478,7 @@ void Hca::Unwatch(uint64_t id) {
   auto it = watches.find(id);
   if (it == watches.end()) return;
   epoll_ctl(epoll_fd, EPOLL_CTL_DEL, it->second.fd, nullptr);
+  if (it->second.tcp != nullptr) DestroyTcpLink(this, it->second.tcp, it->second.fd);
   close(it->second.fd);
   watches.erase(it);
 }
@@ -439,7 +490,7 @@ void Hca::Kick() {
 }
 
 void PeerSegment::Close(Hca* hca) {
-  if (base != nullptr) munmap(const_cast<char*>(base), size);
+  if (base != nullptr && !mirror) munmap(const_cast<char*>(base), size);
   if (wake_fd >= 0) close(wake_fd);
   if (watch != 0) hca->Unwatch(watch);
   base = nullptr;
@@ -474,7 +525,10 @@ void ReleaseHca(Hca* hca) {
   hca->thread.join();
   {
     swirl::MutexLock lock(&hca->watch_mu);
-    for (auto& [id, watch] : hca->watches) close(watch.fd);
+    for (auto& [id, watch] : hca->watches) {
+      if (watch.tcp != nullptr) DestroyTcpLink(hca, watch.tcp, watch.fd);
+      close(watch.fd);
+    }
     hca->watches.clear();
   }
   for (int fd : {hca->listen_fd, hca->wake_fd, hca->stop_fd, hca->epoll_fd}) close(fd);

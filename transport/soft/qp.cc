@@ -728,9 +728,13 @@ int ModifyQp(ibv_qp* ibqp, ibv_qp_attr* attr, int mask) {
   } else if (from == IBV_QPS_INIT && to == IBV_QPS_RTR) {
     qp->expected_msn = qp->attr.rq_psn & wire::kMsnMask;
     if (int err = CreateSegment(qp); err != 0) return err;
-    int fd = SendHello(qp->hca, qp->attr.ah_attr.grh.dgid, qp->qp_num, qp->attr.dest_qp_num,
-                       qp->memfd, qp->own_size);
-    if (fd >= 0) {
+    if (qp->hca->tcp) {
+      // The HCA thread connects; a peer it cannot reach fails nothing now, as below.
+      qp->out_watch = ConnectTcpLink(qp->hca, qp, qp->attr.ah_attr.grh.dgid,
+                                     qp->attr.dest_qp_num, qp->memfd, qp->own_size);
+    } else if (int fd = SendHello(qp->hca, qp->attr.ah_attr.grh.dgid, qp->qp_num,
+                                  qp->attr.dest_qp_num, qp->memfd, qp->own_size);
+               fd >= 0) {
       qp->out_socket = fd;
       qp->out_watch = qp->hca->Watch(fd, qp);
     } else {

@@ -227,9 +227,11 @@ struct PeerSegment {
   uint64_t request_ring_offset = 0, request_ring_size = 0;
   uint64_t response_ring_offset = 0, response_ring_size = 0;
   uint64_t watch = 0;  // the HCA watch on the connection it came on (liveness)
-  int wake_fd = -1;  // the peer HCA's wake eventfd
+  int wake_fd = -1;  // the peer HCA's wake eventfd (TCP fabric: our own HCA's, which ships)
   ibv_gid gid{};
   uint32_t qp_num = 0;
+  // TCP fabric: `base` is a private mirror owned by the link's TcpLink, unmapped with it.
+  bool mirror = false;
   const wire::SegmentControl* control() const {
     return reinterpret_cast<const wire::SegmentControl*>(base + wire::kControlOffset);
   }
@@ -411,9 +413,12 @@ inline bool IdleWithoutLock(const SoftQp* qp) {
 
 // ---- HCA: one per device name per process ----------------------------------------------------
 
+struct TcpLink;  // tcp_link.cc
+
 struct LinkWatch {
   SoftQp* qp = nullptr;  // null while the connection still owes its hello
   int fd = -1;
+  TcpLink* tcp = nullptr;  // TCP fabric only: the link's state (owned; see DestroyTcpLink)
 };
 
 struct Hca {
@@ -425,6 +430,10 @@ struct Hca {
 
   int listen_fd = -1;
   int wake_fd = -1;  // eventfd: peers write it when we sleep
+  // The TCP fabric (SWIRL_SOFT_TCP): links are TCP connections that replicate each QP's segment
+  // into a mirror at the peer, instead of one shared memfd (tcp_link.cc).
+  bool tcp = false;
+  uint32_t tcp_addr = 0;  // IPv4, network order
   int epoll_fd = -1;
   int stop_fd = -1;
   std::thread thread;
@@ -445,6 +454,8 @@ struct Hca {
 
   // Registers `fd` with the HCA thread for hangup detection; returns the watch id.
   uint64_t Watch(int fd, SoftQp* qp);
+  // The same for a TCP link (takes ownership of `link`), with the epoll events it starts with.
+  uint64_t WatchTcp(int fd, SoftQp* qp, TcpLink* link, uint32_t events);
   // Stops watching and closes the fd.
   void Unwatch(uint64_t id);
   // Wakes the HCA thread (an application armed a CQ).
@@ -484,6 +495,32 @@ std::string GidHex(const ibv_gid& gid);
 // connected socket, or -errno.
 int SendHello(Hca* hca, const ibv_gid& gid, uint32_t src_qpn, uint32_t dst_qpn, int memfd,
               uint64_t segment_size);
+// True if a peer's segment geometry (untrusted) is one we can map and read safely.
+bool SegmentGeometryOk(uint64_t segment_size, uint64_t request_ring_offset,
+                       uint64_t request_ring_size, uint64_t response_ring_offset,
+                       uint64_t response_ring_size);
+// Hands a validated peer segment to QP `dst_qpn` as a link candidate. Caller holds hca->mu
+// (reader) and hca->watch_mu; on failure `segment` is left for the caller to close.
+bool OfferSegment(Hca* hca, uint64_t watch_id, uint32_t dst_qpn, const PeerSegment& segment,
+                  std::string* why);
+
+// tcp_link.cc: the TCP fabric. Each QP's segment is replicated frame by frame over a TCP
+// connection into a private mirror at the peer, so the QP code above reads the same layout.
+// Parses SWIRL_SOFT_TCP ("IPv4" or "IPv4:port"; port 0 or none: any free port).
+bool ParseTcpFabric(const char* spec, uint32_t* addr, uint16_t* port, std::string* why);
+// Listens on addr:port; the GID that names it (port in bytes 8-9, ::ffff:IPv4 in 10-15).
+int ListenTcp(uint32_t addr, uint16_t port, ibv_gid* gid, std::string* why);
+// Starts the link that ships QP `src_qpn`'s segment (`memfd`) to `gid`'s QP `dst_qpn`; returns
+// its watch id, or 0 if the GID names no TCP peer. Never blocks: the HCA thread connects.
+uint64_t ConnectTcpLink(Hca* hca, SoftQp* qp, const ibv_gid& gid, uint32_t dst_qpn, int memfd,
+                        uint64_t segment_size);
+void AcceptTcp(Hca* hca);
+// An event on a TCP link's socket (HCA thread).
+void HandleTcpEvent(Hca* hca, uint64_t id, uint32_t events);
+// Ships whatever our QPs have written since the last call (HCA thread).
+void ShipTcp(Hca* hca);
+// Final best-effort ship, then frees the link (caller holds watch_mu; closes the fd itself).
+void DestroyTcpLink(Hca* hca, TcpLink* link, int fd);
 
 // qp.cc
 int CreateQp(SoftContext* sctx, ibv_pd* pd, ibv_qp_init_attr* attr, ibv_qp** out);

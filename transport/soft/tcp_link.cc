@@ -1,0 +1,577 @@
+// The soft device's TCP fabric (SWIRL_SOFT_TCP=IPv4[:port]): QPs on different hosts.
+//
+// On one host a QP's peer maps its segment (wire.h) read-only through a shared memfd. Across
+// hosts there is no shared memory, so each link is a TCP connection from the segment's owner to
+// the peer's HCA, and the peer keeps a private *mirror* of the owner's segment with the same
+// layout. The owner's HCA thread ships each frame once its stamp is published (the frame's bytes
+// first, as a record) and its control words when they change; the peer's HCA thread writes the
+// frame into the mirror with the stamp stored last, exactly as the owner did, so the QP code that
+// reads a peer's segment is the same on both fabrics. Each direction of a QP pair is its own
+// connection: the one a QP opens at RTR carries its segment.
+//
+// Wire, in order on the connection (all host byte order: both ends are this code on x86-64):
+//   TcpHello (the segment's geometry and initial control words), then records:
+//   TcpRecord{kRecordFrame, ring, length, position} + `length` bytes: one frame, at `position`
+//     (absolute, as the stamp), which must be the ring's next position;
+//   TcpRecord{kRecordControl, 0, 32, 0} + request_consumed, response_consumed, acked, state.
+// A mirror's `sleeping` word is always set, so the peer's QP writes its wake eventfd (our HCA's
+// own here) after every publish, and our HCA thread ships at once.
+//
+// Everything received is untrusted, as a mapped segment is: the hello's geometry is checked
+// like a memfd's, every record's ring, position and length against the mirror, and a connection
+// that sends anything else is dropped, failing its QP as a vanished peer would.
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/epoll.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "base/log.h"
+#include "transport/soft/qp_ops.h"
+
+namespace swirl::soft {
+namespace {
+
+constexpr uint64_t kTcpHelloMagic = 0x3150435457535731ull;  // "1WSWTCP1"
+
+struct TcpHello {
+  uint64_t magic;
+  uint32_t version;
+  uint32_t src_qpn;
+  uint32_t dst_qpn;
+  uint32_t reserved;
+  ibv_gid src_gid;
+  uint64_t segment_size;
+  uint64_t request_ring_offset;
+  uint64_t request_ring_size;
+  uint64_t response_ring_offset;
+  uint64_t response_ring_size;
+  uint64_t control[4];  // request_consumed, response_consumed, acked, state
+};
+
+enum RecordKind : uint8_t { kRecordFrame = 1, kRecordControl = 2 };
+
+struct TcpRecord {
+  uint8_t kind;
+  uint8_t ring;  // frames: 0 request ring, 1 response ring
+  uint16_t reserved;
+  uint32_t length;
+  uint64_t position;
+};
+static_assert(sizeof(TcpRecord) == 16);
+
+constexpr size_t kControlWords = 4;
+// The largest frame a writer makes (a WRITE chunk with its extension); PAD frames, which fill a
+// ring's tail, can be longer and are shipped as their header alone (see Ship).
+constexpr uint64_t kMaxFrame = wire::FrameBytes(wire::kOpWrite, wire::kMaxChunk);
+constexpr size_t kStaging = 2 * (sizeof(TcpRecord) + kMaxFrame);
+
+}  // namespace
+
+struct TcpLink {
+  bool outgoing = false;
+  bool connecting = false;
+  bool failed = false;
+  // Outgoing: our own segment, mapped read-only here (the QP may unmap its mapping first).
+  // Incoming: the mirror of the peer's segment, written only by the HCA thread.
+  char* base = nullptr;
+  uint64_t size = 0;
+  uint64_t ring_offset[2] = {0, 0};
+  uint64_t ring_size[2] = {0, 0};
+  uint64_t position[2] = {0, 0};  // next frame to ship / expected next
+
+  // Outgoing: the record being sent (header bytes, then a body in the segment) and how far.
+  char head[sizeof(TcpHello)];
+  size_t head_len = 0;
+  const char* body = nullptr;
+  size_t body_len = 0;
+  size_t sent = 0;
+  bool waiting_out = false;  // EPOLLOUT armed
+  uint64_t shipped_control[kControlWords] = {};
+  bool control_shipped = false;
+
+  // Incoming: bytes received and not yet applied.
+  std::unique_ptr<char[]> staging;
+  size_t staged = 0;
+  bool hello_done = false;
+};
+
+namespace {
+
+// The control words a link carries, in record order (not `sleeping`: see the file comment).
+std::atomic<uint64_t>* ControlWord(const TcpLink& link, size_t i) {
+  auto* ctrl = reinterpret_cast<wire::SegmentControl*>(link.base + wire::kControlOffset);
+  std::atomic<uint64_t>* words[kControlWords] = {
+      &ctrl->request_consumed.value, &ctrl->response_consumed.value, &ctrl->acked.value,
+      &ctrl->state.value};
+  return words[i];
+}
+
+void ArmOut(Hca* hca, uint64_t id, int fd, TcpLink& link, bool on) {
+  if (link.waiting_out == on) return;
+  link.waiting_out = on;
+  epoll_event ev;
+  ev.events = EPOLLIN | EPOLLRDHUP | (on ? uint32_t{EPOLLOUT} : 0u);
+  ev.data.u64 = id;
+  epoll_ctl(hca->epoll_fd, EPOLL_CTL_MOD, fd, &ev);
+}
+
+// Sends the pending record. True when it is all sent; false if the socket is full (EPOLLOUT is
+// armed) or failed (link.failed).
+bool Flush(Hca* hca, uint64_t id, int fd, TcpLink& link) {
+  while (link.sent < link.head_len + link.body_len) {
+    iovec iov[2];
+    int n = 0;
+    if (link.sent < link.head_len) {
+      iov[n++] = {link.head + link.sent, link.head_len - link.sent};
+    }
+    const size_t body_done = link.sent > link.head_len ? link.sent - link.head_len : 0;
+    if (link.body_len > body_done) {
+      iov[n++] = {const_cast<char*>(link.body) + body_done, link.body_len - body_done};
+    }
+    msghdr msg;
+    std::memset(&msg, 0, sizeof(msg));
+    msg.msg_iov = iov;
+    msg.msg_iovlen = n;
+    const ssize_t k = sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (k < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        ArmOut(hca, id, fd, link, true);
+      } else {
+        link.failed = true;
+      }
+      return false;
+    }
+    link.sent += static_cast<size_t>(k);
+  }
+  link.head_len = link.body_len = link.sent = 0;
+  link.body = nullptr;
+  ArmOut(hca, id, fd, link, false);
+  return true;
+}
+
+void QueueRecord(TcpLink& link, const TcpRecord& record, const void* extra, size_t extra_len,
+                 const char* body, size_t body_len) {
+  std::memcpy(link.head, &record, sizeof(record));
+  if (extra_len > 0) std::memcpy(link.head + sizeof(record), extra, extra_len);
+  link.head_len = sizeof(record) + extra_len;
+  link.body = body;
+  link.body_len = body_len;
+  link.sent = 0;
+}
+
+// Ships what our QP has published since the last call: frames in order, then the control words
+// if they changed. The control words are read *before* the frames, so a state the peer sees
+// (an error published after its NAK) never arrives ahead of the frames written before it.
+void Ship(Hca* hca, uint64_t id, int fd, TcpLink& link) {
+  if (link.failed || link.connecting || !Flush(hca, id, fd, link)) return;
+  uint64_t control[kControlWords];
+  for (size_t i = 0; i < kControlWords; ++i) {
+    control[i] = ControlWord(link, i)->load(std::memory_order_acquire);
+  }
+  wire::SharedAcquire();
+  for (int ring = 0; ring < 2; ++ring) {
+    for (;;) {
+      const uint64_t pos = link.position[ring];
+      const uint64_t offset = pos & (link.ring_size[ring] - 1);
+      const char* frame = link.base + link.ring_offset[ring] + offset;
+      if (__atomic_load_n(reinterpret_cast<const uint64_t*>(frame), __ATOMIC_ACQUIRE) !=
+          (wire::kStampValid | pos)) {
+        break;
+      }
+      wire::SharedAcquire();
+      wire::FrameHeader header;
+      std::memcpy(&header, frame, sizeof(header));
+      const uint64_t room = link.ring_size[ring] - offset;
+      // A PAD frame covers the rest of the ring; its header says all the reader needs.
+      const uint64_t consumed =
+          header.op == wire::kOpPad ? room : wire::FrameBytes(header.op, header.length);
+      const uint64_t bytes = header.op == wire::kOpPad ? wire::kFrameAlign : consumed;
+      if (consumed > room || bytes > kMaxFrame) {  // our own QP wrote it: cannot happen
+        link.failed = true;
+        return;
+      }
+      TcpRecord record{kRecordFrame, static_cast<uint8_t>(ring), 0,
+                       static_cast<uint32_t>(bytes), pos};
+      QueueRecord(link, record, nullptr, 0, frame, bytes);
+      link.position[ring] = pos + consumed;
+      if (!Flush(hca, id, fd, link)) return;
+    }
+  }
+  if (link.control_shipped &&
+      std::memcmp(control, link.shipped_control, sizeof(control)) == 0) {
+    return;
+  }
+  TcpRecord record{kRecordControl, 0, 0, static_cast<uint32_t>(sizeof(control)), 0};
+  QueueRecord(link, record, control, sizeof(control), nullptr, 0);
+  std::memcpy(link.shipped_control, control, sizeof(control));
+  link.control_shipped = true;
+  Flush(hca, id, fd, link);
+}
+
+void MarkGone(Hca* hca, LinkWatch& watch, uint64_t id) {
+  epoll_ctl(hca->epoll_fd, EPOLL_CTL_DEL, watch.fd, nullptr);
+  watch.tcp->failed = true;
+  if (watch.qp != nullptr) {
+    watch.qp->peer_gone.store(true, std::memory_order_release);
+    watch.qp->link_event.store(true, std::memory_order_release);
+  }
+  (void)id;
+}
+
+// Validates an incoming hello and offers a mirror of the segment it describes to its QP.
+bool AcceptHello(Hca* hca, uint64_t id, LinkWatch& watch, const TcpHello& hello,
+                 std::string* why) {
+  TcpLink& link = *watch.tcp;
+  if (hello.magic != kTcpHelloMagic || hello.version != wire::kWireVersion ||
+      !SegmentGeometryOk(hello.segment_size, hello.request_ring_offset, hello.request_ring_size,
+                         hello.response_ring_offset, hello.response_ring_size)) {
+    *why = "malformed hello";
+    return false;
+  }
+  // The GID must name the address the connection comes from (as RoCE's IP-based GIDs do).
+  sockaddr_in peer;
+  socklen_t len = sizeof(peer);
+  if (getpeername(watch.fd, reinterpret_cast<sockaddr*>(&peer), &len) != 0 ||
+      peer.sin_family != AF_INET ||
+      std::memcmp(&peer.sin_addr.s_addr, hello.src_gid.raw + 12, 4) != 0) {
+    *why = "hello's GID does not match its address";
+    return false;
+  }
+  void* base = mmap(nullptr, hello.segment_size, PROT_READ | PROT_WRITE,
+                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (base == MAP_FAILED) {
+    *why = absl::StrCat("mmap: ", std::strerror(errno));
+    return false;
+  }
+  link.base = static_cast<char*>(base);
+  link.size = hello.segment_size;
+  link.ring_offset[0] = hello.request_ring_offset;
+  link.ring_size[0] = hello.request_ring_size;
+  link.ring_offset[1] = hello.response_ring_offset;
+  link.ring_size[1] = hello.response_ring_size;
+  for (size_t i = 0; i < kControlWords; ++i) {
+    ControlWord(link, i)->store(hello.control[i], std::memory_order_relaxed);
+  }
+  auto* ctrl = reinterpret_cast<wire::SegmentControl*>(link.base + wire::kControlOffset);
+  ctrl->sleeping.value.store(1, std::memory_order_relaxed);
+  PeerSegment segment;
+  segment.base = link.base;
+  segment.size = link.size;
+  segment.request_ring_offset = hello.request_ring_offset;
+  segment.request_ring_size = hello.request_ring_size;
+  segment.response_ring_offset = hello.response_ring_offset;
+  segment.response_ring_size = hello.response_ring_size;
+  segment.watch = id;
+  segment.gid = hello.src_gid;
+  segment.qp_num = hello.src_qpn;
+  segment.mirror = true;
+  segment.wake_fd = dup(hca->wake_fd);  // non-blocking, as the eventfd it shares
+  if (segment.wake_fd < 0) {
+    *why = absl::StrCat("dup: ", std::strerror(errno));
+    return false;
+  }
+  if (!OfferSegment(hca, id, hello.dst_qpn, segment, why)) {
+    close(segment.wake_fd);
+    return false;
+  }
+  return true;
+}
+
+// Applies one complete record at `data` (header validated by the caller) to the mirror.
+void ApplyFrame(TcpLink& link, const TcpRecord& record, const char* data) {
+  const int ring = record.ring;
+  char* dst = link.base + link.ring_offset[ring] + (record.position & (link.ring_size[ring] - 1));
+  std::memcpy(dst + sizeof(uint64_t), data + sizeof(uint64_t), record.length - sizeof(uint64_t));
+  uint64_t stamp;
+  std::memcpy(&stamp, data, sizeof(stamp));
+  wire::SharedRelease();
+  __atomic_store_n(reinterpret_cast<uint64_t*>(dst), stamp, __ATOMIC_RELEASE);
+}
+
+// The bytes a PAD frame's record advances its ring by: the rest of the ring.
+uint64_t Advance(const TcpLink& link, const TcpRecord& record, const char* data) {
+  wire::FrameHeader header;
+  std::memcpy(&header, data, sizeof(header));
+  const uint64_t room = link.ring_size[record.ring] -
+                        (record.position & (link.ring_size[record.ring] - 1));
+  return header.op == wire::kOpPad ? room : record.length;
+}
+
+// Consumes whole units from the staging buffer. Returns false (with `why`) on a violation.
+bool ApplyStaged(Hca* hca, uint64_t id, LinkWatch& watch, std::string* why) {
+  TcpLink& link = *watch.tcp;
+  size_t at = 0;
+  for (;;) {
+    const char* p = link.staging.get() + at;
+    const size_t have = link.staged - at;
+    if (!link.hello_done) {
+      if (have < sizeof(TcpHello)) break;
+      TcpHello hello;
+      std::memcpy(&hello, p, sizeof(hello));
+      if (!AcceptHello(hca, id, watch, hello, why)) return false;
+      link.hello_done = true;
+      at += sizeof(TcpHello);
+      continue;
+    }
+    if (have < sizeof(TcpRecord)) break;
+    TcpRecord record;
+    std::memcpy(&record, p, sizeof(record));
+    if (record.kind == kRecordControl) {
+      if (record.length != kControlWords * sizeof(uint64_t)) {
+        *why = "bad control record";
+        return false;
+      }
+    } else if (record.kind == kRecordFrame) {
+      const uint64_t ring_size = record.ring < 2 ? link.ring_size[record.ring] : 0;
+      if (record.ring >= 2 || record.position != link.position[record.ring] ||
+          record.length < sizeof(wire::FrameHeader) || record.length % wire::kFrameAlign != 0 ||
+          record.length > kMaxFrame ||
+          (record.position & (ring_size - 1)) + record.length > ring_size) {
+        *why = "frame record out of bounds";
+        return false;
+      }
+    } else {
+      *why = "unknown record";
+      return false;
+    }
+    if (have < sizeof(TcpRecord) + record.length) break;
+    const char* data = p + sizeof(TcpRecord);
+    if (record.kind == kRecordControl) {
+      uint64_t words[kControlWords];
+      std::memcpy(words, data, sizeof(words));
+      wire::SharedRelease();
+      for (size_t i = 0; i < kControlWords; ++i) {
+        ControlWord(link, i)->store(words[i], std::memory_order_release);
+      }
+    } else {
+      ApplyFrame(link, record, data);
+      link.position[record.ring] += Advance(link, record, data);
+    }
+    at += sizeof(TcpRecord) + record.length;
+  }
+  std::memmove(link.staging.get(), link.staging.get() + at, link.staged - at);
+  link.staged -= at;
+  return true;
+}
+
+void Receive(Hca* hca, uint64_t id, LinkWatch& watch) {
+  TcpLink& link = *watch.tcp;
+  for (;;) {
+    const ssize_t n = recv(watch.fd, link.staging.get() + link.staged, kStaging - link.staged,
+                           MSG_DONTWAIT);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+    std::string why;
+    if (n <= 0) {
+      why = n == 0 ? "peer closed" : std::strerror(errno);
+    } else {
+      link.staged += static_cast<size_t>(n);
+      if (ApplyStaged(hca, id, watch, &why)) continue;
+    }
+    if (n != 0) SWIRL_LOG(WARNING, "soft %s: TCP link dropped: %s", hca->name, why);
+    if (watch.qp == nullptr) {
+      // Never got as far as a QP: nothing else refers to it.
+      epoll_ctl(hca->epoll_fd, EPOLL_CTL_DEL, watch.fd, nullptr);
+      DestroyTcpLink(hca, watch.tcp, watch.fd);
+      close(watch.fd);
+      hca->watches.erase(id);
+    } else {
+      MarkGone(hca, watch, id);
+    }
+    return;
+  }
+}
+
+}  // namespace
+
+bool ParseTcpFabric(const char* spec, uint32_t* addr, uint16_t* port, std::string* why) {
+  std::vector<std::string> parts = absl::StrSplit(spec, ':');
+  uint32_t port_value = 0;
+  in_addr parsed;
+  if (parts.size() > 2 || inet_pton(AF_INET, parts[0].c_str(), &parsed) != 1 ||
+      (parts.size() == 2 && (!absl::SimpleAtoi(parts[1], &port_value) || port_value > 65535))) {
+    *why = absl::StrCat("'", spec, "' is not IPv4[:port]");
+    return false;
+  }
+  if (parsed.s_addr == htonl(INADDR_ANY)) {
+    *why = "the address must be one of this host's (it becomes the device's GID), not 0.0.0.0";
+    return false;
+  }
+  *addr = parsed.s_addr;
+  *port = static_cast<uint16_t>(port_value);
+  return true;
+}
+
+int ListenTcp(uint32_t addr, uint16_t port, ibv_gid* gid, std::string* why) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  sockaddr_in sa;
+  std::memset(&sa, 0, sizeof(sa));
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = addr;
+  sa.sin_port = htons(port);
+  int one = 1;
+  socklen_t len = sizeof(sa);
+  if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) != 0 ||
+      bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0 || listen(fd, 1024) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) != 0) {
+    char text[INET_ADDRSTRLEN] = "?";
+    inet_ntop(AF_INET, &addr, text, sizeof(text));
+    *why = absl::StrCat("TCP listen on ", text, ":", port, ": ", std::strerror(errno));
+    if (fd >= 0) close(fd);
+    return -1;
+  }
+  // ::ffff:a.b.c.d, as a RoCE v2 GID for an IPv4 address, with the port in bytes 8-9.
+  std::memset(gid->raw, 0, sizeof(gid->raw));
+  std::memcpy(gid->raw + 8, &sa.sin_port, 2);
+  gid->raw[10] = gid->raw[11] = 0xff;
+  std::memcpy(gid->raw + 12, &addr, 4);
+  return fd;
+}
+
+uint64_t ConnectTcpLink(Hca* hca, SoftQp* qp, const ibv_gid& gid, uint32_t dst_qpn, int memfd,
+                        uint64_t segment_size) {
+  static constexpr uint8_t kZero[8] = {};
+  if (std::memcmp(gid.raw, kZero, 8) != 0 || gid.raw[10] != 0xff || gid.raw[11] != 0xff) {
+    SWIRL_LOG(DEBUG, "soft: QP 0x%x: GID %s names no TCP peer", qp->qp_num, GidHex(gid));
+    return 0;
+  }
+  void* base = mmap(nullptr, segment_size, PROT_READ, MAP_SHARED, memfd, 0);
+  if (base == MAP_FAILED) return 0;
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  sockaddr_in local;
+  std::memset(&local, 0, sizeof(local));
+  local.sin_family = AF_INET;
+  local.sin_addr.s_addr = hca->tcp_addr;  // the source address is our GID's (AcceptHello checks)
+  sockaddr_in remote;
+  std::memset(&remote, 0, sizeof(remote));
+  remote.sin_family = AF_INET;
+  std::memcpy(&remote.sin_port, gid.raw + 8, 2);
+  std::memcpy(&remote.sin_addr.s_addr, gid.raw + 12, 4);
+  int one = 1;
+  if (fd < 0 || setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)) != 0 ||
+      bind(fd, reinterpret_cast<sockaddr*>(&local), sizeof(local)) != 0 ||
+      (connect(fd, reinterpret_cast<sockaddr*>(&remote), sizeof(remote)) != 0 &&
+       errno != EINPROGRESS)) {
+    SWIRL_LOG(DEBUG, "soft: QP 0x%x cannot reach %s: %s", qp->qp_num, GidHex(gid),
+              std::strerror(errno));
+    if (fd >= 0) close(fd);
+    munmap(base, segment_size);
+    return 0;
+  }
+  auto* link = new TcpLink;
+  link->outgoing = true;
+  link->connecting = true;
+  link->base = static_cast<char*>(base);
+  link->size = segment_size;
+  const auto* header = static_cast<const wire::SegmentHeader*>(base);
+  link->ring_offset[0] = header->request_ring_offset;
+  link->ring_size[0] = header->request_ring_size;
+  link->ring_offset[1] = header->response_ring_offset;
+  link->ring_size[1] = header->response_ring_size;
+  TcpHello hello;
+  std::memset(&hello, 0, sizeof(hello));
+  hello.magic = kTcpHelloMagic;
+  hello.version = wire::kWireVersion;
+  hello.src_qpn = qp->qp_num;
+  hello.dst_qpn = dst_qpn;
+  hello.src_gid = hca->gid;
+  hello.segment_size = segment_size;
+  hello.request_ring_offset = link->ring_offset[0];
+  hello.request_ring_size = link->ring_size[0];
+  hello.response_ring_offset = link->ring_offset[1];
+  hello.response_ring_size = link->ring_size[1];
+  for (size_t i = 0; i < kControlWords; ++i) {
+    hello.control[i] = ControlWord(*link, i)->load(std::memory_order_acquire);
+  }
+  std::memcpy(link->head, &hello, sizeof(hello));
+  link->head_len = sizeof(hello);
+  std::memcpy(link->shipped_control, hello.control, sizeof(hello.control));
+  link->control_shipped = true;
+  link->waiting_out = true;
+  return hca->WatchTcp(fd, qp, link, EPOLLIN | EPOLLOUT | EPOLLRDHUP);
+}
+
+void AcceptTcp(Hca* hca) {
+  for (;;) {
+    int fd = accept4(hca->listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) return;
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    auto* link = new TcpLink;
+    link->staging = std::make_unique<char[]>(kStaging);
+    hca->WatchTcp(fd, nullptr, link, EPOLLIN | EPOLLRDHUP);
+  }
+}
+
+void HandleTcpEvent(Hca* hca, uint64_t id, uint32_t events) {
+  // Offering a segment looks up its QP: hca->mu before watch_mu, as everywhere.
+  swirl::ReaderMutexLock lock(&hca->mu);
+  swirl::MutexLock watch_lock(&hca->watch_mu);
+  auto it = hca->watches.find(id);
+  if (it == hca->watches.end() || it->second.tcp == nullptr || it->second.tcp->failed) return;
+  LinkWatch& watch = it->second;
+  TcpLink& link = *watch.tcp;
+  if (!link.outgoing) {
+    // Data first: a peer's last frames may arrive together with its hangup.
+    if (events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) Receive(hca, id, watch);
+    return;
+  }
+  if (link.connecting && (events & (EPOLLOUT | EPOLLERR | EPOLLHUP))) {
+    int error = 0;
+    socklen_t len = sizeof(error);
+    if (getsockopt(watch.fd, SOL_SOCKET, SO_ERROR, &error, &len) != 0 || error != 0) {
+      // Like an unreachable shared-memory peer: nothing fails now; requests time out at RTS.
+      SWIRL_LOG(DEBUG, "soft %s: QP 0x%x: TCP connect: %s", hca->name,
+                watch.qp != nullptr ? watch.qp->qp_num : 0, std::strerror(error));
+      epoll_ctl(hca->epoll_fd, EPOLL_CTL_DEL, watch.fd, nullptr);
+      link.failed = true;
+      return;
+    }
+    link.connecting = false;
+  }
+  if (events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) {
+    // Nothing is expected from the other end of an outgoing link but its hangup.
+    MarkGone(hca, watch, id);
+    return;
+  }
+  Ship(hca, id, watch.fd, link);
+  if (link.failed) MarkGone(hca, watch, id);
+}
+
+void ShipTcp(Hca* hca) {
+  swirl::MutexLock watch_lock(&hca->watch_mu);
+  for (auto& [id, watch] : hca->watches) {
+    if (watch.tcp == nullptr || !watch.tcp->outgoing || watch.tcp->failed) continue;
+    Ship(hca, id, watch.fd, *watch.tcp);
+    if (watch.tcp->failed) MarkGone(hca, watch, id);
+  }
+}
+
+void DestroyTcpLink(Hca* hca, TcpLink* link, int fd) {
+  // The QP is going: what it published last (its final state among it) goes out if the
+  // socket takes it now; a peer that misses it sees the connection close instead.
+  if (link->outgoing && !link->failed && !link->connecting) {
+    for (auto& [id, watch] : hca->watches) {
+      if (watch.tcp == link) Ship(hca, id, fd, *link);
+    }
+  }
+  if (link->base != nullptr) munmap(link->base, link->size);
+  delete link;
+}
+
+}  // namespace swirl::soft
