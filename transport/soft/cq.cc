@@ -62,6 +62,7 @@ int CreateCq(SoftContext* sctx, int cqe, void* cq_context, ibv_comp_channel* cha
   auto* cq = new SoftCq();
   cq->sctx = sctx;
   cq->sc = static_cast<SoftChannel*>(channel);
+  cq->tcp = sctx->hca->tcp;
   // Like mlx5: the ring is a power of two and the CQ holds one less than that.
   const uint32_t slots = std::bit_ceil<uint32_t>(static_cast<uint32_t>(cqe) + 1);
   cq->ring.resize(slots);
@@ -116,6 +117,7 @@ int PollCq(ibv_cq* ibcq, int n, ibv_wc* wc) {
   // Receive completions that progress produces while the ring is empty come straight into
   // `wc` (they are the oldest there are); anything found in the ring is newer and follows.
   PollSink sink{cq, wc, static_cast<uint32_t>(n), 0};
+  if (cq->tcp) PullTcp(cq->sctx->hca);
   if (cq->depth.load(std::memory_order_relaxed) < static_cast<uint32_t>(n) || n == 0) {
     ProgressAttached(cq, &sink);
   }

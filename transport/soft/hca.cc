@@ -356,6 +356,10 @@ void HcaLoop(Hca* hca) {
   for (;;) {
     const int64_t now = NowNs();
     const bool assist = hca->assist && MarkAssistedCqs(hca, now);
+    if (hca->tcp) {
+      swirl::ReaderMutexLock lock(&hca->mu);
+      WatchTcpReceives(hca);
+    }
     int timeout_ms;
     {
       swirl::ReaderMutexLock lock(&hca->mu);

@@ -532,6 +532,17 @@ void PublishAndWake(SoftQp* qp, bool wrote) {
     published = true;
   }
   if (!published || !qp->linked) return;
+  if (qp->hca->tcp) {
+    // New frames go now, with the control words; a change of control words alone (consumed,
+    // acked) rides with the next frame or goes at the next poll, whichever is first, so a
+    // request and the acknowledgement of the one before share a segment.
+    if (wrote) {
+      ShipTcpFor(qp);
+    } else {
+      qp->tcp_control_due.store(true, std::memory_order_release);
+    }
+    return;
+  }
   // Pairs with the sleeper's fence between setting `sleeping` and re-checking our rings.
   FullFence();
   if (qp->peer.control()->sleeping.value.load(std::memory_order_relaxed) != 0) {

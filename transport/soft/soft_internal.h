@@ -90,6 +90,7 @@ struct Cqe {
 struct SoftCq : ibv_cq {
   SoftContext* sctx;
   SoftChannel* sc;  // channel, or nullptr
+  bool tcp = false;  // the HCA's links are TCP: polls read them (PullTcp)
 
   SpinLock lock;
   std::vector<Cqe> ring;  // capacity cqe (+1 spare slot to tell full from empty)
@@ -400,6 +401,8 @@ struct SoftQp : ibv_qp {
   // Set by the HCA thread (no QP lock needed to set them).
   std::atomic<bool> link_event{false};
   std::atomic<bool> peer_gone{false};
+  // TCP fabric: control words changed and are not shipped yet (PullTcp ships them).
+  std::atomic<bool> tcp_control_due{false};
   swirl::Mutex incoming_mu;
   std::vector<PeerSegment> incoming ABSL_GUARDED_BY(incoming_mu);
 };
@@ -519,6 +522,16 @@ void AcceptTcp(Hca* hca);
 void HandleTcpEvent(Hca* hca, uint64_t id, uint32_t events);
 // Ships whatever our QPs have written since the last call (HCA thread).
 void ShipTcp(Hca* hca);
+// The HCA thread reads a link only while its QP's CQs are assisted (nobody polls them, or the
+// owner sleeps on a channel); otherwise polls read it (PullTcp) and a wakeup per message here
+// would only take the core from them. Caller holds hca->mu (reader).
+void WatchTcpReceives(Hca* hca);
+// The same for one QP, from the thread that just published (its lock held): TCP links move
+// with the application's own calls, as shared memory does, not at the HCA thread's wakeups.
+void ShipTcpFor(SoftQp* qp);
+// A poll's share: reads what has arrived on the HCA's links into their mirrors, unless another
+// thread is doing so. Returns true if anything arrived.
+bool PullTcp(Hca* hca);
 // Final best-effort ship, then frees the link (caller holds watch_mu; closes the fd itself).
 void DestroyTcpLink(Hca* hca, TcpLink* link, int fd);
 

@@ -93,12 +93,18 @@ struct TcpLink {
   uint64_t ring_size[2] = {0, 0};
   uint64_t position[2] = {0, 0};  // next frame to ship / expected next
 
-  // Outgoing: the record being sent (header bytes, then a body in the segment) and how far.
-  char head[sizeof(TcpHello)];
-  size_t head_len = 0;
-  const char* body = nullptr;
-  size_t body_len = 0;
-  size_t sent = 0;
+  // Outgoing: records queued for one sendmsg (each a header, then a body in the segment, which
+  // stays put until the peer has consumed it, so after the shipping) and how much of them went.
+  struct Pending {
+    char head[sizeof(TcpHello)];
+    size_t head_len = 0;
+    const char* body = nullptr;
+    size_t body_len = 0;
+  };
+  static constexpr int kBatch = 16;
+  Pending out[kBatch];
+  int out_count = 0;
+  size_t out_sent = 0;
   bool waiting_out = false;  // EPOLLOUT armed
   uint64_t shipped_control[kControlWords] = {};
   bool control_shipped = false;
@@ -107,6 +113,7 @@ struct TcpLink {
   std::unique_ptr<char[]> staging;
   size_t staged = 0;
   bool hello_done = false;
+  bool watching_in = true;  // EPOLLIN armed: the HCA thread reads (see WatchTcpReceives)
 };
 
 namespace {
@@ -129,18 +136,25 @@ void ArmOut(Hca* hca, uint64_t id, int fd, TcpLink& link, bool on) {
   epoll_ctl(hca->epoll_fd, EPOLL_CTL_MOD, fd, &ev);
 }
 
-// Sends the pending record. True when it is all sent; false if the socket is full (EPOLLOUT is
-// armed) or failed (link.failed).
+// Sends the queued records. True when they are all sent; false if the socket is full (EPOLLOUT
+// is armed) or failed (link.failed).
 bool Flush(Hca* hca, uint64_t id, int fd, TcpLink& link) {
-  while (link.sent < link.head_len + link.body_len) {
-    iovec iov[2];
+  while (link.out_count > 0) {
+    iovec iov[2 * TcpLink::kBatch];
     int n = 0;
-    if (link.sent < link.head_len) {
-      iov[n++] = {link.head + link.sent, link.head_len - link.sent};
-    }
-    const size_t body_done = link.sent > link.head_len ? link.sent - link.head_len : 0;
-    if (link.body_len > body_done) {
-      iov[n++] = {const_cast<char*>(link.body) + body_done, link.body_len - body_done};
+    size_t skip = link.out_sent;
+    for (int i = 0; i < link.out_count; ++i) {
+      const TcpLink::Pending& p = link.out[i];
+      const std::pair<const char*, size_t> parts[2] = {{p.head, p.head_len},
+                                                      {p.body, p.body_len}};
+      for (const auto& [data, len] : parts) {
+        if (skip >= len) {
+          skip -= len;
+          continue;
+        }
+        iov[n++] = {const_cast<char*>(data) + skip, len - skip};
+        skip = 0;
+      }
     }
     msghdr msg;
     std::memset(&msg, 0, sizeof(msg));
@@ -156,22 +170,24 @@ bool Flush(Hca* hca, uint64_t id, int fd, TcpLink& link) {
       }
       return false;
     }
-    link.sent += static_cast<size_t>(k);
+    link.out_sent += static_cast<size_t>(k);
+    size_t total = 0;
+    for (int i = 0; i < link.out_count; ++i) total += link.out[i].head_len + link.out[i].body_len;
+    if (link.out_sent == total) link.out_count = 0, link.out_sent = 0;
   }
-  link.head_len = link.body_len = link.sent = 0;
-  link.body = nullptr;
   ArmOut(hca, id, fd, link, false);
   return true;
 }
 
+// Queues a record; the batch has room (the caller flushed a full one).
 void QueueRecord(TcpLink& link, const TcpRecord& record, const void* extra, size_t extra_len,
                  const char* body, size_t body_len) {
-  std::memcpy(link.head, &record, sizeof(record));
-  if (extra_len > 0) std::memcpy(link.head + sizeof(record), extra, extra_len);
-  link.head_len = sizeof(record) + extra_len;
-  link.body = body;
-  link.body_len = body_len;
-  link.sent = 0;
+  TcpLink::Pending& p = link.out[link.out_count++];
+  std::memcpy(p.head, &record, sizeof(record));
+  if (extra_len > 0) std::memcpy(p.head + sizeof(record), extra, extra_len);
+  p.head_len = sizeof(record) + extra_len;
+  p.body = body;
+  p.body_len = body_len;
 }
 
 // Ships what our QP has published since the last call: frames in order, then the control words
@@ -205,21 +221,22 @@ void Ship(Hca* hca, uint64_t id, int fd, TcpLink& link) {
         link.failed = true;
         return;
       }
+      if (link.out_count == TcpLink::kBatch && !Flush(hca, id, fd, link)) return;
       TcpRecord record{kRecordFrame, static_cast<uint8_t>(ring), 0,
                        static_cast<uint32_t>(bytes), pos};
       QueueRecord(link, record, nullptr, 0, frame, bytes);
       link.position[ring] = pos + consumed;
-      if (!Flush(hca, id, fd, link)) return;
     }
   }
-  if (link.control_shipped &&
-      std::memcmp(control, link.shipped_control, sizeof(control)) == 0) {
-    return;
+  // The frames and the control words go in one sendmsg (one TCP segment when they fit).
+  if (!link.control_shipped ||
+      std::memcmp(control, link.shipped_control, sizeof(control)) != 0) {
+    if (link.out_count == TcpLink::kBatch && !Flush(hca, id, fd, link)) return;
+    TcpRecord record{kRecordControl, 0, 0, static_cast<uint32_t>(sizeof(control)), 0};
+    QueueRecord(link, record, control, sizeof(control), nullptr, 0);
+    std::memcpy(link.shipped_control, control, sizeof(control));
+    link.control_shipped = true;
   }
-  TcpRecord record{kRecordControl, 0, 0, static_cast<uint32_t>(sizeof(control)), 0};
-  QueueRecord(link, record, control, sizeof(control), nullptr, 0);
-  std::memcpy(link.shipped_control, control, sizeof(control));
-  link.control_shipped = true;
   Flush(hca, id, fd, link);
 }
 
@@ -369,19 +386,27 @@ bool ApplyStaged(Hca* hca, uint64_t id, LinkWatch& watch, std::string* why) {
   return true;
 }
 
-void Receive(Hca* hca, uint64_t id, LinkWatch& watch) {
+// Returns true if anything arrived.
+bool Receive(Hca* hca, uint64_t id, LinkWatch& watch) {
   TcpLink& link = *watch.tcp;
+  bool arrived = false;
   for (;;) {
-    const ssize_t n = recv(watch.fd, link.staging.get() + link.staged, kStaging - link.staged,
-                           MSG_DONTWAIT);
+    const size_t room = kStaging - link.staged;
+    const ssize_t n = recv(watch.fd, link.staging.get() + link.staged, room, MSG_DONTWAIT);
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return arrived;
     std::string why;
     if (n <= 0) {
       why = n == 0 ? "peer closed" : std::strerror(errno);
     } else {
       link.staged += static_cast<size_t>(n);
-      if (ApplyStaged(hca, id, watch, &why)) continue;
+      arrived = true;
+      // A short read drained the socket (almost surely): the next poll looks again, and this
+      // one saves the syscall that would say EAGAIN.
+      if (ApplyStaged(hca, id, watch, &why)) {
+        if (static_cast<size_t>(n) < room) return true;
+        continue;
+      }
     }
     if (n != 0) SWIRL_LOG(WARNING, "soft %s: TCP link dropped: %s", hca->name, why);
     if (watch.qp == nullptr) {
@@ -393,7 +418,7 @@ void Receive(Hca* hca, uint64_t id, LinkWatch& watch) {
     } else {
       MarkGone(hca, watch, id);
     }
-    return;
+    return true;
   }
 }
 
@@ -498,8 +523,9 @@ uint64_t ConnectTcpLink(Hca* hca, SoftQp* qp, const ibv_gid& gid, uint32_t dst_q
   for (size_t i = 0; i < kControlWords; ++i) {
     hello.control[i] = ControlWord(*link, i)->load(std::memory_order_acquire);
   }
-  std::memcpy(link->head, &hello, sizeof(hello));
-  link->head_len = sizeof(hello);
+  TcpLink::Pending& first = link->out[link->out_count++];
+  std::memcpy(first.head, &hello, sizeof(hello));
+  first.head_len = sizeof(hello);
   std::memcpy(link->shipped_control, hello.control, sizeof(hello.control));
   link->control_shipped = true;
   link->waiting_out = true;
@@ -560,6 +586,55 @@ void ShipTcp(Hca* hca) {
     Ship(hca, id, watch.fd, *watch.tcp);
     if (watch.tcp->failed) MarkGone(hca, watch, id);
   }
+}
+
+void WatchTcpReceives(Hca* hca) {
+  swirl::MutexLock watch_lock(&hca->watch_mu);
+  for (auto& [id, watch] : hca->watches) {
+    if (watch.tcp == nullptr || watch.tcp->outgoing || watch.qp == nullptr || watch.tcp->failed) {
+      continue;
+    }
+    const bool want = watch.qp->scq->assisted || watch.qp->rcq->assisted;
+    if (want == watch.tcp->watching_in) continue;
+    watch.tcp->watching_in = want;
+    epoll_event ev;
+    ev.events = EPOLLRDHUP | (want ? uint32_t{EPOLLIN} : 0u);
+    ev.data.u64 = id;
+    epoll_ctl(hca->epoll_fd, EPOLL_CTL_MOD, watch.fd, &ev);
+  }
+}
+
+void ShipTcpFor(SoftQp* qp) {
+  if (qp->out_watch == 0) return;
+  Hca* hca = qp->hca;
+  swirl::MutexLock watch_lock(&hca->watch_mu);
+  auto it = hca->watches.find(qp->out_watch);
+  if (it == hca->watches.end() || it->second.tcp == nullptr || it->second.tcp->failed) return;
+  Ship(hca, it->first, it->second.fd, *it->second.tcp);
+  if (it->second.tcp->failed) MarkGone(hca, it->second, it->first);
+}
+
+bool PullTcp(Hca* hca) {
+  if (!hca->watch_mu.TryLock()) return false;
+  bool arrived = false;
+  for (auto& [id, watch] : hca->watches) {
+    if (watch.tcp != nullptr && watch.tcp->outgoing && watch.qp != nullptr &&
+        watch.qp->tcp_control_due.load(std::memory_order_relaxed) &&
+        watch.qp->tcp_control_due.exchange(false, std::memory_order_acq_rel)) {
+      Ship(hca, id, watch.fd, *watch.tcp);
+      if (watch.tcp->failed) MarkGone(hca, watch, id);
+      continue;
+    }
+    // Hellos are the HCA thread's (they need hca->mu); after one, a link belongs to a QP and
+    // Receive never erases it.
+    if (watch.tcp == nullptr || watch.tcp->outgoing || !watch.tcp->hello_done ||
+        watch.tcp->failed) {
+      continue;
+    }
+    arrived |= Receive(hca, id, watch);
+  }
+  hca->watch_mu.Unlock();
+  return arrived;
 }
 
 void DestroyTcpLink(Hca* hca, TcpLink* link, int fd) {
