@@ -8,6 +8,7 @@
 #include <cstring>
 #include <mutex>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -437,6 +438,16 @@ void DeviceTest::Connect(const EndpointOptions& a_options, const EndpointOptions
   b_ = std::move(*b);
   SWIRL_ASSERT_OK(ConnectPair(*a_, *b_, a_connect, b_connect));
   WarmUp(*a_, *b_);
+  // The *_tcp targets run this suite with the soft device on its TCP fabric: make sure it is,
+  // so they cannot pass over shared memory by mistake (the GID would be fe80::/64 there).
+  if (std::getenv("SWIRL_SOFT_TCP") != nullptr && absl::StartsWith(device(), "soft")) {
+    auto ctx = OpenDevice(device());
+    ASSERT_TRUE(ctx.ok()) << ctx.status().ToString();
+    absl::StatusOr<ibv_gid> gid = (*ctx)->QueryGid(1, 0);
+    ASSERT_TRUE(gid.ok()) << gid.status().ToString();
+    ASSERT_TRUE(gid->raw[10] == 0xff && gid->raw[11] == 0xff)
+        << "SWIRL_SOFT_TCP is set but " << device() << " is not on the TCP fabric";
+  }
 }
 
 void DeviceTest::ConnectExtra(const std::shared_ptr<verbs::ProtectionDomain>& pd,
