@@ -1,0 +1,297 @@
+// The soft device's TCP fabric (SWIRL_SOFT_TCP, set for this test in BUILD) against a peer that
+// is not the soft device: a hand-written TCP client that speaks the link protocol as
+// docs/SOFT_WIRE.md describes it, correctly and not. The conformance suite's *_tcp targets cover
+// the verbs semantics over this fabric; this test covers what a hostile or foreign peer can do.
+
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "transport/soft/soft_device.h"
+#include "transport/soft/wire.h"
+#include "transport/verbs/verbs.h"
+
+namespace swirl::soft {
+namespace {
+
+using verbs::CompletionQueue;
+using verbs::Context;
+using verbs::MemoryRegion;
+using verbs::ProtectionDomain;
+using verbs::QueuePair;
+
+// The link protocol's structures, written from the document (not shared with tcp_link.cc).
+struct Hello {
+  uint64_t magic = 0x3150435457535731ull;
+  uint32_t version = wire::kWireVersion;
+  uint32_t src_qpn = 0;
+  uint32_t dst_qpn = 0;
+  uint32_t reserved = 0;
+  ibv_gid src_gid{};
+  uint64_t segment_size = wire::kRingsOffset + 2 * wire::kMinRingSize;
+  uint64_t request_ring_offset = wire::kRingsOffset;
+  uint64_t request_ring_size = wire::kMinRingSize;
+  uint64_t response_ring_offset = wire::kRingsOffset + wire::kMinRingSize;
+  uint64_t response_ring_size = wire::kMinRingSize;
+  uint64_t control[4] = {0, 0, 0, wire::kLinkActive};
+};
+static_assert(sizeof(Hello) == 112);
+
+struct Record {
+  uint8_t kind;  // 1 frame, 2 control
+  uint8_t ring;
+  uint16_t reserved;
+  uint32_t length;
+  uint64_t position;
+};
+static_assert(sizeof(Record) == 16);
+
+struct Side {
+  std::shared_ptr<Context> ctx;
+  std::shared_ptr<ProtectionDomain> pd;
+  std::shared_ptr<CompletionQueue> cq;
+  std::unique_ptr<QueuePair> qp;
+  std::vector<char> buf = std::vector<char>(1 << 16);
+  std::unique_ptr<MemoryRegion> mr;
+};
+
+Side MakeSide(const char* name) {
+  Side s;
+  s.ctx = Context::Wrap(*OpenSoftDevice(name));
+  s.pd = *ProtectionDomain::Create(s.ctx);
+  s.cq = *CompletionQueue::Create(s.ctx, 256);
+  verbs::QueuePairConfig config;
+  config.send_cq = s.cq;
+  config.recv_cq = s.cq;
+  config.max_inline_data = 256;
+  s.qp = *QueuePair::Create(s.pd, config);
+  s.mr = *MemoryRegion::Register(s.pd, s.buf.data(), s.buf.size(), IBV_ACCESS_LOCAL_WRITE);
+  return s;
+}
+
+ibv_gid GidOf(Side& side) { return *side.ctx->QueryGid(1, 0); }
+
+ibv_gid TcpGid(uint16_t port_network_order) {
+  ibv_gid gid{};
+  std::memcpy(gid.raw + 8, &port_network_order, 2);
+  gid.raw[10] = gid.raw[11] = 0xff;
+  const uint32_t loopback = htonl(INADDR_LOOPBACK);
+  std::memcpy(gid.raw + 12, &loopback, 4);
+  return gid;
+}
+
+void PostRecv(Side& s, uint64_t wr_id) {
+  ibv_sge sge{reinterpret_cast<uint64_t>(s.buf.data()), 4096, s.mr->lkey()};
+  ibv_recv_wr wr{};
+  wr.wr_id = wr_id;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  ibv_recv_wr* bad;
+  ASSERT_EQ(ibv_post_recv(s.qp->get(), &wr, &bad), 0);
+}
+
+void PostSend(Side& s, uint64_t wr_id, const char* text) {
+  ibv_sge sge{reinterpret_cast<uint64_t>(text), static_cast<uint32_t>(std::strlen(text) + 1), 0};
+  ibv_send_wr wr{};
+  wr.wr_id = wr_id;
+  wr.opcode = IBV_WR_SEND;
+  wr.send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  ibv_send_wr* bad;
+  ASSERT_EQ(ibv_post_send(s.qp->get(), &wr, &bad), 0);
+}
+
+// Polls `cqs` until the first yields a completion (10 s at most).
+ibv_wc Wait(std::vector<Side*> sides) {
+  ibv_wc wc;
+  ibv_wc ignored[4];
+  absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (absl::Now() < deadline) {
+    if (sides[0]->cq->Poll(1, &wc) == 1) return wc;
+    for (size_t i = 1; i < sides.size(); ++i) sides[i]->cq->Poll(0, ignored);
+  }
+  ADD_FAILURE() << "no completion within 10 s";
+  std::memset(&wc, 0, sizeof(wc));
+  wc.status = IBV_WC_GENERAL_ERR;
+  return wc;
+}
+
+// A healthy pair on soft0 and soft1, to show that others keep working.
+struct HealthyPair {
+  Side a = MakeSide("soft0");
+  Side b = MakeSide("soft1");
+  HealthyPair() {
+    verbs::ConnectOptions options;
+    auto aa = *a.qp->LocalAddress(100, options);
+    auto ba = *b.qp->LocalAddress(200, options);
+    EXPECT_TRUE(a.qp->Connect(ba, 100, options).ok());
+    EXPECT_TRUE(b.qp->Connect(aa, 200, options).ok());
+  }
+  void Check(const char* text) {
+    PostRecv(b, 1);
+    PostSend(a, 2, text);
+    ibv_wc wc = Wait({&b, &a});
+    EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+    EXPECT_STREQ(b.buf.data(), text);
+    wc = Wait({&a, &b});
+    EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+  }
+};
+
+// A TCP peer that is not the soft device. It listens (so a QP's own link toward its GID has
+// somewhere to go) and connects to a device to send it whatever a test wants.
+class Rogue {
+ public:
+  Rogue() {
+    listen_fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(sa);
+    EXPECT_EQ(bind(listen_fd_, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)), 0);
+    EXPECT_EQ(listen(listen_fd_, 8), 0);
+    EXPECT_EQ(getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&sa), &len), 0);
+    gid_ = TcpGid(sa.sin_port);
+  }
+  ~Rogue() {
+    if (fd_ >= 0) close(fd_);
+    close(listen_fd_);
+  }
+  const ibv_gid& gid() const { return gid_; }
+
+  void ConnectTo(const ibv_gid& device_gid) {
+    fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    std::memcpy(&sa.sin_port, device_gid.raw + 8, 2);
+    std::memcpy(&sa.sin_addr.s_addr, device_gid.raw + 12, 4);
+    ASSERT_EQ(connect(fd_, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)), 0);
+  }
+  void Send(const void* data, size_t len) {
+    ASSERT_EQ(send(fd_, data, len, MSG_NOSIGNAL), static_cast<ssize_t>(len));
+  }
+  // True if the device closes our connection within 10 s while `poll_side` is polled.
+  bool DroppedBy(Side* poll_side) {
+    absl::Time deadline = absl::Now() + absl::Seconds(10);
+    while (absl::Now() < deadline) {
+      if (poll_side != nullptr) poll_side->cq->Poll(0, nullptr);
+      pollfd p{fd_, POLLIN, 0};
+      if (poll(&p, 1, 10) == 1) {
+        char byte;
+        ssize_t n = recv(fd_, &byte, 1, MSG_DONTWAIT);
+        if (n == 0 || (n < 0 && errno == ECONNRESET)) return true;
+      }
+    }
+    return false;
+  }
+
+ private:
+  int listen_fd_ = -1;
+  int fd_ = -1;
+  ibv_gid gid_{};
+};
+
+TEST(TcpFabric, GidsAreIpv4MappedAndTwoDevicesTalk) {
+  HealthyPair pair;
+  const ibv_gid a = GidOf(pair.a);
+  const ibv_gid b = GidOf(pair.b);
+  EXPECT_EQ(a.raw[10], 0xff);
+  EXPECT_EQ(a.raw[11], 0xff);
+  EXPECT_EQ(a.raw[12], 127);
+  EXPECT_NE(std::memcmp(&a, &b, sizeof(a)), 0) << "two devices, one GID";
+  pair.Check("over tcp");
+}
+
+TEST(TcpFabric, GarbageHelloIsDropped) {
+  HealthyPair pair;
+  Rogue rogue;
+  rogue.ConnectTo(GidOf(pair.a));
+  char garbage[sizeof(Hello)];
+  std::memset(garbage, 0x5a, sizeof(garbage));
+  rogue.Send(garbage, sizeof(garbage));
+  EXPECT_TRUE(rogue.DroppedBy(nullptr));
+  pair.Check("still here");
+}
+
+TEST(TcpFabric, HelloWhoseGidIsNotItsAddressIsDropped) {
+  HealthyPair pair;
+  Side victim = MakeSide("soft0");
+  Rogue rogue;
+  ibv_gid claimed = rogue.gid();
+  claimed.raw[15] = 2;  // says 127.0.0.2, comes from 127.0.0.1
+  verbs::ConnectOptions options;
+  ASSERT_TRUE(victim.qp->Connect({claimed, 0, 0x123, 500}, 100, options).ok());
+  rogue.ConnectTo(GidOf(victim));
+  Hello hello;
+  hello.src_qpn = 0x123;
+  hello.dst_qpn = victim.qp->qp_num();
+  hello.src_gid = claimed;
+  rogue.Send(&hello, sizeof(hello));
+  EXPECT_TRUE(rogue.DroppedBy(&victim));
+  pair.Check("still here");
+}
+
+// A peer that speaks the protocol: its SEND arrives; then a record outside the mirror's ring
+// fails that QP alone (its work completes in error) and the process goes on.
+TEST(TcpFabric, ForeignPeerSendsThenViolatesAndOnlyItsQpFails) {
+  HealthyPair pair;
+  Side victim = MakeSide("soft0");
+  Rogue rogue;
+  verbs::ConnectOptions options;
+  const uint32_t rogue_qpn = 0x123, rogue_psn = 500, victim_psn = 100;
+  ASSERT_TRUE(victim.qp->Connect({rogue.gid(), 0, rogue_qpn, rogue_psn}, victim_psn, options).ok());
+  PostRecv(victim, 9);
+  rogue.ConnectTo(GidOf(victim));
+  Hello hello;
+  hello.src_qpn = rogue_qpn;
+  hello.dst_qpn = victim.qp->qp_num();
+  hello.src_gid = rogue.gid();
+  hello.control[2] = victim_psn;  // acked: nothing of the victim's yet
+  rogue.Send(&hello, sizeof(hello));
+
+  // One whole SEND frame at position 0 of the request ring.
+  const char text[] = "from elsewhere";
+  char frame[wire::kFrameAlign] = {};
+  wire::FrameHeader header{};
+  header.stamp = wire::kStampValid | 0;
+  header.op = wire::kOpSend;
+  header.flags = wire::kFlagFirst | wire::kFlagLast;
+  header.rnr_retry = 7;
+  header.length = sizeof(text);
+  header.msn = rogue_psn;
+  header.ack = victim_psn;
+  header.total_length = sizeof(text);
+  std::memcpy(frame, &header, sizeof(header));
+  std::memcpy(frame + sizeof(header), text, sizeof(text));
+  Record record{1, 0, 0, sizeof(frame), 0};
+  rogue.Send(&record, sizeof(record));
+  rogue.Send(frame, sizeof(frame));
+  ibv_wc wc = Wait({&victim});
+  EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+  EXPECT_EQ(wc.wr_id, 9u);
+  EXPECT_EQ(wc.src_qp, rogue_qpn);
+  EXPECT_STREQ(victim.buf.data(), text);
+
+  // Now a frame past the end of the ring (position and length both wrong).
+  Record bad{1, 0, 0, static_cast<uint32_t>(wire::kMinRingSize), wire::kFrameAlign * 5};
+  rogue.Send(&bad, sizeof(bad));
+  std::vector<char> filler(wire::kMinRingSize, 0x7f);
+  rogue.Send(filler.data(), filler.size());
+  PostSend(victim, 10, "into the void");
+  wc = Wait({&victim});
+  EXPECT_EQ(wc.wr_id, 10u);
+  EXPECT_NE(wc.status, IBV_WC_SUCCESS) << "the QP whose peer broke the protocol must fail";
+  EXPECT_EQ(*victim.qp->QueryState(), IBV_QPS_ERR);
+  pair.Check("others unaffected");
+}
+
+}  // namespace
+}  // namespace swirl::soft
