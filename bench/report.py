@@ -11,17 +11,21 @@ same runs. Both sides of every run are pinned to cores 0 and 1 by the benchmarks
 
 import argparse
 import json
+import os
+import shutil
 import statistics
 import subprocess
 import sys
+import time
 
 BIN = "bazel-out/k8-opt/bin/bench/"
 VERBS = BIN + "verbs_perf"
 RPC = BIN + "rpc_perf"
 
 
-def run(cmd):
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+def run(cmd, env=None):
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True,
+                         env=None if env is None else {**os.environ, **env}).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -149,13 +153,82 @@ def bulk(n, quick):
     print()
 
 
+# The soft device's TCP fabric over loopback (the two processes as if on two hosts).
+TCP_ENV = {"SWIRL_SOFT_TCP": "127.0.0.1"}
+UCX_PORT = 13337
+
+
+def ucx(test, size, iters):
+    """One ucx_perftest run over TCP loopback (UCX_TLS=tcp), server on core 1, client on core
+    0; returns its "Final:" row: (one-way p50 us, MB/s where MB = 2^20 bytes)."""
+    env = {**os.environ, "UCX_TLS": "tcp,self"}
+    common = ["-t", test, "-s", str(size), "-n", str(iters), "-p", str(UCX_PORT)]
+    server = subprocess.Popen(["ucx_perftest"] + common + ["-c", "1"], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(50):
+            client = subprocess.run(["ucx_perftest", "127.0.0.1"] + common + ["-c", "0"],
+                                    env=env, capture_output=True, text=True)
+            final = [l for l in client.stdout.splitlines() if l.startswith("Final:")]
+            if final:
+                cols = final[0].split()
+                return float(cols[2]), float(cols[5])
+            time.sleep(0.1)  # the server was not listening yet
+        raise RuntimeError("ucx_perftest client never ran: " + client.stderr[-300:])
+    finally:
+        server.wait(timeout=60)
+
+
+def tcp(n, quick):
+    print("### Soft device over TCP (SWIRL_SOFT_TCP, loopback)\n")
+    have_ucx = shutil.which("ucx_perftest") is not None
+    if not have_ucx:
+        print("(ucx_perftest not found: `apt-get install ucx-utils` for the UCX column)\n")
+    row("measurement", "UCX 1.13, UCX_TLS=tcp", "swirl soft device, TCP fabric",
+        "swirl / UCX (median, min-max)")
+    row("---", "---", "---", "---")
+    iters = 5000 if quick else 20000
+    lat, bw = [], []
+    for i in range(n):
+        def swirl_run():
+            lat_json = run([VERBS, "--test", "send_lat", "--size", "64", "--json", "--iters",
+                            str(iters)], TCP_ENV)
+            bw_json = run([VERBS, "--test", "write_bw", "--size", "1048576", "--iters", "500",
+                           "--json"], TCP_ENV)
+            return lat_json["rtt_p50_us"], bw_json["gbytes_per_s"]
+
+        def ucx_run():
+            if not have_ucx:
+                return None, None
+            one_way, _ = ucx("tag_lat", 64, iters)
+            _, mib = ucx("tag_bw", 1048576, 500)
+            return 2 * one_way, mib * 1048576 / 1e9
+        if i % 2 == 0:
+            a, b = ucx_run(), swirl_run()
+        else:
+            b, a = swirl_run(), ucx_run()
+        lat.append((a[0], b[0]))
+        bw.append((a[1], b[1]))
+
+    def cells(values, unit, fmt):
+        ours = statistics.median(b for _, b in values)
+        if not have_ucx:
+            return ["-", f"{ours:{fmt}} {unit}", "-"]
+        r = [b / a for a, b in values]
+        return [f"{statistics.median(a for a, _ in values):{fmt}} {unit}", f"{ours:{fmt}} {unit}",
+                f"{statistics.median(r):.2f} ({min(r):.2f}-{max(r):.2f})"]
+    row("64 B round trip, p50 (UCX: tag_lat one-way x 2)", *cells(lat, "us", ".1f"))
+    row("1 MiB one direction (write_bw / tag_bw)", *cells(bw, "GB/s", ".2f"))
+    print()
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--pairs", type=int, default=7)
     parser.add_argument("--quick", action="store_true", help="fewer sizes and iterations")
-    parser.add_argument("--only", choices=["soft", "rpc", "bulk"], default=None)
+    parser.add_argument("--only", choices=["soft", "rpc", "bulk", "tcp"], default=None)
     args = parser.parse_args()
-    sections = {"soft": soft_device, "rpc": rpc, "bulk": bulk}
+    sections = {"soft": soft_device, "rpc": rpc, "bulk": bulk, "tcp": tcp}
     for name, fn in sections.items():
         if args.only is None or args.only == name:
             fn(args.pairs, args.quick)

@@ -422,8 +422,11 @@ Hca* CreateHca(const std::string& name, std::string* error) {
     }
     hca->tcp = true;
     hca->listen_fd = ListenTcp(hca->tcp_addr, port, &hca->gid, &why);
-    if (hca->listen_fd < 0) {
-      *error = absl::StrCat("soft device ", name, ": ", why);
+    hca->tcp_poll_fd = epoll_create1(EPOLL_CLOEXEC);
+    if (hca->listen_fd < 0 || hca->tcp_poll_fd < 0) {
+      *error = absl::StrCat("soft device ", name, ": ", why.empty() ? std::strerror(errno) : why);
+      if (hca->listen_fd >= 0) close(hca->listen_fd);
+      if (hca->tcp_poll_fd >= 0) close(hca->tcp_poll_fd);
       return nullptr;
     }
   }
@@ -441,7 +444,7 @@ Hca* CreateHca(const std::string& name, std::string* error) {
   hca->epoll_fd = epoll_create1(EPOLL_CLOEXEC);
   if (!listening || hca->wake_fd < 0 || hca->stop_fd < 0 || hca->epoll_fd < 0) {
     *error = absl::StrCat("soft device ", name, ": ", std::strerror(errno));
-    for (int fd : {hca->listen_fd, hca->wake_fd, hca->stop_fd, hca->epoll_fd}) {
+    for (int fd : {hca->listen_fd, hca->wake_fd, hca->stop_fd, hca->epoll_fd, hca->tcp_poll_fd}) {
       if (fd >= 0) close(fd);
     }
     return nullptr;
@@ -535,7 +538,9 @@ void ReleaseHca(Hca* hca) {
     }
     hca->watches.clear();
   }
-  for (int fd : {hca->listen_fd, hca->wake_fd, hca->stop_fd, hca->epoll_fd}) close(fd);
+  for (int fd : {hca->listen_fd, hca->wake_fd, hca->stop_fd, hca->epoll_fd, hca->tcp_poll_fd}) {
+    if (fd >= 0) close(fd);
+  }
   delete hca;
 }
 

@@ -538,8 +538,9 @@ void PublishAndWake(SoftQp* qp, bool wrote) {
     // request and the acknowledgement of the one before share a segment.
     if (wrote) {
       ShipTcpFor(qp);
-    } else {
+    } else if (!qp->tcp_control_due.load(std::memory_order_relaxed)) {
       qp->tcp_control_due.store(true, std::memory_order_release);
+      qp->hca->tcp_control_due.store(true, std::memory_order_release);
     }
     return;
   }
@@ -757,6 +758,10 @@ int ModifyQp(ibv_qp* ibqp, ibv_qp_attr* attr, int mask) {
   } else if (from == IBV_QPS_RTR && to == IBV_QPS_RTS) {
     qp->next_msn = qp->attr.sq_psn & wire::kMsnMask;
     qp->peer_acked = qp->next_msn;
+    if (qp->hca->tcp && qp->out_watch != 0) {
+      SetTcpLinkTimeout(qp->hca, qp->out_watch,
+                        AckTimeoutNs(qp->attr) * (qp->attr.retry_cnt + 1));
+    }
     if (!qp->linked && AckTimeoutNs(qp->attr) != 0) {
       qp->link_deadline_ns = NowNs() + AckTimeoutNs(qp->attr) * (qp->attr.retry_cnt + 1);
     }

@@ -437,6 +437,10 @@ struct Hca {
   // into a mirror at the peer, instead of one shared memfd (tcp_link.cc).
   bool tcp = false;
   uint32_t tcp_addr = 0;  // IPv4, network order
+  // The incoming links polls read (PullTcp): one epoll_wait per poll, however many links.
+  int tcp_poll_fd = -1;
+  // Some QP has control words to ship (its tcp_control_due), so PullTcp looks for it.
+  std::atomic<bool> tcp_control_due{false};
   int epoll_fd = -1;
   int stop_fd = -1;
   std::thread thread;
@@ -532,6 +536,9 @@ void ShipTcpFor(SoftQp* qp);
 // A poll's share: reads what has arrived on the HCA's links into their mirrors, unless another
 // thread is doing so. Returns true if anything arrived.
 bool PullTcp(Hca* hca);
+// At RTS: a link whose peer stops acknowledging (a host that died without closing) fails
+// after `timeout_ns`, as an RC requester's retries would (TCP_USER_TIMEOUT and keepalive).
+void SetTcpLinkTimeout(Hca* hca, uint64_t watch, int64_t timeout_ns);
 // Final best-effort ship, then frees the link (caller holds watch_mu; closes the fd itself).
 void DestroyTcpLink(Hca* hca, TcpLink* link, int fd);
 

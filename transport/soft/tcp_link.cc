@@ -30,6 +30,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <memory>
@@ -306,6 +307,10 @@ bool AcceptHello(Hca* hca, uint64_t id, LinkWatch& watch, const TcpHello& hello,
     close(segment.wake_fd);
     return false;
   }
+  epoll_event ev;
+  ev.events = EPOLLIN;
+  ev.data.u64 = id;
+  epoll_ctl(hca->tcp_poll_fd, EPOLL_CTL_ADD, watch.fd, &ev);
   return true;
 }
 
@@ -616,25 +621,46 @@ void ShipTcpFor(SoftQp* qp) {
 
 bool PullTcp(Hca* hca) {
   if (!hca->watch_mu.TryLock()) return false;
+  if (hca->tcp_control_due.load(std::memory_order_relaxed)) {
+    hca->tcp_control_due.store(false, std::memory_order_relaxed);
+    for (auto& [id, watch] : hca->watches) {
+      if (watch.tcp != nullptr && watch.tcp->outgoing && !watch.tcp->failed &&
+          watch.qp != nullptr && watch.qp->tcp_control_due.load(std::memory_order_relaxed) &&
+          watch.qp->tcp_control_due.exchange(false, std::memory_order_acq_rel)) {
+        Ship(hca, id, watch.fd, *watch.tcp);
+        if (watch.tcp->failed) MarkGone(hca, watch, id);
+      }
+    }
+  }
   bool arrived = false;
-  for (auto& [id, watch] : hca->watches) {
-    if (watch.tcp != nullptr && watch.tcp->outgoing && watch.qp != nullptr &&
-        watch.qp->tcp_control_due.load(std::memory_order_relaxed) &&
-        watch.qp->tcp_control_due.exchange(false, std::memory_order_acq_rel)) {
-      Ship(hca, id, watch.fd, *watch.tcp);
-      if (watch.tcp->failed) MarkGone(hca, watch, id);
-      continue;
-    }
-    // Hellos are the HCA thread's (they need hca->mu); after one, a link belongs to a QP and
-    // Receive never erases it.
-    if (watch.tcp == nullptr || watch.tcp->outgoing || !watch.tcp->hello_done ||
-        watch.tcp->failed) {
-      continue;
-    }
-    arrived |= Receive(hca, id, watch);
+  epoll_event ready[16];
+  const int n = epoll_wait(hca->tcp_poll_fd, ready, 16, 0);
+  for (int i = 0; i < n; ++i) {
+    // Only links past their hello are in this set: they belong to a QP, and Receive never
+    // erases them (hellos are the HCA thread's: they need hca->mu).
+    auto it = hca->watches.find(ready[i].data.u64);
+    if (it == hca->watches.end() || it->second.tcp == nullptr || it->second.tcp->failed) continue;
+    arrived |= Receive(hca, it->first, it->second);
   }
   hca->watch_mu.Unlock();
   return arrived;
+}
+
+void SetTcpLinkTimeout(Hca* hca, uint64_t watch_id, int64_t timeout_ns) {
+  if (timeout_ns <= 0) return;  // timeout 0: wait forever, as RC does
+  swirl::MutexLock watch_lock(&hca->watch_mu);
+  auto it = hca->watches.find(watch_id);
+  if (it == hca->watches.end()) return;
+  const int fd = it->second.fd;
+  // TCP counts in whole milliseconds and keepalive in seconds; a peer gets at least one of each.
+  const unsigned user_timeout_ms =
+      static_cast<unsigned>(std::max<int64_t>(timeout_ns / 1000000, 1000));
+  const int one = 1, idle = 1, count = 3;
+  setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout_ms, sizeof(user_timeout_ms));
+  setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &idle, sizeof(idle));
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof(count));
 }
 
 void DestroyTcpLink(Hca* hca, TcpLink* link, int fd) {
