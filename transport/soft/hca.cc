@@ -239,10 +239,11 @@ bool ReceiveHello(Hca* hca, uint64_t watch_id, int fd) {
   return false;
 }
 
-void AcceptAll(Hca* hca) {
+// Returns true if it had to stop because descriptors or memory ran out.
+bool AcceptAll(Hca* hca) {
   for (;;) {
     int fd = accept4(hca->listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (fd < 0) return;
+    if (fd < 0) return errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM;
     // Only processes of the same user may link to our QPs, as with a device node's mode.
     ucred cred;
     socklen_t len = sizeof(cred);
@@ -279,8 +280,7 @@ void HandleWatchEvent(Hca* hca, uint64_t id, uint32_t events) {
     if (it == hca->watches.end()) return;
     epoll_ctl(hca->epoll_fd, EPOLL_CTL_DEL, it->second.fd, nullptr);
     if (it->second.qp != nullptr) {
-      it->second.qp->peer_gone.store(true, std::memory_order_release);
-      it->second.qp->link_event.store(true, std::memory_order_release);
+      WatchEnded(it->second);
     } else {
       close(it->second.fd);
       hca->watches.erase(it);
@@ -292,8 +292,7 @@ void HandleWatchEvent(Hca* hca, uint64_t id, uint32_t events) {
       swirl::MutexLock lock(&hca->watch_mu);
       auto it = hca->watches.find(id);
       if (it != hca->watches.end() && it->second.qp != nullptr) {
-        it->second.qp->peer_gone.store(true, std::memory_order_release);
-        it->second.qp->link_event.store(true, std::memory_order_release);
+        WatchEnded(it->second);
         epoll_ctl(hca->epoll_fd, EPOLL_CTL_DEL, it->second.fd, nullptr);
       }
     }
@@ -353,6 +352,7 @@ void HcaLoop(Hca* hca) {
   }
   sched_setaffinity(0, sizeof(all), &all);
   epoll_event events[64];
+  int64_t accept_paused_until = 0;  // out of descriptors: the listener rests, or it would spin
   for (;;) {
     const int64_t now = NowNs();
     const bool assist = hca->assist && MarkAssistedCqs(hca, now);
@@ -360,10 +360,19 @@ void HcaLoop(Hca* hca) {
       swirl::ReaderMutexLock lock(&hca->mu);
       WatchTcpReceives(hca);
     }
+    if (hca->tcp) ExpireTcpLinks(hca, now);
+    if (accept_paused_until != 0 && now >= accept_paused_until) {
+      accept_paused_until = 0;
+      epoll_event ev;
+      ev.events = EPOLLIN;
+      ev.data.u64 = kListenId;
+      epoll_ctl(hca->epoll_fd, EPOLL_CTL_ADD, hca->listen_fd, &ev);
+    }
     int timeout_ms;
     {
+      // A TCP device keeps time for its links' deadlines (ExpireTcpLinks) even with no CQ.
       swirl::ReaderMutexLock lock(&hca->mu);
-      timeout_ms = hca->cqs.empty() ? -1 : 10;
+      timeout_ms = hca->cqs.empty() && !hca->tcp && accept_paused_until == 0 ? -1 : 10;
     }
     if (assist) {
       // Ask peers to kick our eventfd, then look once more: a frame published before a peer
@@ -377,10 +386,11 @@ void HcaLoop(Hca* hca) {
       const uint64_t id = events[i].data.u64;
       if (id == kStopId) return;
       if (id == kListenId) {
-        if (hca->tcp) {
-          AcceptTcp(hca);
-        } else {
-          AcceptAll(hca);
+        if (hca->tcp ? AcceptTcp(hca) : AcceptAll(hca)) {
+          SWIRL_LOG(WARNING, "soft %s: cannot accept links: %s; retrying in 100 ms", hca->name,
+                    std::strerror(errno));
+          epoll_ctl(hca->epoll_fd, EPOLL_CTL_DEL, hca->listen_fd, nullptr);
+          accept_paused_until = NowNs() + 100 * 1000 * 1000;
         }
       } else if (id == kWakeId) {
         uint64_t count;
@@ -390,13 +400,13 @@ void HcaLoop(Hca* hca) {
         HandleWatchEvent(hca, id, events[i].events);
       }
     }
-    // TCP fabric: QPs write our wake eventfd after every publish (their peer's mirror says it
-    // sleeps), and the 10 ms timeout picks up state changes that wake nobody.
-    if (hca->tcp) ShipTcp(hca);
     if (assist) {
       for (int round = 0; round < 64 && ProgressAssisted(hca); ++round) {
       }
     }
+    // TCP fabric: what the rounds above published (acks of a sleeping owner's receives), what
+    // a full socket held back, and state changes that woke nobody (within the 10 ms timeout).
+    if (hca->tcp) ShipTcp(hca);
   }
 }
 
@@ -419,6 +429,15 @@ Hca* CreateHca(const std::string& name, std::string* error) {
     if (!ParseTcpFabric(env, &hca->tcp_addr, &port, &why)) {
       *error = absl::StrCat("soft device ", name, ": SWIRL_SOFT_TCP: ", why);
       return nullptr;
+    }
+    // A fixed port is soft0's; softN listens N above it, so a process's devices do not collide.
+    if (port != 0) {
+      const uint32_t shifted = port + static_cast<uint32_t>(std::atoi(name.c_str() + 4));
+      if (shifted > 65535) {
+        *error = absl::StrCat("soft device ", name, ": SWIRL_SOFT_TCP port out of range");
+        return nullptr;
+      }
+      port = static_cast<uint16_t>(shifted);
     }
     hca->tcp = true;
     hca->listen_fd = ListenTcp(hca->tcp_addr, port, &hca->gid, &why);
@@ -471,7 +490,7 @@ uint64_t Hca::WatchTcp(int fd, SoftQp* qp, TcpLink* link, uint32_t events) {
   {
     swirl::MutexLock lock(&watch_mu);
     id = next_watch++;
-    watches[id] = LinkWatch{qp, fd, link};
+    watches[id] = LinkWatch{qp, fd, link, /*adopted=*/qp != nullptr};
   }
   epoll_event ev;
   ev.events = events;
@@ -494,6 +513,22 @@ void Hca::Kick() {
   uint64_t one = 1;
   ssize_t ignored = write(wake_fd, &one, sizeof(one));
   (void)ignored;
+}
+
+bool AdoptWatch(Hca* hca, uint64_t id) {
+  swirl::MutexLock lock(&hca->watch_mu);
+  auto it = hca->watches.find(id);
+  if (it == hca->watches.end()) return true;
+  it->second.adopted = true;
+  return it->second.dead;
+}
+
+void WatchEnded(LinkWatch& watch) {
+  watch.dead = true;
+  if (watch.adopted && watch.qp != nullptr) {
+    watch.qp->peer_gone.store(true, std::memory_order_release);
+    watch.qp->link_event.store(true, std::memory_order_release);
+  }
 }
 
 void PeerSegment::Close(Hca* hca) {

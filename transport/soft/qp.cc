@@ -106,6 +106,8 @@ bool HandleLinkEvent(SoftQp* qp) {
     }
     qp->peer = c;
     qp->in_watch = c.watch;
+    // A connection that ended while it was only a candidate fails the link at once.
+    if (AdoptWatch(qp->hca, c.watch)) qp->peer_gone.store(true, std::memory_order_release);
     qp->req_rx.Init(c.base + c.request_ring_offset, c.request_ring_size);
     qp->resp_rx.Init(c.base + c.response_ring_offset, c.response_ring_size);
     qp->req_tx.SetConsumedSource(&c.control()->request_consumed.value);
@@ -538,7 +540,8 @@ void PublishAndWake(SoftQp* qp, bool wrote) {
     // request and the acknowledgement of the one before share a segment.
     if (wrote) {
       ShipTcpFor(qp);
-    } else if (!qp->tcp_control_due.load(std::memory_order_relaxed)) {
+    } else {
+      // The QP's flag first, then the HCA's (PullTcp takes them in the other order).
       qp->tcp_control_due.store(true, std::memory_order_release);
       qp->hca->tcp_control_due.store(true, std::memory_order_release);
     }

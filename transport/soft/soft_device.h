@@ -1,6 +1,7 @@
 // swirl's soft device: a userspace RDMA device with RC verbs semantics, for machines without
 // RDMA hardware. It hands out ordinary libibverbs objects, so code written against verbs runs on
-// it unchanged; QPs in different processes on one host talk through shared memory.
+// it unchanged; QPs in different processes on one host talk through shared memory, and with
+// SWIRL_SOFT_TCP=<IPv4>[:port] set (in both processes), through TCP, across hosts.
 //
 // Names: "soft0", "soft1", ... Each name is one device (one GID, one memory-key space) per
 // process; opening the same name twice gives two contexts on that device, as with a real HCA.
@@ -11,7 +12,10 @@
 // passive target of RDMA reads and writes). SWIRL_SOFT_PROGRESS=off disables that help.
 //
 // Environment: SWIRL_SOFT_RING_KB (size of each of a QP's two rings, default 1024),
-// SWIRL_SOFT_PROGRESS.
+// SWIRL_SOFT_PROGRESS, SWIRL_SOFT_TCP (the TCP fabric: every soft device of the process
+// listens on that address, one of this host's, on a free port, or with a port given, softN on
+// that port + N; its GID is ::ffff:<IPv4> with the port in bytes 8-9; a malformed value or a
+// port in use fails the open).
 // The wire format between processes is in docs/SOFT_WIRE.md.
 
 #ifndef SWIRL_TRANSPORT_SOFT_SOFT_DEVICE_H_

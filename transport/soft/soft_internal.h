@@ -422,7 +422,19 @@ struct LinkWatch {
   SoftQp* qp = nullptr;  // null while the connection still owes its hello
   int fd = -1;
   TcpLink* tcp = nullptr;  // TCP fabric only: the link's state (owned; see DestroyTcpLink)
+  // The QP took this link as its own (its outgoing link, or the peer segment it adopted). Only
+  // then does the link's end fail the QP: a candidate that dies, or that a stranger sent, must
+  // not take down the link the QP really has. `dead` remembers an end seen before adoption.
+  bool adopted = false;
+  bool dead = false;
 };
+
+// Marks watch `id` adopted by its QP; true if its connection has already ended (the QP should
+// treat its peer as gone). Takes watch_mu.
+bool AdoptWatch(Hca* hca, uint64_t id);
+// The connection of watch `watch` ended: fails its QP if adopted, remembers it otherwise.
+// Caller holds watch_mu.
+void WatchEnded(LinkWatch& watch);
 
 struct Hca {
   std::string name;
@@ -460,6 +472,7 @@ struct Hca {
   absl::BitGen bitgen ABSL_GUARDED_BY(mu);
 
   // Registers `fd` with the HCA thread for hangup detection; returns the watch id.
+  // (`qp` non-null: the QP's own outgoing link, adopted from the start.)
   uint64_t Watch(int fd, SoftQp* qp);
   // The same for a TCP link (takes ownership of `link`), with the epoll events it starts with.
   uint64_t WatchTcp(int fd, SoftQp* qp, TcpLink* link, uint32_t events);
@@ -521,7 +534,12 @@ int ListenTcp(uint32_t addr, uint16_t port, ibv_gid* gid, std::string* why);
 // its watch id, or 0 if the GID names no TCP peer. Never blocks: the HCA thread connects.
 uint64_t ConnectTcpLink(Hca* hca, SoftQp* qp, const ibv_gid& gid, uint32_t dst_qpn, int memfd,
                         uint64_t segment_size);
-void AcceptTcp(Hca* hca);
+// Accepts connections (at most 64 may owe their hello, for 1 s each). Returns true if it had
+// to stop because the process or system ran out of descriptors or memory.
+bool AcceptTcp(Hca* hca);
+// Drops connections that owe their hello past its deadline, and fails QPs whose link did not
+// connect in time (HCA thread).
+void ExpireTcpLinks(Hca* hca, int64_t now);
 // An event on a TCP link's socket (HCA thread).
 void HandleTcpEvent(Hca* hca, uint64_t id, uint32_t events);
 // Ships whatever our QPs have written since the last call (HCA thread).

@@ -14,8 +14,8 @@
 //   TcpRecord{kRecordFrame, ring, length, position} + `length` bytes: one frame, at `position`
 //     (absolute, as the stamp), which must be the ring's next position;
 //   TcpRecord{kRecordControl, 0, 32, 0} + request_consumed, response_consumed, acked, state.
-// A mirror's `sleeping` word is always set, so the peer's QP writes its wake eventfd (our HCA's
-// own here) after every publish, and our HCA thread ships at once.
+// Who moves the bytes: the thread that publishes ships (ShipTcpFor), a poll reads (PullTcp), and
+// the HCA thread does both only for links whose CQs nobody polls, plus what a full socket left.
 //
 // Everything received is untrusted, as a mapped segment is: the hello's geometry is checked
 // like a memfd's, every record's ring, position and length against the mirror, and a connection
@@ -79,6 +79,12 @@ constexpr size_t kControlWords = 4;
 // ring's tail, can be longer and are shipped as their header alone (see Ship).
 constexpr uint64_t kMaxFrame = wire::FrameBytes(wire::kOpWrite, wire::kMaxChunk);
 constexpr size_t kStaging = 2 * (sizeof(TcpRecord) + kMaxFrame);
+// Connections that have not sent their hello yet: how many, and for how long.
+constexpr int kMaxWaitingHellos = 64;
+constexpr int64_t kHelloTimeoutNs = 1000 * 1000 * 1000;
+// How long an outgoing link may take to connect before its QP fails, until RTS sets the QP's
+// own timeout (SetTcpLinkTimeout).
+constexpr int64_t kConnectTimeoutNs = int64_t{30} * 1000 * 1000 * 1000;
 
 }  // namespace
 
@@ -86,6 +92,8 @@ struct TcpLink {
   bool outgoing = false;
   bool connecting = false;
   bool failed = false;
+  // Incoming, before its hello / outgoing, while connecting: when to give up (ExpireTcpLinks).
+  int64_t deadline_ns = 0;
   // Outgoing: our own segment, mapped read-only here (the QP may unmap its mapping first).
   // Incoming: the mirror of the peer's segment, written only by the HCA thread.
   char* base = nullptr;
@@ -241,14 +249,12 @@ void Ship(Hca* hca, uint64_t id, int fd, TcpLink& link) {
   Flush(hca, id, fd, link);
 }
 
-void MarkGone(Hca* hca, LinkWatch& watch, uint64_t id) {
+// The link is over: nobody reads or ships it again, and its QP fails if the link was its own.
+void MarkGone(Hca* hca, LinkWatch& watch) {
   epoll_ctl(hca->epoll_fd, EPOLL_CTL_DEL, watch.fd, nullptr);
+  if (!watch.tcp->outgoing) epoll_ctl(hca->tcp_poll_fd, EPOLL_CTL_DEL, watch.fd, nullptr);
   watch.tcp->failed = true;
-  if (watch.qp != nullptr) {
-    watch.qp->peer_gone.store(true, std::memory_order_release);
-    watch.qp->link_event.store(true, std::memory_order_release);
-  }
-  (void)id;
+  WatchEnded(watch);
 }
 
 // Validates an incoming hello and offers a mirror of the segment it describes to its QP.
@@ -285,8 +291,7 @@ bool AcceptHello(Hca* hca, uint64_t id, LinkWatch& watch, const TcpHello& hello,
   for (size_t i = 0; i < kControlWords; ++i) {
     ControlWord(link, i)->store(hello.control[i], std::memory_order_relaxed);
   }
-  auto* ctrl = reinterpret_cast<wire::SegmentControl*>(link.base + wire::kControlOffset);
-  ctrl->sleeping.value.store(1, std::memory_order_relaxed);
+  // No wake eventfd and `sleeping` stays 0: a QP never wakes its TCP peer, it ships itself.
   PeerSegment segment;
   segment.base = link.base;
   segment.size = link.size;
@@ -298,15 +303,7 @@ bool AcceptHello(Hca* hca, uint64_t id, LinkWatch& watch, const TcpHello& hello,
   segment.gid = hello.src_gid;
   segment.qp_num = hello.src_qpn;
   segment.mirror = true;
-  segment.wake_fd = dup(hca->wake_fd);  // non-blocking, as the eventfd it shares
-  if (segment.wake_fd < 0) {
-    *why = absl::StrCat("dup: ", std::strerror(errno));
-    return false;
-  }
-  if (!OfferSegment(hca, id, hello.dst_qpn, segment, why)) {
-    close(segment.wake_fd);
-    return false;
-  }
+  if (!OfferSegment(hca, id, hello.dst_qpn, segment, why)) return false;
   epoll_event ev;
   ev.events = EPOLLIN;
   ev.data.u64 = id;
@@ -391,11 +388,16 @@ bool ApplyStaged(Hca* hca, uint64_t id, LinkWatch& watch, std::string* why) {
   return true;
 }
 
-// Returns true if anything arrived.
-bool Receive(Hca* hca, uint64_t id, LinkWatch& watch) {
+// Returns true if anything arrived. Reads at most kReceiveBudget bytes: a peer that ignores
+// our consumed counters and never stops must not keep this thread (and watch_mu) forever.
+constexpr size_t kReceiveBudget = 256 * 1024;
+
+// `hangup`: the peer closed; read on to the end instead of stopping at a short read.
+bool Receive(Hca* hca, uint64_t id, LinkWatch& watch, bool hangup = false) {
   TcpLink& link = *watch.tcp;
+  if (link.staging == nullptr) link.staging = std::make_unique<char[]>(kStaging);
   bool arrived = false;
-  for (;;) {
+  for (size_t taken = 0; taken < kReceiveBudget;) {
     const size_t room = kStaging - link.staged;
     const ssize_t n = recv(watch.fd, link.staging.get() + link.staged, room, MSG_DONTWAIT);
     if (n < 0 && errno == EINTR) continue;
@@ -405,11 +407,12 @@ bool Receive(Hca* hca, uint64_t id, LinkWatch& watch) {
       why = n == 0 ? "peer closed" : std::strerror(errno);
     } else {
       link.staged += static_cast<size_t>(n);
+      taken += static_cast<size_t>(n);
       arrived = true;
       // A short read drained the socket (almost surely): the next poll looks again, and this
       // one saves the syscall that would say EAGAIN.
       if (ApplyStaged(hca, id, watch, &why)) {
-        if (static_cast<size_t>(n) < room) return true;
+        if (static_cast<size_t>(n) < room && !hangup) return true;
         continue;
       }
     }
@@ -421,10 +424,11 @@ bool Receive(Hca* hca, uint64_t id, LinkWatch& watch) {
       close(watch.fd);
       hca->watches.erase(id);
     } else {
-      MarkGone(hca, watch, id);
+      MarkGone(hca, watch);
     }
     return true;
   }
+  return arrived;
 }
 
 }  // namespace
@@ -506,6 +510,7 @@ uint64_t ConnectTcpLink(Hca* hca, SoftQp* qp, const ibv_gid& gid, uint32_t dst_q
   auto* link = new TcpLink;
   link->outgoing = true;
   link->connecting = true;
+  link->deadline_ns = NowNs() + kConnectTimeoutNs;
   link->base = static_cast<char*>(base);
   link->size = segment_size;
   const auto* header = static_cast<const wire::SegmentHeader*>(base);
@@ -537,15 +542,47 @@ uint64_t ConnectTcpLink(Hca* hca, SoftQp* qp, const ibv_gid& gid, uint32_t dst_q
   return hca->WatchTcp(fd, qp, link, EPOLLIN | EPOLLOUT | EPOLLRDHUP);
 }
 
-void AcceptTcp(Hca* hca) {
+bool AcceptTcp(Hca* hca) {
   for (;;) {
     int fd = accept4(hca->listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (fd < 0) return;
+    if (fd < 0) return errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM;
+    int waiting = 0;
+    {
+      swirl::MutexLock watch_lock(&hca->watch_mu);
+      for (const auto& [id, watch] : hca->watches) {
+        waiting += watch.tcp != nullptr && !watch.tcp->outgoing && !watch.tcp->hello_done;
+      }
+    }
+    if (waiting >= kMaxWaitingHellos) {
+      close(fd);  // anyone may connect: connections that owe a hello are capped
+      continue;
+    }
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     auto* link = new TcpLink;
-    link->staging = std::make_unique<char[]>(kStaging);
+    link->deadline_ns = NowNs() + kHelloTimeoutNs;
     hca->WatchTcp(fd, nullptr, link, EPOLLIN | EPOLLRDHUP);
+  }
+}
+
+void ExpireTcpLinks(Hca* hca, int64_t now) {
+  swirl::MutexLock watch_lock(&hca->watch_mu);
+  std::vector<uint64_t> expired;
+  for (auto& [id, watch] : hca->watches) {
+    if (watch.tcp == nullptr || watch.tcp->failed || now < watch.tcp->deadline_ns) continue;
+    if (!watch.tcp->outgoing && !watch.tcp->hello_done) {
+      expired.push_back(id);
+    } else if (watch.tcp->outgoing && watch.tcp->connecting) {
+      SWIRL_LOG(DEBUG, "soft %s: QP 0x%x: TCP connect timed out", hca->name, watch.qp->qp_num);
+      MarkGone(hca, watch);
+    }
+  }
+  for (uint64_t id : expired) {  // owed a hello too long: nothing refers to these yet
+    auto it = hca->watches.find(id);
+    epoll_ctl(hca->epoll_fd, EPOLL_CTL_DEL, it->second.fd, nullptr);
+    DestroyTcpLink(hca, it->second.tcp, it->second.fd);
+    close(it->second.fd);
+    hca->watches.erase(it);
   }
 }
 
@@ -559,29 +596,31 @@ void HandleTcpEvent(Hca* hca, uint64_t id, uint32_t events) {
   TcpLink& link = *watch.tcp;
   if (!link.outgoing) {
     // Data first: a peer's last frames may arrive together with its hangup.
-    if (events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) Receive(hca, id, watch);
+    if (events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) {
+      Receive(hca, id, watch, (events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR)) != 0);
+    }
     return;
   }
   if (link.connecting && (events & (EPOLLOUT | EPOLLERR | EPOLLHUP))) {
     int error = 0;
     socklen_t len = sizeof(error);
     if (getsockopt(watch.fd, SOL_SOCKET, SO_ERROR, &error, &len) != 0 || error != 0) {
-      // Like an unreachable shared-memory peer: nothing fails now; requests time out at RTS.
+      // The QP's frames have no way out: it fails as a requester whose retries ran out (even
+      // if its peer's link to us works: reachability can be one-way).
       SWIRL_LOG(DEBUG, "soft %s: QP 0x%x: TCP connect: %s", hca->name,
                 watch.qp != nullptr ? watch.qp->qp_num : 0, std::strerror(error));
-      epoll_ctl(hca->epoll_fd, EPOLL_CTL_DEL, watch.fd, nullptr);
-      link.failed = true;
+      MarkGone(hca, watch);
       return;
     }
     link.connecting = false;
   }
   if (events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) {
     // Nothing is expected from the other end of an outgoing link but its hangup.
-    MarkGone(hca, watch, id);
+    MarkGone(hca, watch);
     return;
   }
   Ship(hca, id, watch.fd, link);
-  if (link.failed) MarkGone(hca, watch, id);
+  if (link.failed) MarkGone(hca, watch);
 }
 
 void ShipTcp(Hca* hca) {
@@ -589,7 +628,7 @@ void ShipTcp(Hca* hca) {
   for (auto& [id, watch] : hca->watches) {
     if (watch.tcp == nullptr || !watch.tcp->outgoing || watch.tcp->failed) continue;
     Ship(hca, id, watch.fd, *watch.tcp);
-    if (watch.tcp->failed) MarkGone(hca, watch, id);
+    if (watch.tcp->failed) MarkGone(hca, watch);
   }
 }
 
@@ -616,23 +655,25 @@ void ShipTcpFor(SoftQp* qp) {
   auto it = hca->watches.find(qp->out_watch);
   if (it == hca->watches.end() || it->second.tcp == nullptr || it->second.tcp->failed) return;
   Ship(hca, it->first, it->second.fd, *it->second.tcp);
-  if (it->second.tcp->failed) MarkGone(hca, it->second, it->first);
+  if (it->second.tcp->failed) MarkGone(hca, it->second);
 }
 
 bool PullTcp(Hca* hca) {
   if (!hca->watch_mu.TryLock()) return false;
-  if (hca->tcp_control_due.load(std::memory_order_relaxed)) {
-    hca->tcp_control_due.store(false, std::memory_order_relaxed);
+  // A publisher sets its QP's flag, then the HCA's: taking the HCA's first (a full barrier)
+  // means every QP flag set before it is seen below, and any set later raises it again.
+  if (hca->tcp_control_due.load(std::memory_order_relaxed) &&
+      hca->tcp_control_due.exchange(false, std::memory_order_seq_cst)) {
     for (auto& [id, watch] : hca->watches) {
       if (watch.tcp != nullptr && watch.tcp->outgoing && !watch.tcp->failed &&
           watch.qp != nullptr && watch.qp->tcp_control_due.load(std::memory_order_relaxed) &&
           watch.qp->tcp_control_due.exchange(false, std::memory_order_acq_rel)) {
         Ship(hca, id, watch.fd, *watch.tcp);
-        if (watch.tcp->failed) MarkGone(hca, watch, id);
+        if (watch.tcp->failed) MarkGone(hca, watch);
       }
     }
   }
-  bool arrived = false;
+  bool arrived = false, kick = false;
   epoll_event ready[16];
   const int n = epoll_wait(hca->tcp_poll_fd, ready, 16, 0);
   for (int i = 0; i < n; ++i) {
@@ -640,9 +681,15 @@ bool PullTcp(Hca* hca) {
     // erases them (hellos are the HCA thread's: they need hca->mu).
     auto it = hca->watches.find(ready[i].data.u64);
     if (it == hca->watches.end() || it->second.tcp == nullptr || it->second.tcp->failed) continue;
-    arrived |= Receive(hca, it->first, it->second);
+    // A link the HCA thread watches belongs to a QP with an assisted CQ (its owner may sleep on
+    // a channel): we took the data from under the thread's wakeup, so wake it ourselves.
+    if (Receive(hca, it->first, it->second)) {
+      arrived = true;
+      kick |= it->second.tcp->watching_in;
+    }
   }
   hca->watch_mu.Unlock();
+  if (kick) hca->Kick();
   return arrived;
 }
 

@@ -10,7 +10,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "absl/time/clock.h"
@@ -166,6 +168,15 @@ class Rogue {
     close(listen_fd_);
   }
   const ibv_gid& gid() const { return gid_; }
+  // From now on nothing listens at our GID: links toward it are refused.
+  void StopListening() {
+    close(listen_fd_);
+    listen_fd_ = socket(AF_INET, SOCK_STREAM, 0);  // a fresh fd for the destructor
+  }
+  void Hangup() {
+    close(fd_);
+    fd_ = -1;
+  }
 
   void ConnectTo(const ibv_gid& device_gid) {
     fd_ = socket(AF_INET, SOCK_STREAM, 0);
@@ -208,6 +219,43 @@ TEST(TcpFabric, GidsAreIpv4MappedAndTwoDevicesTalk) {
   EXPECT_EQ(a.raw[12], 127);
   EXPECT_NE(std::memcmp(&a, &b, sizeof(a)), 0) << "two devices, one GID";
   pair.Check("over tcp");
+}
+
+// The environment is read when a device is first opened in the process, so each case below
+// uses a device name no other test opens.
+class ScopedFabric {
+ public:
+  explicit ScopedFabric(const std::string& spec) { setenv("SWIRL_SOFT_TCP", spec.c_str(), 1); }
+  ~ScopedFabric() { setenv("SWIRL_SOFT_TCP", "127.0.0.1", 1); }
+};
+
+TEST(TcpFabric, AFixedPortIsSoft0sAndSoftNListensNAbove) {
+  // A port that is free now, and the one 7 above it is very likely free as well.
+  int probe = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(sa);
+  ASSERT_EQ(bind(probe, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)), 0);
+  ASSERT_EQ(getsockname(probe, reinterpret_cast<sockaddr*>(&sa), &len), 0);
+  close(probe);
+  const uint16_t base = ntohs(sa.sin_port) - 7;
+  ScopedFabric fabric("127.0.0.1:" + std::to_string(base));
+  Side side = MakeSide("soft7");
+  const ibv_gid gid = GidOf(side);
+  uint16_t port;
+  std::memcpy(&port, gid.raw + 8, 2);
+  EXPECT_EQ(ntohs(port), base + 7);
+}
+
+TEST(TcpFabric, AMalformedSettingFailsTheOpenSayingWhy) {
+  for (const char* spec : {"not-an-address", "127.0.0.1:99999", "0.0.0.0", "127.0.0.1:1:2"}) {
+    ScopedFabric fabric(spec);
+    absl::StatusOr<std::unique_ptr<verbs::DeviceOps>> device = OpenSoftDevice("soft9");
+    ASSERT_FALSE(device.ok()) << spec;
+    EXPECT_NE(device.status().message().find("SWIRL_SOFT_TCP"), std::string::npos)
+        << device.status();
+  }
 }
 
 TEST(TcpFabric, GarbageHelloIsDropped) {
@@ -291,6 +339,74 @@ TEST(TcpFabric, ForeignPeerSendsThenViolatesAndOnlyItsQpFails) {
   EXPECT_NE(wc.status, IBV_WC_SUCCESS) << "the QP whose peer broke the protocol must fail";
   EXPECT_EQ(*victim.qp->QueryState(), IBV_QPS_ERR);
   pair.Check("others unaffected");
+}
+
+TEST(TcpFabric, AConnectionThatNeverSaysHelloIsDropped) {
+  HealthyPair pair;
+  Rogue rogue;
+  rogue.ConnectTo(GidOf(pair.a));
+  EXPECT_TRUE(rogue.DroppedBy(nullptr)) << "a silent connection must not be kept forever";
+  pair.Check("still here");
+}
+
+// A hello from a stranger that then hangs up, waiting at a QP that has no link yet, must not
+// fail the link the QP makes later: only a link the QP adopted may fail it.
+TEST(TcpFabric, AStrangersHangupCannotFailTheLinkAQpMakesLater) {
+  Side a = MakeSide("soft0");
+  Side b = MakeSide("soft1");
+  verbs::ConnectOptions options;
+  ASSERT_TRUE(a.qp->ToInit(options).ok());
+  Rogue rogue;
+  rogue.ConnectTo(GidOf(a));
+  Hello hello;
+  hello.src_qpn = 0x123;
+  hello.dst_qpn = a.qp->qp_num();
+  hello.src_gid = rogue.gid();
+  rogue.Send(&hello, sizeof(hello));
+  rogue.Hangup();
+  // The HCA thread takes events in the order they come: once it has dropped a later garbage
+  // connection, it has seen the stranger's hello and hangup.
+  Rogue sentinel;
+  sentinel.ConnectTo(GidOf(a));
+  char garbage[sizeof(Hello)] = {};
+  sentinel.Send(garbage, sizeof(garbage));
+  ASSERT_TRUE(sentinel.DroppedBy(nullptr));
+  auto aa = *a.qp->LocalAddress(100, options);
+  auto ba = *b.qp->LocalAddress(200, options);
+  ASSERT_TRUE(a.qp->ToRtr(ba, options).ok());
+  ASSERT_TRUE(a.qp->ToRts(100, options).ok());
+  ASSERT_TRUE(b.qp->Connect(aa, 200, options).ok());
+  for (int i = 0; i < 5; ++i) {
+    PostRecv(b, 1);
+    PostSend(a, 2, "later link");
+    ibv_wc wc = Wait({&b, &a});
+    ASSERT_EQ(wc.status, IBV_WC_SUCCESS);
+    wc = Wait({&a, &b});
+    ASSERT_EQ(wc.status, IBV_WC_SUCCESS);
+  }
+}
+
+// Reachability can be one way: the peer's link to us works, ours to it is refused. The QP's
+// requests have no way out, so it fails instead of waiting forever.
+TEST(TcpFabric, AQpWhoseOwnLinkCannotConnectFails) {
+  Side victim = MakeSide("soft0");
+  Rogue rogue;
+  rogue.StopListening();
+  verbs::ConnectOptions options;
+  options.timeout = 0;  // no ACK timeout: only the link's failure can end a wait
+  const uint32_t rogue_qpn = 0x123, rogue_psn = 500, victim_psn = 100;
+  ASSERT_TRUE(victim.qp->Connect({rogue.gid(), 0, rogue_qpn, rogue_psn}, victim_psn, options).ok());
+  rogue.ConnectTo(GidOf(victim));
+  Hello hello;
+  hello.src_qpn = rogue_qpn;
+  hello.dst_qpn = victim.qp->qp_num();
+  hello.src_gid = rogue.gid();
+  hello.control[2] = victim_psn;
+  rogue.Send(&hello, sizeof(hello));
+  PostSend(victim, 11, "nowhere to go");
+  ibv_wc wc = Wait({&victim});
+  EXPECT_EQ(wc.wr_id, 11u);
+  EXPECT_NE(wc.status, IBV_WC_SUCCESS);
 }
 
 }  // namespace
