@@ -80,7 +80,7 @@ ABSL_FLAG(uint32_t, cq_mod, 100,
           "bandwidth tests: signal one work request in this many (capped at tx_depth)");
 ABSL_FLAG(uint32_t, rx_depth, 512, "send_bw: receives kept posted at the server");
 ABSL_FLAG(int, ib_port, 1, "device port");
-ABSL_FLAG(int, gid_index, 0, "GID index (RoCE)");
+ABSL_FLAG(int, gid_index, -1, "GID index (RoCE); -1: pick (RoCE v2 and IPv4 first)");
 ABSL_FLAG(bool, mutex_deadlock_detection, true,
           "leave absl::Mutex deadlock detection at Abseil's default (on in Debian's Abseil, "
           "which is built without NDEBUG); false: SetMutexDeadlockDetectionMode(kIgnore) in "

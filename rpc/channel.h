@@ -43,9 +43,9 @@ struct ChannelOptions {
   std::string tls_target_name;  // override the name checked in the server certificate
 
   std::string device;  // "" = automatic
-  // Port and GID table entry (see ServerOptions: RoCE v2 fabrics need a v2 entry).
+  // Port and GID table entry (see ServerOptions: -1 picks a RoCE v2 entry, IPv4 first).
   uint8_t port = 1;
-  int gid_index = 0;
+  int gid_index = -1;
   enum class Driver { kBackgroundThread, kCaller };
   Driver driver = Driver::kBackgroundThread;
   bool dedicated_worker = false;  // background driver: own worker thread instead of shared

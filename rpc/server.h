@@ -45,10 +45,12 @@ struct ServerOptions {
   // RDMA device ("" = automatic: see transport/device.h).
   std::string device;
   // The port and the GID table entry connections use. On RoCE the entry picks the RoCE version
-  // and address: index 0 is often a RoCE v1 or link-local GID (`show_gids` lists them); a routed
-  // RoCE v2 fabric needs a v2 entry. The soft device has one port and one GID.
+  // and address: index 0 is often a RoCE v1 or link-local GID (`show_gids` lists them), which a
+  // routed RoCE v2 fabric drops. The default, verbs::kAutoGidIndex (-1), picks as rdma_cm does
+  // for IPv4: a RoCE v2 entry with an IPv4 address first (verbs::ChooseGidIndex); give an index
+  // to override. The soft device has one port and one GID.
   uint8_t port = 1;
-  int gid_index = 0;
+  int gid_index = -1;
   // One worker thread per entry, pinned to that core (-1: not pinned).
   std::vector<int> worker_cores = {-1};
   // Busy-poll, then sleep on the completion channel after this much idleness (0: never sleep).

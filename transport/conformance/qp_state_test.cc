@@ -34,6 +34,11 @@ class QpStateTest : public DeviceTest {
     a_ = std::move(*a);
     b_ = std::move(*b);
     options_ = DefaultConnectOptions();
+    // The raw attributes below name a GID table entry, as QueuePair's methods do after
+    // resolving "automatic" (the default) to one.
+    auto gid_index = a_->context().ResolveGidIndex(options_.port_num, options_.gid_index);
+    ASSERT_TRUE(gid_index.ok()) << gid_index.status().ToString();
+    options_.gid_index = *gid_index;
     auto a_address = a_->qp().LocalAddress(1, options_);
     ASSERT_TRUE(a_address.ok()) << a_address.status().ToString();
     auto b_address = b_->qp().LocalAddress(2, options_);

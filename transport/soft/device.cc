@@ -121,6 +121,16 @@ class SoftDeviceOps final : public verbs::DeviceOps {
     *gid = sctx_->hca->gid;
     return 0;
   }
+  int QueryGidTable(uint8_t port_num, std::vector<ibv_gid_entry>* entries) override {
+    if (port_num != 1) return EINVAL;
+    ibv_gid_entry entry;
+    std::memset(&entry, 0, sizeof(entry));
+    entry.gid = sctx_->hca->gid;
+    entry.port_num = 1;
+    entry.gid_type = IBV_GID_TYPE_ROCE_V2;  // one entry, RoCE as the port says
+    entries->assign(1, entry);
+    return 0;
+  }
   int AllocPd(ibv_pd** out) override {
     auto* pd = new SoftPd();
     pd->context = context();

@@ -313,9 +313,12 @@ absl::StatusOr<Capabilities> ProbeCapabilities(const std::shared_ptr<Context>& c
   caps.link_layer = port->link_layer;
   caps.active_mtu = port->active_mtu;
   caps.lid = port->lid;
-  if (absl::StatusOr<ibv_gid> gid = context->QueryGid(options.port_num, options.gid_index);
-      gid.ok()) {
-    caps.gid = *gid;
+  if (absl::StatusOr<int> index = context->ResolveGidIndex(options.port_num, options.gid_index);
+      index.ok()) {
+    caps.gid_index = *index;
+    if (absl::StatusOr<ibv_gid> gid = context->QueryGid(options.port_num, *index); gid.ok()) {
+      caps.gid = *gid;
+    }
   }
 
   auto pd = ProtectionDomain::Create(context);
@@ -375,9 +378,10 @@ std::string FormatCapabilities(const Capabilities& caps) {
   if (mw_types.empty()) mw_types = " none";
   std::string out;
   absl::StrAppendFormat(&out, "%s (%s)\n", caps.device, DeviceKindName(caps.kind));
-  absl::StrAppendFormat(&out, "  port %d: %s, %s, mtu %d, lid %d, gid %s\n", caps.port_num,
-                        PortStateName(caps.port_state), LinkLayerName(caps.link_layer),
-                        128 << caps.active_mtu, caps.lid, FormatGid(caps.gid));
+  absl::StrAppendFormat(&out, "  port %d: %s, %s, mtu %d, lid %d, gid [%d] %s\n",
+                        caps.port_num, PortStateName(caps.port_state),
+                        LinkLayerName(caps.link_layer), 128 << caps.active_mtu, caps.lid,
+                        caps.gid_index, FormatGid(caps.gid));
   absl::StrAppendFormat(&out, "  memory windows:%s\n", mw_types);
   absl::StrAppendFormat(&out, "  remote invalidation (SEND_WITH_INV): advertised %s, self-test %s",
                         yes(caps.remote_invalidation_advertised),

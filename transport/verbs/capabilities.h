@@ -113,6 +113,7 @@ struct Capabilities {
   ibv_mtu active_mtu = IBV_MTU_1024;
   uint16_t lid = 0;
   ibv_gid gid{};
+  int gid_index = 0;  // the entry `gid` came from (ProbeOptions::gid_index, resolved)
   bool port_active() const { return port_state == IBV_PORT_ACTIVE; }
 };
 
@@ -121,7 +122,7 @@ void DecodeDeviceAttributes(const ibv_device_attr_ex& attr, Capabilities* caps);
 
 struct ProbeOptions {
   uint8_t port_num = 1;
-  int gid_index = 0;
+  int gid_index = kAutoGidIndex;
   // Run the loopback SEND_WITH_INV self-test (needs an active port).
   bool confirm_remote_invalidation = false;
   absl::Duration selftest_timeout = absl::Seconds(5);

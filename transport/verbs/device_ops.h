@@ -21,6 +21,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace swirl::verbs {
 
@@ -42,6 +43,8 @@ class DeviceOps {
   virtual int QueryDevice(ibv_device_attr_ex* attr) = 0;
   virtual int QueryPort(uint8_t port_num, ibv_port_attr* attr) = 0;
   virtual int QueryGid(uint8_t port_num, int index, ibv_gid* gid) = 0;
+  // The valid entries of port `port_num`'s GID table, with their types (RoCE v1/v2, IB).
+  virtual int QueryGidTable(uint8_t port_num, std::vector<ibv_gid_entry>* entries) = 0;
 
   virtual int AllocPd(ibv_pd** pd) = 0;
   virtual int DeallocPd(ibv_pd* pd) = 0;

@@ -82,10 +82,34 @@ class FakeDeviceOps final : public DeviceOps {
     attr->active_mtu = IBV_MTU_4096;
     return journal_->Enter("query_port");
   }
-  int QueryGid(uint8_t, int, ibv_gid* gid) override {
-    std::memset(gid, 0, sizeof(*gid));
-    gid->raw[15] = 7;
+  // A ConnectX-style table: each address as RoCE v1 and as RoCE v2, link-local first.
+  static std::vector<ibv_gid_entry> Table() {
+    std::vector<ibv_gid_entry> table(4);
+    for (uint32_t i = 0; i < 4; ++i) {
+      ibv_gid_entry& e = table[i];
+      std::memset(&e, 0, sizeof(e));
+      e.gid_index = i;
+      e.port_num = 1;
+      e.gid_type = i % 2 == 0 ? IBV_GID_TYPE_ROCE_V1 : IBV_GID_TYPE_ROCE_V2;
+      if (i < 2) {
+        e.gid.raw[0] = 0xfe;
+        e.gid.raw[1] = 0x80;
+      } else {
+        e.gid.raw[10] = e.gid.raw[11] = 0xff;
+        e.gid.raw[12] = 10;
+      }
+      e.gid.raw[15] = 7;
+    }
+    return table;
+  }
+  int QueryGid(uint8_t, int index, ibv_gid* gid) override {
+    if (index < 0 || index >= 4) return EINVAL;
+    *gid = Table()[index].gid;
     return journal_->Enter("query_gid");
+  }
+  int QueryGidTable(uint8_t, std::vector<ibv_gid_entry>* entries) override {
+    *entries = Table();
+    return journal_->Enter("query_gid_table");
   }
   int AllocPd(ibv_pd** pd) override { return Create("alloc_pd", pd); }
   int DeallocPd(ibv_pd* pd) override { return Destroy("dealloc_pd", pd); }
@@ -292,6 +316,66 @@ TEST_F(RaiiTest, TransitionsUseTheRequiredAttributeMasks) {
   journal_.fail_next["modify_qp"] = EINVAL;
   absl::Status s = qp->ToError();
   EXPECT_EQ(s.message(), "ibv_modify_qp(ERR): Invalid argument (errno 22)");
+}
+
+TEST_F(RaiiTest, WithNoGidIndexGivenTheRoceV2Ipv4EntryIsUsedAndAGivenOneIsKept) {
+  std::shared_ptr<ProtectionDomain> pd = *ProtectionDomain::Create(context_);
+  std::shared_ptr<CompletionQueue> cq = *CompletionQueue::Create(context_, 16);
+  QueuePairConfig config;
+  config.send_cq = cq;
+  config.recv_cq = cq;
+  for (int given : {kAutoGidIndex, 1}) {
+    journal_.attrs.clear();
+    std::unique_ptr<QueuePair> qp = *QueuePair::Create(pd, config);
+    ConnectOptions options;
+    options.gid_index = given;
+    absl::StatusOr<PeerAddress> self = qp->LocalAddress(0x55, options);
+    ASSERT_TRUE(self.ok()) << self.status();
+    const int expected = given == kAutoGidIndex ? 3 : 1;
+    const ibv_gid& want = FakeDeviceOps::Table()[expected].gid;
+    EXPECT_EQ(std::memcmp(&self->gid, &want, sizeof(ibv_gid)), 0) << "given " << given;
+    ASSERT_TRUE(qp->Connect(*self, 0x55, options).ok());
+    ASSERT_EQ(journal_.attrs.size(), 3u);
+    EXPECT_EQ(journal_.attrs[1].ah_attr.grh.sgid_index, expected) << "given " << given;
+  }
+}
+
+TEST(ChooseGidIndex, PrefersRoceV2ThenIpv4ThenGlobalAddresses) {
+  auto entry = [](uint32_t index, uint32_t type, const char* kind) {
+    ibv_gid_entry e;
+    std::memset(&e, 0, sizeof(e));
+    e.gid_index = index;
+    e.gid_type = type;
+    const std::string k = kind;
+    if (k == "ipv4") {
+      e.gid.raw[10] = e.gid.raw[11] = 0xff;
+      e.gid.raw[12] = 192;
+    } else if (k == "link-local") {
+      e.gid.raw[0] = 0xfe;
+      e.gid.raw[1] = 0x80;
+    } else if (k == "global") {
+      e.gid.raw[0] = 0x20;
+      e.gid.raw[1] = 0x01;
+    }  // "zero": left all zero
+    if (k != "zero") e.gid.raw[15] = 1;
+    return e;
+  };
+  constexpr uint32_t v1 = IBV_GID_TYPE_ROCE_V1, v2 = IBV_GID_TYPE_ROCE_V2, ib = IBV_GID_TYPE_IB;
+  EXPECT_EQ(ChooseGidIndex({}), -1);
+  EXPECT_EQ(ChooseGidIndex({entry(0, v2, "zero")}), -1);
+  // ConnectX with one IPv4 address: v1/v2 link-local, then v1/v2 IPv4.
+  EXPECT_EQ(ChooseGidIndex({entry(0, v1, "link-local"), entry(1, v2, "link-local"),
+                            entry(2, v1, "ipv4"), entry(3, v2, "ipv4")}),
+            3);
+  EXPECT_EQ(ChooseGidIndex({entry(0, v2, "link-local"), entry(1, v2, "global"),
+                            entry(2, v2, "ipv4")}),
+            2);
+  EXPECT_EQ(ChooseGidIndex({entry(0, v2, "link-local"), entry(5, v2, "global")}), 5);
+  EXPECT_EQ(ChooseGidIndex({entry(0, v1, "ipv4"), entry(1, v2, "link-local")}), 1)
+      << "any RoCE v2 entry before RoCE v1";
+  EXPECT_EQ(ChooseGidIndex({entry(0, v1, "link-local"), entry(1, v1, "ipv4")}), 1);
+  EXPECT_EQ(ChooseGidIndex({entry(4, ib, "link-local")}), 4);
+  EXPECT_EQ(ChooseGidIndex({entry(0, v1, "zero"), entry(1, v1, "link-local")}), 1);
 }
 
 }  // namespace

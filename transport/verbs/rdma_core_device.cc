@@ -39,6 +39,24 @@ class RdmaCoreDeviceOps final : public DeviceOps {
   int QueryGid(uint8_t port_num, int index, ibv_gid* gid) override {
     return ibv_query_gid(context_, port_num, index, gid) == 0 ? 0 : LastErrno();
   }
+  int QueryGidTable(uint8_t port_num, std::vector<ibv_gid_entry>* entries) override {
+    // ibv_query_gid_table returns every port's valid entries: room for all of them.
+    ibv_device_attr device;
+    if (ibv_query_device(context_, &device) != 0) return LastErrno();
+    size_t room = 0;
+    for (uint8_t p = 1; p <= device.phys_port_cnt; ++p) {
+      ibv_port_attr port;
+      if (ibv_query_port(context_, p, &port) == 0) room += static_cast<size_t>(port.gid_tbl_len);
+    }
+    std::vector<ibv_gid_entry> all(std::max<size_t>(room, 1));
+    const ssize_t n = ibv_query_gid_table(context_, all.data(), all.size(), 0);
+    if (n < 0) return static_cast<int>(-n);
+    entries->clear();
+    for (ssize_t i = 0; i < n; ++i) {
+      if (all[i].port_num == port_num) entries->push_back(all[i]);
+    }
+    return 0;
+  }
   int AllocPd(ibv_pd** pd) override {
     errno = 0;
     *pd = ibv_alloc_pd(context_);

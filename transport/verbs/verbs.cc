@@ -62,6 +62,48 @@ absl::StatusOr<ibv_gid> Context::QueryGid(uint8_t port_num, int index) {
   return gid;
 }
 
+int ChooseGidIndex(const std::vector<ibv_gid_entry>& entries) {
+  static const ibv_gid kZero{};
+  auto rank = [](const ibv_gid_entry& e) {
+    const uint8_t* g = e.gid.raw;
+    static const uint8_t kMappedPrefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+    const bool ipv4 = std::memcmp(g, kMappedPrefix, sizeof(kMappedPrefix)) == 0;
+    const bool link_local = g[0] == 0xfe && (g[1] & 0xc0) == 0x80;
+    const int address = ipv4 ? 0 : link_local ? 2 : 1;
+    const int type = e.gid_type == IBV_GID_TYPE_ROCE_V2   ? 0
+                     : e.gid_type == IBV_GID_TYPE_ROCE_V1 ? 1
+                                                          : 2;
+    return type * 3 + address;  // lower is better
+  };
+  int best = -1, best_rank = 0;
+  for (const ibv_gid_entry& e : entries) {
+    if (std::memcmp(&e.gid, &kZero, sizeof(kZero)) == 0) continue;
+    const int r = rank(e);
+    if (best < 0 || r < best_rank) {
+      best = static_cast<int>(e.gid_index);
+      best_rank = r;
+    }
+  }
+  return best;
+}
+
+absl::StatusOr<int> Context::ResolveGidIndex(uint8_t port_num, int requested) {
+  if (requested >= 0) return requested;
+  absl::StatusOr<ibv_port_attr> port = QueryPort(port_num);
+  if (!port.ok()) return port.status();
+  if (port->link_layer != IBV_LINK_LAYER_ETHERNET) return 0;
+  std::vector<ibv_gid_entry> entries;
+  if (int err = ops_->QueryGidTable(port_num, &entries); err != 0) {
+    return VerbsError("ibv_query_gid_table", absl::StrCat("port ", port_num), err);
+  }
+  const int chosen = ChooseGidIndex(entries);
+  if (chosen < 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        name(), " port ", port_num, ": no usable GID (is an IP address configured on it?)"));
+  }
+  return chosen;
+}
+
 absl::StatusOr<ibv_event_type> Context::WaitAsyncEvent(absl::Duration timeout) {
   if (int err = WaitReadable(get()->async_fd, timeout); err != 0) {
     if (err == ETIMEDOUT) return absl::DeadlineExceededError("no asynchronous event");
@@ -290,7 +332,10 @@ absl::Status QueuePair::ToRtr(const PeerAddress& peer, const ConnectOptions& opt
   if (std::memcmp(&peer.gid, &kZeroGid, sizeof(ibv_gid)) != 0) {
     attr.ah_attr.is_global = 1;
     attr.ah_attr.grh.dgid = peer.gid;
-    attr.ah_attr.grh.sgid_index = static_cast<uint8_t>(options.gid_index);
+    absl::StatusOr<int> gid_index = pd_->context().ResolveGidIndex(options.port_num,
+                                                                    options.gid_index);
+    if (!gid_index.ok()) return gid_index.status();
+    attr.ah_attr.grh.sgid_index = static_cast<uint8_t>(*gid_index);
     attr.ah_attr.grh.hop_limit = 64;
   }
   return Modify(attr,
@@ -360,7 +405,9 @@ absl::StatusOr<PeerAddress> QueuePair::LocalAddress(uint32_t sq_psn,
   address.psn = sq_psn;
   address.mtu = port->active_mtu;
   if (port->link_layer == IBV_LINK_LAYER_ETHERNET || port->lid == 0) {
-    absl::StatusOr<ibv_gid> gid = ctx.QueryGid(options.port_num, options.gid_index);
+    absl::StatusOr<int> gid_index = ctx.ResolveGidIndex(options.port_num, options.gid_index);
+    if (!gid_index.ok()) return gid_index.status();
+    absl::StatusOr<ibv_gid> gid = ctx.QueryGid(options.port_num, *gid_index);
     if (!gid.ok()) return gid.status();
     address.gid = *gid;
   }

@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -49,6 +50,9 @@ class Context {
   absl::StatusOr<ibv_device_attr_ex> QueryDevice();
   absl::StatusOr<ibv_port_attr> QueryPort(uint8_t port_num);
   absl::StatusOr<ibv_gid> QueryGid(uint8_t port_num, int index);
+  // The GID table index to use: `requested` itself if >= 0; for kAutoGidIndex the one
+  // ChooseGidIndex picks on a RoCE port (0 on InfiniBand, where the LID routes).
+  absl::StatusOr<int> ResolveGidIndex(uint8_t port_num, int requested);
 
   // Waits up to `timeout` for an asynchronous event (IBV_EVENT_*) and acknowledges it.
   // kDeadlineExceeded if none arrived.
@@ -214,10 +218,20 @@ struct QueuePairConfig {
   bool sq_sig_all = false;
 };
 
+// A GID index that says "pick one" (ConnectOptions, and swirl's ServerOptions/ChannelOptions).
+inline constexpr int kAutoGidIndex = -1;
+
+// The GID table entry a RoCE connection uses when the application names none, as rdma_cm
+// picks for an IPv4 address: RoCE v2 with an IPv4-mapped GID (::ffff:a.b.c.d), then RoCE v2 with
+// a global IPv6 GID, then any RoCE v2 entry; then RoCE v1 in the same order; then any other
+// valid entry. Index 0 is often RoCE v1 or link-local, which routed (RoCE v2) fabrics drop.
+// Returns the chosen entry's gid_index, or -1 if `entries` has no usable (non-zero) GID.
+int ChooseGidIndex(const std::vector<ibv_gid_entry>& entries);
+
 // RC connection parameters with conventional defaults (perftest's and rdma_cm's).
 struct ConnectOptions {
   uint8_t port_num = 1;
-  int gid_index = 0;
+  int gid_index = kAutoGidIndex;  // or an index into the port's GID table
   int access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
                      IBV_ACCESS_REMOTE_ATOMIC;
   uint8_t timeout = 14;        // local ACK timeout: 4.096 us * 2^14 = 67 ms
