@@ -534,7 +534,7 @@ void PublishAndWake(SoftQp* qp, bool wrote) {
     published = true;
   }
   if (!published || !qp->linked) return;
-  if (qp->hca->tcp) {
+  if (qp->tcp) {
     // New frames go now, with the control words; a change of control words alone (consumed,
     // acked) rides with the next frame or goes at the next poll, whichever is first, so a
     // request and the acknowledgement of the one before share a segment.
@@ -666,6 +666,7 @@ int CreateQp(SoftContext* sctx, ibv_pd* pd, ibv_qp_init_attr* attr, ibv_qp** out
   auto* qp = new SoftQp();
   qp->sctx = sctx;
   qp->hca = sctx->hca;
+  qp->tcp = sctx->hca->tcp;
   qp->spd = static_cast<SoftPd*>(pd);
   qp->scq = static_cast<SoftCq*>(attr->send_cq);
   qp->rcq = static_cast<SoftCq*>(attr->recv_cq);

@@ -401,6 +401,7 @@ struct SoftQp : ibv_qp {
   // Set by the HCA thread (no QP lock needed to set them).
   std::atomic<bool> link_event{false};
   std::atomic<bool> peer_gone{false};
+  bool tcp = false;  // the HCA's fabric is TCP (a copy: PublishAndWake checks it per message)
   // TCP fabric: control words changed and are not shipped yet (PullTcp ships them).
   std::atomic<bool> tcp_control_due{false};
   swirl::Mutex incoming_mu;

@@ -332,7 +332,7 @@ TEST_F(RaiiTest, WithNoGidIndexGivenTheRoceV2Ipv4EntryIsUsedAndAGivenOneIsKept) 
     absl::StatusOr<PeerAddress> self = qp->LocalAddress(0x55, options);
     ASSERT_TRUE(self.ok()) << self.status();
     const int expected = given == kAutoGidIndex ? 3 : 1;
-    const ibv_gid& want = FakeDeviceOps::Table()[expected].gid;
+    const ibv_gid want = FakeDeviceOps::Table()[expected].gid;
     EXPECT_EQ(std::memcmp(&self->gid, &want, sizeof(ibv_gid)), 0) << "given " << given;
     ASSERT_TRUE(qp->Connect(*self, 0x55, options).ok());
     ASSERT_EQ(journal_.attrs.size(), 3u);
