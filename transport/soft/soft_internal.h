@@ -450,8 +450,10 @@ struct Hca {
   // into a mirror at the peer, instead of one shared memfd (tcp_link.cc).
   bool tcp = false;
   uint32_t tcp_addr = 0;  // IPv4, network order
-  // The incoming links polls read (PullTcp): one epoll_wait per poll, however many links.
+  // The incoming links polls read (PullTcp): one epoll_wait per poll, however many links; with
+  // a single one, a poll reads it without asking epoll (one syscall per message, not two).
   int tcp_poll_fd = -1;
+  std::vector<uint64_t> tcp_incoming ABSL_GUARDED_BY(watch_mu);
   // Some QP has control words to ship (its tcp_control_due), so PullTcp looks for it.
   std::atomic<bool> tcp_control_due{false};
   int epoll_fd = -1;

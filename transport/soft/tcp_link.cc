@@ -249,10 +249,18 @@ void Ship(Hca* hca, uint64_t id, int fd, TcpLink& link) {
   Flush(hca, id, fd, link);
 }
 
+void ForgetIncoming(Hca* hca, uint64_t id) {
+  auto& ids = hca->tcp_incoming;
+  ids.erase(std::remove(ids.begin(), ids.end(), id), ids.end());
+}
+
 // The link is over: nobody reads or ships it again, and its QP fails if the link was its own.
-void MarkGone(Hca* hca, LinkWatch& watch) {
+void MarkGone(Hca* hca, LinkWatch& watch, uint64_t id) {
   epoll_ctl(hca->epoll_fd, EPOLL_CTL_DEL, watch.fd, nullptr);
-  if (!watch.tcp->outgoing) epoll_ctl(hca->tcp_poll_fd, EPOLL_CTL_DEL, watch.fd, nullptr);
+  if (!watch.tcp->outgoing) {
+    epoll_ctl(hca->tcp_poll_fd, EPOLL_CTL_DEL, watch.fd, nullptr);
+    ForgetIncoming(hca, id);
+  }
   watch.tcp->failed = true;
   WatchEnded(watch);
 }
@@ -308,8 +316,10 @@ bool AcceptHello(Hca* hca, uint64_t id, LinkWatch& watch, const TcpHello& hello,
   ev.events = EPOLLIN;
   ev.data.u64 = id;
   epoll_ctl(hca->tcp_poll_fd, EPOLL_CTL_ADD, watch.fd, &ev);
+  hca->tcp_incoming.push_back(id);
   return true;
 }
+
 
 // Applies one complete record at `data` (header validated by the caller) to the mirror.
 void ApplyFrame(TcpLink& link, const TcpRecord& record, const char* data) {
@@ -424,7 +434,7 @@ bool Receive(Hca* hca, uint64_t id, LinkWatch& watch, bool hangup = false) {
       close(watch.fd);
       hca->watches.erase(id);
     } else {
-      MarkGone(hca, watch);
+      MarkGone(hca, watch, id);
     }
     return true;
   }
@@ -574,7 +584,7 @@ void ExpireTcpLinks(Hca* hca, int64_t now) {
       expired.push_back(id);
     } else if (watch.tcp->outgoing && watch.tcp->connecting) {
       SWIRL_LOG(DEBUG, "soft %s: QP 0x%x: TCP connect timed out", hca->name, watch.qp->qp_num);
-      MarkGone(hca, watch);
+      MarkGone(hca, watch, id);
     }
   }
   for (uint64_t id : expired) {  // owed a hello too long: nothing refers to these yet
@@ -609,18 +619,18 @@ void HandleTcpEvent(Hca* hca, uint64_t id, uint32_t events) {
       // if its peer's link to us works: reachability can be one-way).
       SWIRL_LOG(DEBUG, "soft %s: QP 0x%x: TCP connect: %s", hca->name,
                 watch.qp != nullptr ? watch.qp->qp_num : 0, std::strerror(error));
-      MarkGone(hca, watch);
+      MarkGone(hca, watch, id);
       return;
     }
     link.connecting = false;
   }
   if (events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) {
     // Nothing is expected from the other end of an outgoing link but its hangup.
-    MarkGone(hca, watch);
+    MarkGone(hca, watch, id);
     return;
   }
   Ship(hca, id, watch.fd, link);
-  if (link.failed) MarkGone(hca, watch);
+  if (link.failed) MarkGone(hca, watch, id);
 }
 
 void ShipTcp(Hca* hca) {
@@ -628,7 +638,7 @@ void ShipTcp(Hca* hca) {
   for (auto& [id, watch] : hca->watches) {
     if (watch.tcp == nullptr || !watch.tcp->outgoing || watch.tcp->failed) continue;
     Ship(hca, id, watch.fd, *watch.tcp);
-    if (watch.tcp->failed) MarkGone(hca, watch);
+    if (watch.tcp->failed) MarkGone(hca, watch, id);
   }
 }
 
@@ -655,7 +665,7 @@ void ShipTcpFor(SoftQp* qp) {
   auto it = hca->watches.find(qp->out_watch);
   if (it == hca->watches.end() || it->second.tcp == nullptr || it->second.tcp->failed) return;
   Ship(hca, it->first, it->second.fd, *it->second.tcp);
-  if (it->second.tcp->failed) MarkGone(hca, it->second);
+  if (it->second.tcp->failed) MarkGone(hca, it->second, it->first);
 }
 
 bool PullTcp(Hca* hca) {
@@ -669,13 +679,19 @@ bool PullTcp(Hca* hca) {
           watch.qp != nullptr && watch.qp->tcp_control_due.load(std::memory_order_relaxed) &&
           watch.qp->tcp_control_due.exchange(false, std::memory_order_acq_rel)) {
         Ship(hca, id, watch.fd, *watch.tcp);
-        if (watch.tcp->failed) MarkGone(hca, watch);
+        if (watch.tcp->failed) MarkGone(hca, watch, id);
       }
     }
   }
   bool arrived = false, kick = false;
   epoll_event ready[16];
-  const int n = epoll_wait(hca->tcp_poll_fd, ready, 16, 0);
+  int n;
+  if (hca->tcp_incoming.size() == 1) {
+    ready[0].data.u64 = hca->tcp_incoming[0];
+    n = 1;
+  } else {
+    n = epoll_wait(hca->tcp_poll_fd, ready, 16, 0);
+  }
   for (int i = 0; i < n; ++i) {
     // Only links past their hello are in this set: they belong to a QP, and Receive never
     // erases them (hellos are the HCA thread's: they need hca->mu).
@@ -711,6 +727,11 @@ void SetTcpLinkTimeout(Hca* hca, uint64_t watch_id, int64_t timeout_ns) {
 }
 
 void DestroyTcpLink(Hca* hca, TcpLink* link, int fd) {
+  if (!link->outgoing) {
+    for (auto& [id, watch] : hca->watches) {
+      if (watch.tcp == link) ForgetIncoming(hca, id);
+    }
+  }
   // The QP is going: what it published last (its final state among it) goes out if the
   // socket takes it now; a peer that misses it sees the connection close instead.
   if (link->outgoing && !link->failed && !link->connecting) {
