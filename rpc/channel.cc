@@ -43,7 +43,10 @@ swirl::Mutex g_mu;
 absl::StatusOr<verbs::Capabilities> CachedCapabilities(const std::shared_ptr<verbs::Context>& ctx,
                                                        const ChannelOptions& options) {
   static auto* cache = new std::map<std::string, verbs::Capabilities>();
-  const std::string key = absl::StrCat(ctx->name(), "/", options.port, "/", options.gid_index);
+  // Keyed on the entry "automatic" resolves to, so that -1 and that index share one probe.
+  absl::StatusOr<int> gid_index = ctx->ResolveGidIndex(options.port, options.gid_index);
+  const std::string key = absl::StrCat(ctx->name(), "/", options.port, "/",
+                                       gid_index.ok() ? *gid_index : options.gid_index);
   swirl::MutexLock lock(&g_mu);
   auto it = cache->find(key);
   if (it != cache->end()) return it->second;

@@ -239,11 +239,14 @@ bool ReceiveHello(Hca* hca, uint64_t watch_id, int fd) {
   return false;
 }
 
-// Returns true if it had to stop because descriptors or memory ran out.
-bool AcceptAll(Hca* hca) {
+AcceptResult AcceptAll(Hca* hca) {
   for (;;) {
     int fd = accept4(hca->listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (fd < 0) return errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM;
+    if (fd < 0) {
+      return errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM
+                 ? AcceptResult::kOutOfResources
+                 : AcceptResult::kDone;
+    }
     // Only processes of the same user may link to our QPs, as with a device node's mode.
     ucred cred;
     socklen_t len = sizeof(cred);
@@ -386,11 +389,16 @@ void HcaLoop(Hca* hca) {
       const uint64_t id = events[i].data.u64;
       if (id == kStopId) return;
       if (id == kListenId) {
-        if (hca->tcp ? AcceptTcp(hca) : AcceptAll(hca)) {
-          SWIRL_LOG(WARNING, "soft %s: cannot accept links: %s; retrying in 100 ms", hca->name,
-                    std::strerror(errno));
+        const AcceptResult result = hca->tcp ? AcceptTcp(hca) : AcceptAll(hca);
+        if (result != AcceptResult::kDone) {
+          if (result == AcceptResult::kOutOfResources) {
+            SWIRL_LOG(WARNING, "soft %s: cannot accept links: %s; retrying in 100 ms",
+                      hca->name, std::strerror(errno));
+          }
+          // The listener rests (level-triggered, it would wake us again at once).
           epoll_ctl(hca->epoll_fd, EPOLL_CTL_DEL, hca->listen_fd, nullptr);
-          accept_paused_until = NowNs() + 100 * 1000 * 1000;
+          accept_paused_until =
+              NowNs() + (result == AcceptResult::kBusy ? 10 : 100) * 1000 * 1000;
         }
       } else if (id == kWakeId) {
         uint64_t count;
@@ -518,9 +526,9 @@ void Hca::Kick() {
 bool AdoptWatch(Hca* hca, uint64_t id) {
   swirl::MutexLock lock(&hca->watch_mu);
   auto it = hca->watches.find(id);
-  if (it == hca->watches.end()) return true;
+  if (it == hca->watches.end() || it->second.dead) return false;
   it->second.adopted = true;
-  return it->second.dead;
+  return true;
 }
 
 void WatchEnded(LinkWatch& watch) {

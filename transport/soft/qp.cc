@@ -99,15 +99,15 @@ bool HandleLinkEvent(SoftQp* qp) {
     }
     const bool match = ready && !qp->linked && c.qp_num == qp->attr.dest_qp_num &&
                        std::memcmp(&c.gid, &qp->attr.ah_attr.grh.dgid, sizeof(ibv_gid)) == 0;
-    if (!match) {
+    // A matching candidate whose connection already ended (a stale link of a QP that was reset,
+    // or a stranger posing as the peer) is dropped like a wrong one: a live match may follow.
+    if (!match || !AdoptWatch(qp->hca, c.watch)) {
       SWIRL_LOG(DEBUG, "soft: QP 0x%x drops a link from QP 0x%x", qp->qp_num, c.qp_num);
       c.Close(qp->hca);
       continue;
     }
     qp->peer = c;
     qp->in_watch = c.watch;
-    // A connection that ended while it was only a candidate fails the link at once.
-    if (AdoptWatch(qp->hca, c.watch)) qp->peer_gone.store(true, std::memory_order_release);
     qp->req_rx.Init(c.base + c.request_ring_offset, c.request_ring_size);
     qp->resp_rx.Init(c.base + c.response_ring_offset, c.response_ring_size);
     qp->req_tx.SetConsumedSource(&c.control()->request_consumed.value);
@@ -745,7 +745,7 @@ int ModifyQp(ibv_qp* ibqp, ibv_qp_attr* attr, int mask) {
     qp->expected_msn = qp->attr.rq_psn & wire::kMsnMask;
     if (int err = CreateSegment(qp); err != 0) return err;
     if (qp->hca->tcp) {
-      // The HCA thread connects; a peer it cannot reach fails nothing now, as below.
+      // The HCA thread connects; a refused or timed-out connect fails the QP from there.
       qp->out_watch = ConnectTcpLink(qp->hca, qp, qp->attr.ah_attr.grh.dgid,
                                      qp->attr.dest_qp_num, qp->memfd, qp->own_size);
     } else if (int fd = SendHello(qp->hca, qp->attr.ah_attr.grh.dgid, qp->qp_num,

@@ -430,8 +430,8 @@ struct LinkWatch {
   bool dead = false;
 };
 
-// Marks watch `id` adopted by its QP; true if its connection has already ended (the QP should
-// treat its peer as gone). Takes watch_mu.
+// Marks watch `id` adopted by its QP, unless its connection has already ended: then returns
+// false and the candidate should be dropped. Takes watch_mu.
 bool AdoptWatch(Hca* hca, uint64_t id);
 // The connection of watch `watch` ended: fails its QP if adopted, remembers it otherwise.
 // Caller holds watch_mu.
@@ -537,9 +537,13 @@ int ListenTcp(uint32_t addr, uint16_t port, ibv_gid* gid, std::string* why);
 // its watch id, or 0 if the GID names no TCP peer. Never blocks: the HCA thread connects.
 uint64_t ConnectTcpLink(Hca* hca, SoftQp* qp, const ibv_gid& gid, uint32_t dst_qpn, int memfd,
                         uint64_t segment_size);
-// Accepts connections (at most 64 may owe their hello, for 1 s each). Returns true if it had
-// to stop because the process or system ran out of descriptors or memory.
-bool AcceptTcp(Hca* hca);
+enum class AcceptResult {
+  kDone,            // the backlog is empty
+  kBusy,            // TCP: 64 connections owe their hello; the rest wait in the backlog
+  kOutOfResources,  // the process or system ran out of descriptors or memory
+};
+// Accepts connections (at most 64 may owe their hello, for 1 s each).
+AcceptResult AcceptTcp(Hca* hca);
 // Drops connections that owe their hello past its deadline, and fails QPs whose link did not
 // connect in time (HCA thread).
 void ExpireTcpLinks(Hca* hca, int64_t now);

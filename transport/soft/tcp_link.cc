@@ -32,6 +32,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -552,10 +553,10 @@ uint64_t ConnectTcpLink(Hca* hca, SoftQp* qp, const ibv_gid& gid, uint32_t dst_q
   return hca->WatchTcp(fd, qp, link, EPOLLIN | EPOLLOUT | EPOLLRDHUP);
 }
 
-bool AcceptTcp(Hca* hca) {
+AcceptResult AcceptTcp(Hca* hca) {
   for (;;) {
-    int fd = accept4(hca->listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (fd < 0) return errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM;
+    // Anyone may connect, so connections that owe a hello are capped; past the cap the rest
+    // wait in the kernel's backlog (the listener rests) until hellos arrive or time out.
     int waiting = 0;
     {
       swirl::MutexLock watch_lock(&hca->watch_mu);
@@ -563,9 +564,12 @@ bool AcceptTcp(Hca* hca) {
         waiting += watch.tcp != nullptr && !watch.tcp->outgoing && !watch.tcp->hello_done;
       }
     }
-    if (waiting >= kMaxWaitingHellos) {
-      close(fd);  // anyone may connect: connections that owe a hello are capped
-      continue;
+    if (waiting >= kMaxWaitingHellos) return AcceptResult::kBusy;
+    int fd = accept4(hca->listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) {
+      return errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM
+                 ? AcceptResult::kOutOfResources
+                 : AcceptResult::kDone;
     }
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
@@ -686,7 +690,9 @@ bool PullTcp(Hca* hca) {
   bool arrived = false, kick = false;
   epoll_event ready[16];
   int n;
-  if (hca->tcp_incoming.size() == 1) {
+  if (hca->tcp_incoming.empty()) {
+    n = 0;
+  } else if (hca->tcp_incoming.size() == 1) {
     ready[0].data.u64 = hca->tcp_incoming[0];
     n = 1;
   } else {
@@ -710,11 +716,16 @@ bool PullTcp(Hca* hca) {
 }
 
 void SetTcpLinkTimeout(Hca* hca, uint64_t watch_id, int64_t timeout_ns) {
-  if (timeout_ns <= 0) return;  // timeout 0: wait forever, as RC does
   swirl::MutexLock watch_lock(&hca->watch_mu);
   auto it = hca->watches.find(watch_id);
   if (it == hca->watches.end()) return;
+  if (timeout_ns <= 0) {  // timeout 0: wait forever, as RC does (a refused connect still fails)
+    if (it->second.tcp != nullptr) it->second.tcp->deadline_ns = INT64_MAX;
+    return;
+  }
   const int fd = it->second.fd;
+  // A link still connecting now has the QP's own patience, not kConnectTimeoutNs.
+  if (it->second.tcp != nullptr) it->second.tcp->deadline_ns = NowNs() + timeout_ns;
   // TCP counts in whole milliseconds and keepalive in seconds; a peer gets at least one of each.
   const unsigned user_timeout_ms =
       static_cast<unsigned>(std::max<int64_t>(timeout_ns / 1000000, 1000));

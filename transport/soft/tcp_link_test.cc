@@ -12,6 +12,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -130,8 +131,7 @@ ibv_wc Wait(std::vector<Side*> sides) {
 struct HealthyPair {
   Side a = MakeSide("soft0");
   Side b = MakeSide("soft1");
-  HealthyPair() {
-    verbs::ConnectOptions options;
+  explicit HealthyPair(verbs::ConnectOptions options = {}) {
     auto aa = *a.qp->LocalAddress(100, options);
     auto ba = *b.qp->LocalAddress(200, options);
     EXPECT_TRUE(a.qp->Connect(ba, 100, options).ok());
@@ -407,6 +407,77 @@ TEST(TcpFabric, AQpWhoseOwnLinkCannotConnectFails) {
   ibv_wc wc = Wait({&victim});
   EXPECT_EQ(wc.wr_id, 11u);
   EXPECT_NE(wc.status, IBV_WC_SUCCESS);
+}
+
+// More connections owing their hello than the device takes at once: the rest wait in the
+// backlog (they are not closed), so a real peer that connects behind them still links.
+TEST(TcpFabric, ABurstOfSilentConnectionsDelaysButDoesNotBreakARealLink) {
+  std::vector<std::unique_ptr<Rogue>> silent;
+  Side probe = MakeSide("soft0");
+  const ibv_gid soft0 = GidOf(probe);
+  for (int i = 0; i < 80; ++i) {
+    silent.push_back(std::make_unique<Rogue>());
+    silent.back()->ConnectTo(soft0);
+  }
+  // soft1's link into soft0 waits behind the 80 until their hellos are overdue (1 s): longer
+  // than the default ACK timeout x retries (0.54 s), so this pair is given more.
+  verbs::ConnectOptions patient;
+  patient.timeout = 18;  // 1.07 s x 8 tries
+  HealthyPair pair(patient);
+  pair.Check("behind the crowd");
+}
+
+// Two candidates that both name the QP's peer: the first one's connection already ended (a
+// stale link, or someone posing as the peer who hung up), the second is live. The QP links
+// with the live one.
+TEST(TcpFabric, ADeadCandidateIsPassedOverForALiveOne) {
+  Side victim = MakeSide("soft0");
+  verbs::ConnectOptions options;
+  ASSERT_TRUE(victim.qp->ToInit(options).ok());
+  Rogue peer;
+  const uint32_t peer_qpn = 0x456, peer_psn = 700, victim_psn = 100;
+  Hello hello;
+  hello.src_qpn = peer_qpn;
+  hello.dst_qpn = victim.qp->qp_num();
+  hello.src_gid = peer.gid();
+  hello.control[2] = victim_psn;
+  {
+    Rogue stale;
+    stale.ConnectTo(GidOf(victim));
+    stale.Send(&hello, sizeof(hello));
+    stale.Hangup();
+  }
+  peer.ConnectTo(GidOf(victim));
+  peer.Send(&hello, sizeof(hello));
+  Rogue sentinel;  // once it is dropped, the HCA thread has taken both hellos and the hangup
+  sentinel.ConnectTo(GidOf(victim));
+  char garbage[sizeof(Hello)] = {};
+  sentinel.Send(garbage, sizeof(garbage));
+  ASSERT_TRUE(sentinel.DroppedBy(nullptr));
+
+  ASSERT_TRUE(victim.qp->ToRtr({peer.gid(), 0, peer_qpn, peer_psn}, options).ok());
+  ASSERT_TRUE(victim.qp->ToRts(victim_psn, options).ok());
+  PostRecv(victim, 12);
+  const char text[] = "live one";
+  char frame[wire::kFrameAlign] = {};
+  wire::FrameHeader header{};
+  header.stamp = wire::kStampValid | 0;
+  header.op = wire::kOpSend;
+  header.flags = wire::kFlagFirst | wire::kFlagLast;
+  header.rnr_retry = 7;
+  header.length = sizeof(text);
+  header.msn = peer_psn;
+  header.ack = victim_psn;
+  header.total_length = sizeof(text);
+  std::memcpy(frame, &header, sizeof(header));
+  std::memcpy(frame + sizeof(header), text, sizeof(text));
+  Record record{1, 0, 0, sizeof(frame), 0};
+  peer.Send(&record, sizeof(record));
+  peer.Send(frame, sizeof(frame));
+  ibv_wc wc = Wait({&victim});
+  EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+  EXPECT_EQ(wc.wr_id, 12u);
+  EXPECT_STREQ(victim.buf.data(), text);
 }
 
 }  // namespace

@@ -313,12 +313,14 @@ absl::StatusOr<Capabilities> ProbeCapabilities(const std::shared_ptr<Context>& c
   caps.link_layer = port->link_layer;
   caps.active_mtu = port->active_mtu;
   caps.lid = port->lid;
-  if (absl::StatusOr<int> index = context->ResolveGidIndex(options.port_num, options.gid_index);
-      index.ok()) {
-    caps.gid_index = *index;
-    if (absl::StatusOr<ibv_gid> gid = context->QueryGid(options.port_num, *index); gid.ok()) {
+  absl::StatusOr<int> gid_index = context->ResolveGidIndex(options.port_num, options.gid_index);
+  if (gid_index.ok()) {
+    caps.gid_index = *gid_index;
+    if (absl::StatusOr<ibv_gid> gid = context->QueryGid(options.port_num, *gid_index); gid.ok()) {
       caps.gid = *gid;
     }
+  } else {
+    caps.gid_index = -1;
   }
 
   auto pd = ProtectionDomain::Create(context);
@@ -334,6 +336,11 @@ absl::StatusOr<Capabilities> ProbeCapabilities(const std::shared_ptr<Context>& c
     } else if (!caps.port_active()) {
       caps.remote_invalidation_selftest = SelfTest::kNotRun;
       caps.selftest_detail = "port not active";
+    } else if (!gid_index.ok()) {
+      // Not the device's failure: nothing could connect through this port yet. Not run, so
+      // not remembered either (an address may be configured later).
+      caps.remote_invalidation_selftest = SelfTest::kNotRun;
+      caps.selftest_detail = std::string(gid_index.status().message());
     } else {
       absl::Status s = RemoteInvalidationSelfTest(context, options);
       caps.remote_invalidation_selftest = s.ok() ? SelfTest::kPassed : SelfTest::kFailed;

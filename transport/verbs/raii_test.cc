@@ -82,6 +82,8 @@ class FakeDeviceOps final : public DeviceOps {
     attr->active_mtu = IBV_MTU_4096;
     return journal_->Enter("query_port");
   }
+  // Set by a test: the IPv4 address went away (entries 2 and 3 read as empty).
+  static inline bool ipv4_removed = false;
   // A ConnectX-style table: each address as RoCE v1 and as RoCE v2, link-local first.
   static std::vector<ibv_gid_entry> Table() {
     std::vector<ibv_gid_entry> table(4);
@@ -100,6 +102,7 @@ class FakeDeviceOps final : public DeviceOps {
       }
       e.gid.raw[15] = 7;
     }
+    if (ipv4_removed) table.resize(2);
     return table;
   }
   int QueryGid(uint8_t, int index, ibv_gid* gid) override {
@@ -338,6 +341,32 @@ TEST_F(RaiiTest, WithNoGidIndexGivenTheRoceV2Ipv4EntryIsUsedAndAGivenOneIsKept) 
     ASSERT_EQ(journal_.attrs.size(), 3u);
     EXPECT_EQ(journal_.attrs[1].ah_attr.grh.sgid_index, expected) << "given " << given;
   }
+}
+
+// The entry a QP advertised is the one it sends from, even if the table changes between the
+// address exchange and RTR; and an index that cannot be one is refused, not truncated.
+TEST_F(RaiiTest, RtrUsesTheAdvertisedGidEntryAndRefusesImpossibleIndexes) {
+  std::shared_ptr<ProtectionDomain> pd = *ProtectionDomain::Create(context_);
+  std::shared_ptr<CompletionQueue> cq = *CompletionQueue::Create(context_, 16);
+  QueuePairConfig config;
+  config.send_cq = cq;
+  config.recv_cq = cq;
+  std::unique_ptr<QueuePair> qp = *QueuePair::Create(pd, config);
+  ConnectOptions options;
+  absl::StatusOr<PeerAddress> self = qp->LocalAddress(0x55, options);
+  ASSERT_TRUE(self.ok()) << self.status();
+  FakeDeviceOps::ipv4_removed = true;  // "automatic" would now pick entry 1
+  const absl::Status connected = qp->Connect(*self, 0x55, options);
+  FakeDeviceOps::ipv4_removed = false;
+  ASSERT_TRUE(connected.ok()) << connected;
+  ASSERT_EQ(journal_.attrs.size(), 3u);
+  EXPECT_EQ(journal_.attrs[1].ah_attr.grh.sgid_index, 3);
+
+  std::unique_ptr<QueuePair> other = *QueuePair::Create(pd, config);
+  options.gid_index = 300;
+  absl::StatusOr<PeerAddress> refused = other->LocalAddress(0x55, options);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
 }
 
 TEST(ChooseGidIndex, PrefersRoceV2ThenIpv4ThenGlobalAddresses) {

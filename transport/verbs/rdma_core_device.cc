@@ -1,5 +1,6 @@
 #include "transport/verbs/rdma_core_device.h"
 
+#include <algorithm>
 #include <cerrno>
 
 #include "absl/strings/str_cat.h"

@@ -88,6 +88,9 @@ int ChooseGidIndex(const std::vector<ibv_gid_entry>& entries) {
 }
 
 absl::StatusOr<int> Context::ResolveGidIndex(uint8_t port_num, int requested) {
+  if (requested > 255 || requested < kAutoGidIndex) {
+    return absl::InvalidArgumentError(absl::StrCat("GID index ", requested, " out of range"));
+  }
   if (requested >= 0) return requested;
   absl::StatusOr<ibv_port_attr> port = QueryPort(port_num);
   if (!port.ok()) return port.status();
@@ -332,8 +335,7 @@ absl::Status QueuePair::ToRtr(const PeerAddress& peer, const ConnectOptions& opt
   if (std::memcmp(&peer.gid, &kZeroGid, sizeof(ibv_gid)) != 0) {
     attr.ah_attr.is_global = 1;
     attr.ah_attr.grh.dgid = peer.gid;
-    absl::StatusOr<int> gid_index = pd_->context().ResolveGidIndex(options.port_num,
-                                                                    options.gid_index);
+    absl::StatusOr<int> gid_index = GidIndexFor(options);
     if (!gid_index.ok()) return gid_index.status();
     attr.ah_attr.grh.sgid_index = static_cast<uint8_t>(*gid_index);
     attr.ah_attr.grh.hop_limit = 64;
@@ -394,6 +396,14 @@ absl::StatusOr<ibv_qp_state> QueuePair::QueryState() {
   return attr.qp_state;
 }
 
+absl::StatusOr<int> QueuePair::GidIndexFor(const ConnectOptions& options) {
+  if (options.gid_index == kAutoGidIndex && advertised_gid_index_ >= 0 &&
+      advertised_port_ == options.port_num) {
+    return advertised_gid_index_;
+  }
+  return pd_->context().ResolveGidIndex(options.port_num, options.gid_index);
+}
+
 absl::StatusOr<PeerAddress> QueuePair::LocalAddress(uint32_t sq_psn,
                                                     const ConnectOptions& options) {
   Context& ctx = pd_->context();
@@ -409,6 +419,8 @@ absl::StatusOr<PeerAddress> QueuePair::LocalAddress(uint32_t sq_psn,
     if (!gid_index.ok()) return gid_index.status();
     absl::StatusOr<ibv_gid> gid = ctx.QueryGid(options.port_num, *gid_index);
     if (!gid.ok()) return gid.status();
+    advertised_gid_index_ = *gid_index;
+    advertised_port_ = options.port_num;
     address.gid = *gid;
   }
   return address;

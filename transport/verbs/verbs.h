@@ -270,7 +270,9 @@ class QueuePair {
 
   absl::StatusOr<ibv_qp_state> QueryState();
 
-  // Our half of the address exchange for `options.port_num`/`gid_index`.
+  // Our half of the address exchange for `options.port_num`/`gid_index`. An automatic index is
+  // resolved here once and kept: ToRtr sends from the entry whose GID was advertised, even if
+  // the table changed in between.
   absl::StatusOr<PeerAddress> LocalAddress(uint32_t sq_psn, const ConnectOptions& options);
 
  private:
@@ -283,6 +285,8 @@ class QueuePair {
         qp_(qp),
         cap_(cap) {}
   absl::Status Modify(ibv_qp_attr& attr, int mask, const char* what);
+  // The GID table entry for `options`: the one LocalAddress chose, if it did for this port.
+  absl::StatusOr<int> GidIndexFor(const ConnectOptions& options);
 
   std::shared_ptr<ProtectionDomain> pd_;
   std::shared_ptr<CompletionQueue> send_cq_;
@@ -290,6 +294,8 @@ class QueuePair {
   std::shared_ptr<SharedReceiveQueue> srq_;
   ibv_qp* qp_;
   ibv_qp_cap cap_;
+  int advertised_gid_index_ = -1;  // set by LocalAddress
+  uint8_t advertised_port_ = 0;
 };
 
 }  // namespace swirl::verbs
