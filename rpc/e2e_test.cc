@@ -325,6 +325,55 @@ TEST_F(E2ETest, ProtocolVersionMismatchIsRefused) {
   EXPECT_NE(s.error_message().find("version 99"), std::string::npos) << s.error_message();
 }
 
+// A client whose device cannot reach the server's is told so at Connect, before any QP exists:
+// another kind of device, or a soft device on the other fabric (shared memory vs TCP).
+TEST_F(E2ETest, AClientOnAnotherFabricIsRefusedSayingWhy) {
+  auto soft = swirl::OpenDevice("soft0");
+  ASSERT_TRUE(soft.ok()) << soft.status();
+  absl::StatusOr<ibv_gid> own = (*soft)->QueryGid(1, 0);
+  ASSERT_TRUE(own.ok()) << own.status();
+  const bool own_tcp = own->raw[10] == 0xff && own->raw[11] == 0xff;
+  ibv_gid other{};  // the same process's devices share a fabric: make up the other one's GID
+  if (own_tcp) {
+    other.raw[0] = 0xfe;
+    other.raw[1] = 0x80;
+    other.raw[15] = 1;
+  } else {
+    other.raw[10] = other.raw[11] = 0xff;
+    other.raw[12] = 127;
+    other.raw[15] = 1;
+  }
+  struct Case {
+    const char* kind;
+    ibv_gid gid;
+    const char* says;
+  };
+  for (const Case& c : {Case{"rdma-core", *own, "same kind of device"},
+                        Case{"soft", other, "SWIRL_SOFT_TCP"}}) {
+    auto grpc_channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", port_),
+                                            grpc::InsecureChannelCredentials());
+    auto stub = control::Control::NewStub(grpc_channel);
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization", "Bearer e2e");
+    control::ConnectRequest request;
+    request.set_protocol_version(internal::kControlProtocolVersion);
+    verbs::PeerAddress address;
+    address.gid = c.gid;
+    address.qp_num = 0x123;
+    *request.mutable_address() = internal::ToProto(address);
+    control::Capabilities* caps = request.mutable_capabilities();
+    caps->set_device_kind(c.kind);
+    caps->set_recv_credits(32);
+    caps->set_recv_buffer_size(4096);
+    caps->set_max_message_size(4096 - 32);
+    caps->set_remote_invalidation(true);
+    control::ConnectResponse response;
+    grpc::Status s = stub->Connect(&ctx, request, &response);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << c.kind;
+    EXPECT_NE(s.error_message().find(c.says), std::string::npos) << s.error_message();
+  }
+}
+
 // Connection ids are no secret to a client holding the token (Stats lists them); Disconnect must
 // not take such an id from a caller without the token, or anyone could cut every client off.
 // Stats itself wants the token too.
@@ -436,6 +485,7 @@ class RogueClient {
     request.set_protocol_version(internal::kControlProtocolVersion);
     *request.mutable_address() = internal::ToProto(*local);
     control::Capabilities* caps = request.mutable_capabilities();
+    caps->set_device_kind("soft");
     caps->set_recv_credits(32);
     caps->set_recv_buffer_size(4096);
     caps->set_max_message_size(4096 - 32);

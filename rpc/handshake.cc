@@ -77,6 +77,32 @@ absl::StatusOr<control::Negotiated> Negotiate(const control::ConnectRequest& req
                                                       kMaxClientName));
   }
   const control::Capabilities& client = request.capabilities();
+  // A QP can only reach a peer on the same fabric: a soft device cannot link to a NIC, nor a
+  // soft device on shared memory to one on TCP. Said now, instead of a link that never forms.
+  const std::string server_kind = verbs::DeviceKindName(server_caps.kind);
+  if (client.device_kind() != server_kind) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "client's device is %s, this server's is %s: both ends need the same kind of device",
+        internal::LoggableName(client.device_kind()), server_kind));
+  }
+  if (server_caps.kind == verbs::DeviceKind::kSoft && request.address().gid().size() == 16) {
+    // The soft device's TCP fabric names devices ::ffff:<IPv4> with the port in bytes 8-9;
+    // on shared memory they are fe80::/64 (docs/SOFT_WIRE.md).
+    auto on_tcp = [](const uint8_t* gid) {
+      static constexpr uint8_t kZero[8] = {};
+      return std::memcmp(gid, kZero, 8) == 0 && gid[10] == 0xff && gid[11] == 0xff;
+    };
+    const bool client_tcp =
+        on_tcp(reinterpret_cast<const uint8_t*>(request.address().gid().data()));
+    const bool server_tcp = on_tcp(server_caps.gid.raw);
+    if (client_tcp != server_tcp) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "the client's soft device is on %s and this server's on %s: set SWIRL_SOFT_TCP on "
+          "both ends or on neither",
+          client_tcp ? "TCP (SWIRL_SOFT_TCP)" : "shared memory",
+          server_tcp ? "TCP (SWIRL_SOFT_TCP)" : "shared memory"));
+    }
+  }
   if (client.recv_credits() < kMinCredits || client.recv_credits() > kMaxCredits) {
     return absl::InvalidArgumentError(absl::StrFormat("client offers %u receive credits (%u..%u)",
                                                       client.recv_credits(), kMinCredits,

@@ -77,6 +77,7 @@ absl::Status RogueConnection::Connect(int port, const std::string& token,
   request.set_client_name("rogue");
   *request.mutable_address() = internal::ToProto(*local);
   control::Capabilities* caps = request.mutable_capabilities();
+  caps->set_device_kind(verbs::DeviceKindName(ctx_->kind()));
   caps->set_recv_credits(kRecvs);
   caps->set_recv_buffer_size(kRecvSize);
   caps->set_max_message_size(kRecvSize - sizeof(rpc_wire::MessageHeader));

@@ -755,8 +755,18 @@ int ModifyQp(ibv_qp* ibqp, ibv_qp_attr* attr, int mask) {
       qp->out_watch = qp->hca->Watch(fd, qp);
     } else {
       // Like a real link to an absent peer: nothing fails now; requests time out at RTS.
-      SWIRL_LOG(DEBUG, "soft: QP 0x%x cannot reach %s: %s", qp->qp_num,
-                GidHex(qp->attr.ah_attr.grh.dgid), std::strerror(-fd));
+      const uint8_t* g = qp->attr.ah_attr.grh.dgid.raw;
+      static constexpr uint8_t kZero[8] = {};
+      if (std::memcmp(g, kZero, 8) == 0 && g[10] == 0xff && g[11] == 0xff) {
+        SWIRL_LOG(WARNING,
+                  "soft %s: QP 0x%x cannot link to %s: that GID is on the TCP fabric "
+                  "(SWIRL_SOFT_TCP) and this device is not; set SWIRL_SOFT_TCP on both sides "
+                  "or on neither",
+                  qp->hca->name, qp->qp_num, GidHex(qp->attr.ah_attr.grh.dgid));
+      } else {
+        SWIRL_LOG(DEBUG, "soft: QP 0x%x cannot reach %s: %s", qp->qp_num,
+                  GidHex(qp->attr.ah_attr.grh.dgid), std::strerror(-fd));
+      }
     }
     qp->link_event.store(true, std::memory_order_release);  // re-check early candidates
   } else if (from == IBV_QPS_RTR && to == IBV_QPS_RTS) {

@@ -492,7 +492,12 @@ uint64_t ConnectTcpLink(Hca* hca, SoftQp* qp, const ibv_gid& gid, uint32_t dst_q
                         uint64_t segment_size) {
   static constexpr uint8_t kZero[8] = {};
   if (std::memcmp(gid.raw, kZero, 8) != 0 || gid.raw[10] != 0xff || gid.raw[11] != 0xff) {
-    SWIRL_LOG(DEBUG, "soft: QP 0x%x: GID %s names no TCP peer", qp->qp_num, GidHex(gid));
+    // The likeliest cause: the peer's soft device is on shared memory (SWIRL_SOFT_TCP unset).
+    SWIRL_LOG(WARNING,
+              "soft %s: QP 0x%x cannot link to %s: this device is on the TCP fabric "
+              "(SWIRL_SOFT_TCP) and that GID is not a TCP one; set SWIRL_SOFT_TCP on both "
+              "sides or on neither",
+              hca->name, qp->qp_num, GidHex(gid));
     return 0;
   }
   void* base = mmap(nullptr, segment_size, PROT_READ, MAP_SHARED, memfd, 0);
