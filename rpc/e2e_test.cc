@@ -311,16 +311,22 @@ TEST_F(E2ETest, AuthenticationFailuresAreRefusedBeforeAnyQueuePair) {
   EXPECT_EQ(after->server().connections_refused(), before->server().connections_refused() + 2);
 }
 
-TEST_F(E2ETest, ProtocolVersionMismatchIsRefused) {
-  auto grpc_channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", port_),
+// Sends `request` to the server's Connect as it is, with the test token.
+grpc::Status ConnectRaw(int port, const control::ConnectRequest& request,
+                        control::ConnectResponse* response) {
+  auto grpc_channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", port),
                                           grpc::InsecureChannelCredentials());
   auto stub = control::Control::NewStub(grpc_channel);
   grpc::ClientContext ctx;
   ctx.AddMetadata("authorization", "Bearer e2e");
+  return stub->Connect(&ctx, request, response);
+}
+
+TEST_F(E2ETest, ProtocolVersionMismatchIsRefused) {
   control::ConnectRequest request;
   request.set_protocol_version(99);
   control::ConnectResponse response;
-  grpc::Status s = stub->Connect(&ctx, request, &response);
+  grpc::Status s = ConnectRaw(port_, request, &response);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_NE(s.error_message().find("version 99"), std::string::npos) << s.error_message();
 }
@@ -350,11 +356,6 @@ TEST_F(E2ETest, AClientOnAnotherFabricIsRefusedSayingWhy) {
   };
   for (const Case& c : {Case{"rdma-core", *own, "same kind of device"},
                         Case{"soft", other, "SWIRL_SOFT_TCP"}}) {
-    auto grpc_channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", port_),
-                                            grpc::InsecureChannelCredentials());
-    auto stub = control::Control::NewStub(grpc_channel);
-    grpc::ClientContext ctx;
-    ctx.AddMetadata("authorization", "Bearer e2e");
     control::ConnectRequest request;
     request.set_protocol_version(internal::kControlProtocolVersion);
     verbs::PeerAddress address;
@@ -368,7 +369,7 @@ TEST_F(E2ETest, AClientOnAnotherFabricIsRefusedSayingWhy) {
     caps->set_max_message_size(4096 - 32);
     caps->set_remote_invalidation(true);
     control::ConnectResponse response;
-    grpc::Status s = stub->Connect(&ctx, request, &response);
+    grpc::Status s = ConnectRaw(port_, request, &response);
     EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << c.kind;
     EXPECT_NE(s.error_message().find(c.says), std::string::npos) << s.error_message();
   }

@@ -189,6 +189,27 @@ class Rogue {
   void Send(const void* data, size_t len) {
     ASSERT_EQ(send(fd_, data, len, MSG_NOSIGNAL), static_cast<ssize_t>(len));
   }
+  // The link's first frame: a whole SEND of `text` (with its NUL) at position 0 of the
+  // request ring, with message number `msn`, acknowledging everything before `ack`.
+  void SendFirstSend(uint32_t msn, uint32_t ack, const char* text) {
+    const size_t length = std::strlen(text) + 1;
+    char frame[wire::kFrameAlign] = {};
+    ASSERT_LE(sizeof(wire::FrameHeader) + length, sizeof(frame));
+    wire::FrameHeader header{};
+    header.stamp = wire::kStampValid | 0;
+    header.op = wire::kOpSend;
+    header.flags = wire::kFlagFirst | wire::kFlagLast;
+    header.rnr_retry = 7;
+    header.length = static_cast<uint32_t>(length);
+    header.msn = msn;
+    header.ack = ack;
+    header.total_length = static_cast<uint32_t>(length);
+    std::memcpy(frame, &header, sizeof(header));
+    std::memcpy(frame + sizeof(header), text, length);
+    Record record{1, 0, 0, sizeof(frame), 0};
+    Send(&record, sizeof(record));
+    Send(frame, sizeof(frame));
+  }
   // True if the device closes our connection within 10 s while `poll_side` is polled.
   bool DroppedBy(Side* poll_side) {
     absl::Time deadline = absl::Now() + absl::Seconds(10);
@@ -305,23 +326,8 @@ TEST(TcpFabric, ForeignPeerSendsThenViolatesAndOnlyItsQpFails) {
   hello.control[2] = victim_psn;  // acked: nothing of the victim's yet
   rogue.Send(&hello, sizeof(hello));
 
-  // One whole SEND frame at position 0 of the request ring.
   const char text[] = "from elsewhere";
-  char frame[wire::kFrameAlign] = {};
-  wire::FrameHeader header{};
-  header.stamp = wire::kStampValid | 0;
-  header.op = wire::kOpSend;
-  header.flags = wire::kFlagFirst | wire::kFlagLast;
-  header.rnr_retry = 7;
-  header.length = sizeof(text);
-  header.msn = rogue_psn;
-  header.ack = victim_psn;
-  header.total_length = sizeof(text);
-  std::memcpy(frame, &header, sizeof(header));
-  std::memcpy(frame + sizeof(header), text, sizeof(text));
-  Record record{1, 0, 0, sizeof(frame), 0};
-  rogue.Send(&record, sizeof(record));
-  rogue.Send(frame, sizeof(frame));
+  rogue.SendFirstSend(rogue_psn, victim_psn, text);
   ibv_wc wc = Wait({&victim});
   EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
   EXPECT_EQ(wc.wr_id, 9u);
@@ -459,21 +465,7 @@ TEST(TcpFabric, ADeadCandidateIsPassedOverForALiveOne) {
   ASSERT_TRUE(victim.qp->ToRts(victim_psn, options).ok());
   PostRecv(victim, 12);
   const char text[] = "live one";
-  char frame[wire::kFrameAlign] = {};
-  wire::FrameHeader header{};
-  header.stamp = wire::kStampValid | 0;
-  header.op = wire::kOpSend;
-  header.flags = wire::kFlagFirst | wire::kFlagLast;
-  header.rnr_retry = 7;
-  header.length = sizeof(text);
-  header.msn = peer_psn;
-  header.ack = victim_psn;
-  header.total_length = sizeof(text);
-  std::memcpy(frame, &header, sizeof(header));
-  std::memcpy(frame + sizeof(header), text, sizeof(text));
-  Record record{1, 0, 0, sizeof(frame), 0};
-  peer.Send(&record, sizeof(record));
-  peer.Send(frame, sizeof(frame));
+  peer.SendFirstSend(peer_psn, victim_psn, text);
   ibv_wc wc = Wait({&victim});
   EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
   EXPECT_EQ(wc.wr_id, 12u);
