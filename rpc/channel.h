@@ -43,7 +43,7 @@ struct ChannelOptions {
   std::string tls_target_name;  // override the name checked in the server certificate
 
   std::string device;  // "" = automatic
-  // Port and GID table entry (see ServerOptions: -1 picks a RoCE v2 entry, IPv4 first).
+  // Port and GID table entry (see ServerOptions: -1 picks one, RoCE v2 and IPv4 first).
   uint8_t port = 1;
   int gid_index = -1;
   enum class Driver { kBackgroundThread, kCaller };

@@ -1,8 +1,9 @@
 // The soft HCA: one per device name per process. It owns the GID, the memory-key table, and one
 // thread that (1) accepts links from peers over an abstract Unix socket named after the GID and
-// validates the shared-memory segments they hand over, (2) notices peers that go away, and
-// (3) makes progress for CQs nobody is polling: armed CQs whose owner sleeps on a completion
-// channel, and passive targets of one-sided operations.
+// validates the shared-memory segments they hand over (or, on the TCP fabric, accepts TCP
+// links and keeps their mirrors: tcp_link.cc), (2) notices peers that go away, and (3) makes
+// progress for CQs nobody is polling: armed CQs whose owner sleeps on a completion channel, and
+// passive targets of one-sided operations.
 
 #include <fcntl.h>
 #include <sched.h>

@@ -745,7 +745,8 @@ int ModifyQp(ibv_qp* ibqp, ibv_qp_attr* attr, int mask) {
     qp->expected_msn = qp->attr.rq_psn & wire::kMsnMask;
     if (int err = CreateSegment(qp); err != 0) return err;
     if (qp->hca->tcp) {
-      // The HCA thread connects; a refused or timed-out connect fails the QP from there.
+      // The HCA thread connects; a refused or timed-out connect fails a linked QP from there
+      // (an unlinked one fails at its link deadline, as below).
       qp->out_watch = ConnectTcpLink(qp->hca, qp, qp->attr.ah_attr.grh.dgid,
                                      qp->attr.dest_qp_num, qp->memfd, qp->own_size);
     } else if (int fd = SendHello(qp->hca, qp->attr.ah_attr.grh.dgid, qp->qp_num,

@@ -228,7 +228,7 @@ struct PeerSegment {
   uint64_t request_ring_offset = 0, request_ring_size = 0;
   uint64_t response_ring_offset = 0, response_ring_size = 0;
   uint64_t watch = 0;  // the HCA watch on the connection it came on (liveness)
-  int wake_fd = -1;  // the peer HCA's wake eventfd (TCP fabric: our own HCA's, which ships)
+  int wake_fd = -1;  // the peer HCA's wake eventfd (TCP fabric: none, -1)
   ibv_gid gid{};
   uint32_t qp_num = 0;
   // TCP fabric: `base` is a private mirror owned by the link's TcpLink, unmapped with it.
@@ -533,8 +533,10 @@ bool OfferSegment(Hca* hca, uint64_t watch_id, uint32_t dst_qpn, const PeerSegme
 bool ParseTcpFabric(const char* spec, uint32_t* addr, uint16_t* port, std::string* why);
 // Listens on addr:port; the GID that names it (port in bytes 8-9, ::ffff:IPv4 in 10-15).
 int ListenTcp(uint32_t addr, uint16_t port, ibv_gid* gid, std::string* why);
-// Starts the link that ships QP `src_qpn`'s segment (`memfd`) to `gid`'s QP `dst_qpn`; returns
-// its watch id, or 0 if the GID names no TCP peer. Never blocks: the HCA thread connects.
+// Starts the link that ships `qp`'s segment (`memfd`) to `gid`'s QP `dst_qpn`; returns its watch
+// id, or 0 if the GID names no TCP peer or the socket could not be set up (then nothing fails
+// now: an unlinked QP fails at its link deadline, as on shared memory). Never blocks: the HCA
+// thread completes the connect.
 uint64_t ConnectTcpLink(Hca* hca, SoftQp* qp, const ibv_gid& gid, uint32_t dst_qpn, int memfd,
                         uint64_t segment_size);
 enum class AcceptResult {

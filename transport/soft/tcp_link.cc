@@ -1,15 +1,17 @@
 // The soft device's TCP fabric (SWIRL_SOFT_TCP=IPv4[:port]): QPs on different hosts.
+// docs/SOFT_WIRE.md ("The TCP fabric") is the readable version; keep them in step.
 //
 // On one host a QP's peer maps its segment (wire.h) read-only through a shared memfd. Across
 // hosts there is no shared memory, so each link is a TCP connection from the segment's owner to
 // the peer's HCA, and the peer keeps a private *mirror* of the owner's segment with the same
-// layout. The owner's HCA thread ships each frame once its stamp is published (the frame's bytes
-// first, as a record) and its control words when they change; the peer's HCA thread writes the
-// frame into the mirror with the stamp stored last, exactly as the owner did, so the QP code that
-// reads a peer's segment is the same on both fabrics. Each direction of a QP pair is its own
-// connection: the one a QP opens at RTR carries its segment.
+// layout. The owner ships each frame once its stamp is published (as a record) and its control
+// words when they change; the receiving side writes the frame into the mirror with the stamp
+// stored last, exactly as the owner did, so the QP code that reads a peer's segment is the same
+// on both fabrics. Each direction of a QP pair is its own connection: the one a QP opens at RTR
+// carries its segment.
 //
-// Wire, in order on the connection (all host byte order: both ends are this code on x86-64):
+// Wire, in order on the connection (little-endian, the byte order of every host swirl builds
+// for; the port in a GID's bytes 8-9 is network order):
 //   TcpHello (the segment's geometry and initial control words), then records:
 //   TcpRecord{kRecordFrame, ring, length, position} + `length` bytes: one frame, at `position`
 //     (absolute, as the stamp), which must be the ring's next position;
@@ -128,7 +130,8 @@ struct TcpLink {
 
 namespace {
 
-// The control words a link carries, in record order (not `sleeping`: see the file comment).
+// The control words a link carries, in record order. Not `sleeping`: a mirror has no eventfd to
+// wake, since the publishing thread ships itself.
 std::atomic<uint64_t>* ControlWord(const TcpLink& link, size_t i) {
   auto* ctrl = reinterpret_cast<wire::SegmentControl*>(link.base + wire::kControlOffset);
   std::atomic<uint64_t>* words[kControlWords] = {

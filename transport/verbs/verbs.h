@@ -50,8 +50,9 @@ class Context {
   absl::StatusOr<ibv_device_attr_ex> QueryDevice();
   absl::StatusOr<ibv_port_attr> QueryPort(uint8_t port_num);
   absl::StatusOr<ibv_gid> QueryGid(uint8_t port_num, int index);
-  // The GID table index to use: `requested` itself if >= 0; for kAutoGidIndex the one
-  // ChooseGidIndex picks on a RoCE port (0 on InfiniBand, where the LID routes).
+  // The GID table index to use: `requested` itself if 0..255; for kAutoGidIndex the one
+  // ChooseGidIndex picks on a RoCE port (0 on InfiniBand, where the LID routes, without looking
+  // at the table). Anything else is INVALID_ARGUMENT.
   absl::StatusOr<int> ResolveGidIndex(uint8_t port_num, int requested);
 
   // Waits up to `timeout` for an asynchronous event (IBV_EVENT_*) and acknowledges it.
