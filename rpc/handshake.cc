@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "rpc/wire.h"
+#include "transport/soft/soft_device.h"
 
 namespace swirl::internal {
 
@@ -86,15 +87,10 @@ absl::StatusOr<control::Negotiated> Negotiate(const control::ConnectRequest& req
         internal::LoggableName(client.device_kind()), server_kind));
   }
   if (server_caps.kind == verbs::DeviceKind::kSoft && request.address().gid().size() == 16) {
-    // The soft device's TCP fabric names devices ::ffff:<IPv4> with the port in bytes 8-9;
-    // on shared memory they are fe80::/64 (docs/SOFT_WIRE.md).
-    auto on_tcp = [](const uint8_t* gid) {
-      static constexpr uint8_t kZero[8] = {};
-      return std::memcmp(gid, kZero, 8) == 0 && gid[10] == 0xff && gid[11] == 0xff;
-    };
-    const bool client_tcp =
-        on_tcp(reinterpret_cast<const uint8_t*>(request.address().gid().data()));
-    const bool server_tcp = on_tcp(server_caps.gid.raw);
+    ibv_gid client_gid;
+    std::memcpy(client_gid.raw, request.address().gid().data(), sizeof(client_gid.raw));
+    const bool client_tcp = soft::IsTcpFabricGid(client_gid);
+    const bool server_tcp = soft::IsTcpFabricGid(server_caps.gid);
     if (client_tcp != server_tcp) {
       return absl::FailedPreconditionError(absl::StrFormat(
           "the client's soft device is on %s and this server's on %s: set SWIRL_SOFT_TCP on "

@@ -510,10 +510,14 @@ uint64_t Hca::WatchTcp(int fd, SoftQp* qp, TcpLink* link, uint32_t events) {
 
 void Hca::Unwatch(uint64_t id) {
   swirl::MutexLock lock(&watch_mu);
+  UnwatchLocked(id);
+}
+
+void Hca::UnwatchLocked(uint64_t id) {
   auto it = watches.find(id);
   if (it == watches.end()) return;
   epoll_ctl(epoll_fd, EPOLL_CTL_DEL, it->second.fd, nullptr);
-  if (it->second.tcp != nullptr) DestroyTcpLink(this, it->second.tcp, it->second.fd);
+  if (it->second.tcp != nullptr) DestroyTcpLink(this, id, it->second);
   close(it->second.fd);
   watches.erase(it);
 }
@@ -577,7 +581,7 @@ void ReleaseHca(Hca* hca) {
   {
     swirl::MutexLock lock(&hca->watch_mu);
     for (auto& [id, watch] : hca->watches) {
-      if (watch.tcp != nullptr) DestroyTcpLink(hca, watch.tcp, watch.fd);
+      if (watch.tcp != nullptr) DestroyTcpLink(hca, id, watch);
       close(watch.fd);
     }
     hca->watches.clear();

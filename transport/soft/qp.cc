@@ -12,6 +12,7 @@
 #include "absl/strings/numbers.h"
 #include "base/log.h"
 #include "transport/soft/qp_ops.h"
+#include "transport/soft/soft_device.h"
 
 namespace swirl::soft {
 namespace {
@@ -756,9 +757,7 @@ int ModifyQp(ibv_qp* ibqp, ibv_qp_attr* attr, int mask) {
       qp->out_watch = qp->hca->Watch(fd, qp);
     } else {
       // Like a real link to an absent peer: nothing fails now; requests time out at RTS.
-      const uint8_t* g = qp->attr.ah_attr.grh.dgid.raw;
-      static constexpr uint8_t kZero[8] = {};
-      if (std::memcmp(g, kZero, 8) == 0 && g[10] == 0xff && g[11] == 0xff) {
+      if (IsTcpFabricGid(qp->attr.ah_attr.grh.dgid)) {
         SWIRL_LOG(WARNING,
                   "soft %s: QP 0x%x cannot link to %s: that GID is on the TCP fabric "
                   "(SWIRL_SOFT_TCP) and this device is not; set SWIRL_SOFT_TCP on both sides "

@@ -34,6 +34,10 @@ inline constexpr char kDefaultSoftDeviceName[] = "soft0";
 // True for "soft" followed by one to four decimal digits (soft0 .. soft9999).
 bool IsSoftDeviceName(absl::string_view name);
 
+// True for a GID of a soft device on the TCP fabric: ::ffff:<IPv4> with the port in bytes 8-9
+// (zero in bytes 0-7). Shared-memory soft devices have fe80::/64 GIDs; the two cannot link.
+bool IsTcpFabricGid(const ibv_gid& gid);
+
 // Opens a context on the named soft device (created on first open in this process).
 absl::StatusOr<std::unique_ptr<verbs::DeviceOps>> OpenSoftDevice(absl::string_view name);
 

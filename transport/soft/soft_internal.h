@@ -481,6 +481,7 @@ struct Hca {
   uint64_t WatchTcp(int fd, SoftQp* qp, TcpLink* link, uint32_t events);
   // Stops watching and closes the fd.
   void Unwatch(uint64_t id);
+  void UnwatchLocked(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(watch_mu);
   // Wakes the HCA thread (an application armed a CQ).
   void Kick();
 };
@@ -566,8 +567,9 @@ bool PullTcp(Hca* hca);
 // At RTS: a link whose peer stops acknowledging (a host that died without closing) fails
 // after `timeout_ns`, as an RC requester's retries would (TCP_USER_TIMEOUT and keepalive).
 void SetTcpLinkTimeout(Hca* hca, uint64_t watch, int64_t timeout_ns);
-// Final best-effort ship, then frees the link (caller holds watch_mu; closes the fd itself).
-void DestroyTcpLink(Hca* hca, TcpLink* link, int fd);
+// Final best-effort ship, then frees watch `id`'s link (caller holds watch_mu; closes the fd
+// and erases the watch itself).
+void DestroyTcpLink(Hca* hca, uint64_t id, LinkWatch& watch);
 
 // qp.cc
 int CreateQp(SoftContext* sctx, ibv_pd* pd, ibv_qp_init_attr* attr, ibv_qp** out);

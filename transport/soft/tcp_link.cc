@@ -45,6 +45,7 @@
 #include "absl/strings/str_split.h"
 #include "base/log.h"
 #include "transport/soft/qp_ops.h"
+#include "transport/soft/soft_device.h"
 
 namespace swirl::soft {
 namespace {
@@ -432,11 +433,7 @@ bool Receive(Hca* hca, uint64_t id, LinkWatch& watch, bool hangup = false) {
     }
     if (n != 0) SWIRL_LOG(WARNING, "soft %s: TCP link dropped: %s", hca->name, why);
     if (watch.qp == nullptr) {
-      // Never got as far as a QP: nothing else refers to it.
-      epoll_ctl(hca->epoll_fd, EPOLL_CTL_DEL, watch.fd, nullptr);
-      DestroyTcpLink(hca, watch.tcp, watch.fd);
-      close(watch.fd);
-      hca->watches.erase(id);
+      hca->UnwatchLocked(id);  // never got as far as a QP: nothing else refers to it
     } else {
       MarkGone(hca, watch, id);
     }
@@ -446,6 +443,12 @@ bool Receive(Hca* hca, uint64_t id, LinkWatch& watch, bool hangup = false) {
 }
 
 }  // namespace
+
+bool IsTcpFabricGid(const ibv_gid& gid) {
+  static constexpr uint8_t kZero[8] = {};
+  return std::memcmp(gid.raw, kZero, sizeof(kZero)) == 0 && gid.raw[10] == 0xff &&
+         gid.raw[11] == 0xff;
+}
 
 bool ParseTcpFabric(const char* spec, uint32_t* addr, uint16_t* port, std::string* why) {
   std::vector<std::string> parts = absl::StrSplit(spec, ':');
@@ -493,8 +496,7 @@ int ListenTcp(uint32_t addr, uint16_t port, ibv_gid* gid, std::string* why) {
 
 uint64_t ConnectTcpLink(Hca* hca, SoftQp* qp, const ibv_gid& gid, uint32_t dst_qpn, int memfd,
                         uint64_t segment_size) {
-  static constexpr uint8_t kZero[8] = {};
-  if (std::memcmp(gid.raw, kZero, 8) != 0 || gid.raw[10] != 0xff || gid.raw[11] != 0xff) {
+  if (!IsTcpFabricGid(gid)) {
     // The likeliest cause: the peer's soft device is on shared memory (SWIRL_SOFT_TCP unset).
     SWIRL_LOG(WARNING,
               "soft %s: QP 0x%x cannot link to %s: this device is on the TCP fabric "
@@ -599,13 +601,8 @@ void ExpireTcpLinks(Hca* hca, int64_t now) {
       MarkGone(hca, watch, id);
     }
   }
-  for (uint64_t id : expired) {  // owed a hello too long: nothing refers to these yet
-    auto it = hca->watches.find(id);
-    epoll_ctl(hca->epoll_fd, EPOLL_CTL_DEL, it->second.fd, nullptr);
-    DestroyTcpLink(hca, it->second.tcp, it->second.fd);
-    close(it->second.fd);
-    hca->watches.erase(it);
-  }
+  // Owed a hello too long: nothing refers to these yet.
+  for (uint64_t id : expired) hca->UnwatchLocked(id);
 }
 
 void HandleTcpEvent(Hca* hca, uint64_t id, uint32_t events) {
@@ -745,21 +742,15 @@ void SetTcpLinkTimeout(Hca* hca, uint64_t watch_id, int64_t timeout_ns) {
   setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof(count));
 }
 
-void DestroyTcpLink(Hca* hca, TcpLink* link, int fd) {
-  if (!link->outgoing) {
-    for (auto& [id, watch] : hca->watches) {
-      if (watch.tcp == link) ForgetIncoming(hca, id);
-    }
-  }
+void DestroyTcpLink(Hca* hca, uint64_t id, LinkWatch& watch) {
+  TcpLink* link = watch.tcp;
+  if (!link->outgoing) ForgetIncoming(hca, id);
   // The QP is going: what it published last (its final state among it) goes out if the
   // socket takes it now; a peer that misses it sees the connection close instead.
-  if (link->outgoing && !link->failed && !link->connecting) {
-    for (auto& [id, watch] : hca->watches) {
-      if (watch.tcp == link) Ship(hca, id, fd, *link);
-    }
-  }
+  if (link->outgoing && !link->failed && !link->connecting) Ship(hca, id, watch.fd, *link);
   if (link->base != nullptr) munmap(link->base, link->size);
   delete link;
+  watch.tcp = nullptr;
 }
 
 }  // namespace swirl::soft
