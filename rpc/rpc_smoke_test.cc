@@ -8,6 +8,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/synchronization/notification.h"
 #include "rpc/channel.h"
 #include "rpc/server.h"
 #include "rpc/service.h"
@@ -120,6 +121,79 @@ TEST(RpcSmoke, ManyThreadsShareOneChannel) {
   }
   for (auto& t : threads) t.join();
   EXPECT_EQ(ok.load(), 2000);
+}
+
+// A Cancel() that loses the race with its call's response must not cancel the call's next round.
+// The scenario, staged on the worker thread: calls B and C go out together and their responses
+// come back in one poll; B's callback cancels C (still pending, so a cancel request is queued for
+// the worker), then C's response completes it OK and C's callback starts C again at once. The
+// worker reaches the queued, now stale, cancel only after that: it must leave the new round
+// alone. Whether both responses share one poll is up to timing, so the scenario is staged until
+// it has happened a number of times; a round in which C was cancelled instead (the cancel came
+// first) is the race going the other way and proves nothing either way.
+TEST(RpcSmoke, AStaleCancelDoesNotCancelTheCallsNextRound) {
+  Fixture f;
+  ChannelOptions options;
+  options.auth_token = "t0ken";
+  options.driver = ChannelOptions::Driver::kBackgroundThread;
+  auto created = Channel::Create(f.server->address(), options);
+  ASSERT_TRUE(created.ok()) << created.status();
+  Channel& channel = **created;
+  constexpr int kWanted = 20;
+  int staged = 0;
+  int attempts = 0;
+  for (; attempts < 2000 && staged < kWanted; ++attempts) {
+    ClientCall b, c;
+    std::string b_response, c_response;
+    std::atomic<bool> cancel_queued{false};
+    absl::Status first_round;
+    absl::Notification first_done, second_done;
+    absl::Status second_round;
+    for (ClientCall* call : {&b, &c}) {
+      call->SetMethod(Id("/test.Raw/Echo"));
+      call->SetRequestBytes("x");
+    }
+    b.SetResponseBytes(&b_response);
+    c.SetResponseBytes(&c_response);
+    b.SetCallback([&](absl::Status) {
+      if (!c.done()) {
+        c.Cancel();
+        cancel_queued.store(true);
+      }
+    });
+    c.SetCallback([&](absl::Status status) {
+      first_round = status;
+      if (status.ok() && cancel_queued.load()) {
+        // The staged case: the cancel is still queued. Start the next round right here.
+        c.SetCallback([&](absl::Status next) {
+          second_round = next;
+          second_done.Notify();
+        });
+        channel.Start(&c);
+      } else {
+        second_done.Notify();
+      }
+      first_done.Notify();
+    });
+    channel.Start(&b);
+    channel.Start(&c);
+    ASSERT_TRUE(first_done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+    ASSERT_TRUE(second_done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+    ASSERT_TRUE(b.Wait().ok());
+    if (!(first_round.ok() && cancel_queued.load())) {
+      // Not staged: C was either answered before B's callback ran or cancelled outright.
+      if (!first_round.ok()) {
+        EXPECT_EQ(first_round.code(), absl::StatusCode::kCancelled) << first_round;
+      }
+      continue;
+    }
+    ++staged;
+    EXPECT_TRUE(second_round.ok()) << "round 2 after a stale cancel: " << second_round;
+    EXPECT_EQ(c_response, "x");
+    ASSERT_TRUE(c.Wait().ok());
+  }
+  EXPECT_EQ(staged, kWanted) << "the scenario arose only " << staged << " times in " << attempts
+                             << " attempts";
 }
 
 }  // namespace
