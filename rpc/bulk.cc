@@ -433,15 +433,15 @@ void Worker::HandleBulkRequest(Connection* c, const MessageHeader& h, const char
     }
     case control::BULK_UNSAFE_STATIC_RKEY_BENCHMARK_ONLY: {
       if (with_inv) return BulkViolation(c, "SEND_WITH_INV in the static-rkey mode");
-      auto it = c->static_exposed_.find(d.addr);
-      if (it == c->static_exposed_.end() || d.length > it->second.capacity() ||
+      auto it = c->static_granted_.find(d.addr);
+      if (it == c->static_granted_.end() || d.length > it->second.capacity() ||
           d.rkey != bulk_pool_->unsafe_rkey()) {
         return BulkViolation(c, "upload names no range granted to this connection");
       }
       const uint32_t grant_size = static_cast<uint32_t>(it->second.capacity());
       in.bulk = std::move(it->second);
       in.bulk.resize(d.length);
-      c->static_exposed_.erase(it);
+      c->static_granted_.erase(it);
       --c->grants_by_size_[grant_size];
       c->granted_bytes_ -= grant_size;
       GrantWindows(c, 1, grant_size);
@@ -549,8 +549,7 @@ void Worker::SendBulkResponse(Connection* c, const Incoming& request, Writer* wr
       return;
     }
     d = {Addr(data.data()), length, bulk_pool_->unsafe_rkey()};
-    c->static_download_[request_id] = d.addr;
-    c->static_exposed_[d.addr] = std::move(data);
+    c->static_download_[request_id] = std::move(data);
   } else {
     // Downloads the peer has not acknowledged keep their buffers out of the worker's pool, which
     // all its connections share: a peer that never acknowledges may hold only so much (and each
@@ -708,7 +707,6 @@ void Worker::HandleBulkAck(Connection* c, const MessageHeader& h, const ibv_wc& 
     }
     auto it = c->static_download_.find(h.request_id);
     if (it == c->static_download_.end()) return BulkViolation(c, "ack for no download");
-    c->static_exposed_.erase(it->second);
     c->static_download_.erase(it);
     return;
   }
@@ -793,7 +791,7 @@ void Worker::GrantWindows(Connection* c, uint32_t count, uint32_t size) {
                      0};
     if (unsafe) {
       d.rkey = bulk_pool_->unsafe_rkey();
-      c->static_exposed_[d.addr] = std::move(*pooled);
+      c->static_granted_[d.addr] = std::move(*pooled);
     } else {
       const int32_t w = AcquireWindow(c);
       if (w < 0) break;
@@ -1119,7 +1117,7 @@ void Worker::ReleaseBulk(Connection* c) {
   c->free_windows_.clear();
   c->ops_.clear();
   c->free_ops_.clear();
-  c->static_exposed_.clear();
+  c->static_granted_.clear();
   c->static_download_.clear();
   c->grants_.clear();
 }

@@ -362,6 +362,39 @@ TEST(BulkNegotiation, UnsafeStaticRkeyNeedsTheServersOptIn) {
   EXPECT_EQ(channel.status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
+// The unsafe static-rkey mode keeps upload grants and downloads apart: an upload that names the
+// buffer of a download (exposed under the same static key) is refused as naming nothing granted,
+// instead of handing the download's buffer to a handler and unbalancing the grant accounting.
+TEST(BulkNegotiation, UnsafeStaticRkeyUploadsNameOnlyGrantedBuffers) {
+  auto server = testing::SpawnServer(kServer, {"--allow_unsafe"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  testing::ChildProcess child = std::move(server->first);
+  testing::RogueConnection rogue;
+  ASSERT_TRUE(rogue.Connect(server->second, "e2e", control::BULK_UNSAFE_STATIC_RKEY_BENCHMARK_ONLY)
+                  .ok());
+  uint64_t id;
+  ASSERT_TRUE(rogue.Call("/test.E2E/Fill", "65536", 0, 0, &id).ok());
+  auto response = rogue.Receive(rpc_wire::kResponse);
+  ASSERT_TRUE(response.ok()) << response.status();
+  ASSERT_TRUE(response->header.flags & rpc_wire::kFlagBulk);
+  BulkDescriptor download;
+  ASSERT_GE(response->payload.size(), sizeof(download));
+  std::memcpy(&download, response->payload.data(), sizeof(download));
+  const BulkDescriptor upload{download.addr, 4096, download.rkey};
+  ASSERT_TRUE(rogue
+                  .Call("/test.E2E/Sum",
+                        std::string(reinterpret_cast<const char*>(&upload), sizeof(upload)),
+                        rpc_wire::kFlagBulk)
+                  .ok());
+  EXPECT_TRUE(rogue.CutOff(absl::Seconds(10)));
+  // The server serves everyone else as before.
+  ChannelOptions options;
+  options.auth_token = "e2e";
+  auto good = Channel::Create(absl::StrCat("127.0.0.1:", server->second), options);
+  ASSERT_TRUE(good.ok()) << good.status();
+  ExpectHealthy(**good, 13);
+}
+
 // ---- Security: what a misbehaving client can and cannot do ------------------------------------
 
 // Downloads a peer leaves unacknowledged hold pool memory every connection of the worker shares:

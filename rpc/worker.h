@@ -209,9 +209,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool grant_owed_ = false;
   uint32_t grant_owed_size_ = 0;
   uint32_t grant_owed_count_ = 0;
-  // Unsafe benchmark mode: buffers handed out under the static rkey, by address.
-  absl::flat_hash_map<uint64_t, BulkBuffer> static_exposed_;
-  absl::flat_hash_map<uint64_t, uint64_t> static_download_;  // request id -> address
+  // Unsafe benchmark mode: buffers handed out under the static rkey. Upload grants by address,
+  // downloads by request id: apart, so that an upload naming a download's buffer (or an ack
+  // naming a grant) is refused as naming nothing granted for it.
+  absl::flat_hash_map<uint64_t, BulkBuffer> static_granted_;
+  absl::flat_hash_map<uint64_t, BulkBuffer> static_download_;
   // Operations waiting on a signaled completion, by send-queue seq.
   struct BulkOp {
     enum class Kind : uint8_t {
