@@ -133,6 +133,7 @@ class Channel::Impl {
   internal::MethodTable methods;
   std::shared_ptr<internal::Connection> connection;
   uint64_t connection_id = 0;
+  std::string disconnect_secret;  // from the ConnectResponse; Disconnect presents it
   control::Negotiated negotiated;
   // `connection` and `runtime` are set before the Channel is handed out and live as long as it
   // does, so any thread may use them; Close() only marks the channel closed and closes the
@@ -220,11 +221,14 @@ class Channel::Impl {
     if (s.ok()) s = (*c)->qp().ToRts(psn, co);
     if (!s.ok()) {
       worker->Abandon(*c);
-      if (response.connection_id() != 0) SendDisconnect(response.connection_id());
+      if (response.connection_id() != 0) {
+        SendDisconnect(response.connection_id(), response.disconnect_secret());
+      }
       return s;
     }
     negotiated = response.negotiated();
     connection_id = response.connection_id();
+    disconnect_secret = response.disconnect_secret();
     (*c)->Configure(negotiated, /*is_server=*/false, address, options.client_name);
     connection = *c;
     worker->Activate(connection);
@@ -247,9 +251,10 @@ class Channel::Impl {
     return absl::OkStatus();
   }
 
-  void SendDisconnect(uint64_t id) {
+  void SendDisconnect(uint64_t id, const std::string& secret) {
     control::DisconnectRequest request;
     request.set_connection_id(id);
+    request.set_disconnect_secret(secret);
     control::DisconnectResponse response;
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
@@ -264,7 +269,7 @@ class Channel::Impl {
     swirl::MutexLock lock(&close_mu);
     if (closed.load(std::memory_order_acquire) || connection == nullptr) return;
     closed.store(true, std::memory_order_release);
-    SendDisconnect(connection_id);
+    SendDisconnect(connection_id, disconnect_secret);
     internal::Worker* worker = runtime->worker.get();
     worker->Close(connection->id(), absl::UnavailableError("channel closed"));
     // Wait for the worker to finish with the connection (driving it ourselves if need be).

@@ -375,6 +375,103 @@ TEST_F(E2ETest, AClientOnAnotherFabricIsRefusedSayingWhy) {
   }
 }
 
+// A Connect request that the server accepts, for a QP that does not exist: the client side of
+// such a connection never comes up.
+control::ConnectRequest RequestForAbsentQp() {
+  control::ConnectRequest request;
+  request.set_protocol_version(internal::kControlProtocolVersion);
+  auto soft = swirl::OpenDevice("soft0");
+  verbs::PeerAddress address;
+  if (soft.ok()) {
+    absl::StatusOr<ibv_gid> gid = (*soft)->QueryGid(1, 0);
+    if (gid.ok()) address.gid = *gid;
+  }
+  address.qp_num = 0x123;
+  *request.mutable_address() = internal::ToProto(address);
+  control::Capabilities* caps = request.mutable_capabilities();
+  caps->set_device_kind("soft");
+  caps->set_recv_credits(32);
+  caps->set_recv_buffer_size(4096);
+  caps->set_max_message_size(4096 - 32);
+  caps->set_remote_invalidation(true);
+  return request;
+}
+
+grpc::Status DisconnectRaw(int port, uint64_t id, const std::string& secret) {
+  auto grpc_channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", port),
+                                          grpc::InsecureChannelCredentials());
+  auto stub = control::Control::NewStub(grpc_channel);
+  grpc::ClientContext ctx;
+  ctx.AddMetadata("authorization", "Bearer e2e");
+  control::DisconnectRequest request;
+  request.set_connection_id(id);
+  request.set_disconnect_secret(secret);
+  control::DisconnectResponse response;
+  return stub->Disconnect(&ctx, request, &response);
+}
+
+// Stats of `port` once `done(stats)` holds, or the last ones after 10 s.
+template <typename Done>
+control::StatsResponse StatsWhen(int port, Done done) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  control::StatsResponse last;
+  for (;;) {
+    auto stats = Stats(port);
+    if (stats.ok()) last = *stats;
+    if ((stats.ok() && done(last)) || absl::Now() > deadline) return last;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+}
+
+// A token holder knows every connection's id from Stats; ending one takes the secret that only
+// its Connect's caller was given. A wrong or missing secret reads as "no such connection".
+TEST_F(E2ETest, DisconnectTakesTheSecretOnlyTheConnectingClientWasGiven) {
+  auto good = Connect(port_);
+  ASSERT_TRUE(good.ok()) << good.status();
+  ASSERT_EQ(Echo(**good, "before"), "before");
+  for (const std::string& secret : {std::string(), std::string(16, '\0'), std::string("x")}) {
+    grpc::Status s = DisconnectRaw(port_, (*good)->connection_id(), secret);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND) << s.error_message();
+  }
+  // Our own connection, with the secret its Connect gave us: ended at once.
+  control::ConnectResponse response;
+  ASSERT_TRUE(ConnectRaw(port_, RequestForAbsentQp(), &response).ok());
+  EXPECT_EQ(response.disconnect_secret().size(), 16u);
+  grpc::Status s = DisconnectRaw(port_, response.connection_id(), response.disconnect_secret());
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  const control::StatsResponse after = StatsWhen(port_, [&](const control::StatsResponse& st) {
+    for (const auto& c : st.connections()) {
+      if (c.connection_id() == response.connection_id()) return false;
+    }
+    return true;
+  });
+  for (const auto& c : after.connections()) EXPECT_NE(c.connection_id(), response.connection_id());
+  EXPECT_EQ(Echo(**good, "after"), "after");
+  EXPECT_TRUE((*good)->connected());
+}
+
+// A client that never completes its side of Connect (or gave up before it learned the id) does
+// not hold its connection slot for long, even with keepalive off; a real client that connects
+// and then stays idle keeps its connection.
+TEST(E2ESetup, AConnectionWhoseClientNeverComesUpIsReaped) {
+  auto server = testing::SpawnServer(kServer, {"--keepalive_ms=0", "--setup_timeout_ms=300"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  testing::ChildProcess child = std::move(server->first);
+  const int port = server->second;
+  auto idle = Connect(port);
+  ASSERT_TRUE(idle.ok()) << idle.status();
+  control::ConnectResponse response;
+  ASSERT_TRUE(ConnectRaw(port, RequestForAbsentQp(), &response).ok());
+  const control::StatsResponse after = StatsWhen(port, [](const control::StatsResponse& st) {
+    return st.server().connections_failed() >= 1;
+  });
+  EXPECT_EQ(after.server().connections_failed(), 1u);
+  EXPECT_EQ(after.server().connections_active(), 1u);
+  ASSERT_EQ(after.connections_size(), 1);
+  EXPECT_EQ(after.connections(0).connection_id(), (*idle)->connection_id());
+  EXPECT_EQ(Echo(**idle, "still here"), "still here");
+}
+
 // Connection ids are no secret to a client holding the token (Stats lists them); Disconnect must
 // not take such an id from a caller without the token, or anyone could cut every client off.
 // Stats itself wants the token too.

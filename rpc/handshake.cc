@@ -1,7 +1,11 @@
 #include "rpc/handshake.h"
 
+#include <sys/random.h>
+
+#include <cerrno>
 #include <cstring>
 
+#include "absl/random/random.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -187,6 +191,32 @@ bool TokenMatches(absl::string_view presented, absl::string_view token) {
   for (size_t i = 0; i < presented.size(); ++i) {
     diff |= static_cast<unsigned char>(presented[i]) ^
             static_cast<unsigned char>(i < expected.size() ? expected[i] : 0);
+  }
+  return diff == 0;
+}
+
+std::string NewDisconnectSecret() {
+  std::string secret(16, '\0');
+  size_t got = 0;
+  while (got < secret.size()) {
+    const ssize_t n = getrandom(secret.data() + got, secret.size() - got, 0);
+    if (n > 0) {
+      got += static_cast<size_t>(n);
+    } else if (errno != EINTR) {
+      // No kernel randomness (a seccomp filter?): Abseil's generator, seeded from the OS.
+      absl::BitGen bitgen;
+      for (char& c : secret) c = static_cast<char>(absl::Uniform<uint8_t>(bitgen));
+      break;
+    }
+  }
+  return secret;
+}
+
+bool SecretMatches(absl::string_view presented, absl::string_view secret) {
+  unsigned char diff = presented.size() == secret.size() && !secret.empty() ? 0 : 1;
+  for (size_t i = 0; i < presented.size(); ++i) {
+    diff |= static_cast<unsigned char>(presented[i]) ^
+            static_cast<unsigned char>(i < secret.size() ? secret[i] : 0);
   }
   return diff == 0;
 }

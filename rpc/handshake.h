@@ -57,6 +57,11 @@ absl::Status CheckNegotiated(const control::Negotiated& negotiated, const LocalC
 // "authorization: Bearer <token>", compared in constant time.
 bool TokenMatches(absl::string_view presented_header, absl::string_view token);
 
+// A connection's disconnect secret: 16 bytes from the kernel's random source.
+std::string NewDisconnectSecret();
+// Whether `presented` is `secret`, in time that depends only on the length presented.
+bool SecretMatches(absl::string_view presented, absl::string_view secret);
+
 // The client identity limits are counted by: the peer address without its port.
 std::string ClientKey(absl::string_view grpc_peer);
 

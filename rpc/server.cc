@@ -21,6 +21,11 @@
 namespace swirl {
 namespace {
 
+// Why a connection closed, when that is orderly (OnClosed counts every other reason as a
+// failure).
+constexpr absl::string_view kClientDisconnected = "client disconnected";
+constexpr absl::string_view kServerShutDown = "server shut down";
+
 grpc::Status ToGrpc(const absl::Status& s) {
   return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
 }
@@ -91,12 +96,15 @@ class Server::Impl final : public control::Control::Service {
       wo.credits = options_.credits;
       wo.buffer_size = options_.buffer_size;
       wo.keepalive = options_.keepalive;
+      wo.setup_timeout = options_.setup_timeout;
       wo.bulk_pool_bytes = options_.bulk_pool_bytes;
       wo.grant_bytes_per_connection = options_.grant_bytes_per_connection;
       wo.download_bytes_per_connection = options_.download_bytes_per_connection;
       wo.unsafe_static_rkey = options_.allow_unsafe_static_rkey_for_benchmarks;
       wo.window_lease = options_.window_lease;
-      wo.on_closed = [this](uint64_t id) { OnClosed(id); };
+      wo.on_closed = [this](uint64_t id, const absl::Status& why) {
+        OnClosed(id, /*was_accepted=*/true, why);
+      };
       auto worker = internal::Worker::Create(context_, pd_, caps_, wo, pool_.get());
       if (!worker.ok()) return worker.status();
       workers_.push_back(std::move(*worker));
@@ -148,7 +156,7 @@ class Server::Impl final : public control::Control::Service {
     std::vector<std::shared_ptr<absl::Notification>> closed;
     for (auto& w : workers_) {
       for (auto& c : w->Connections()) {
-        w->Close(c->id(), absl::UnavailableError("server shut down"));
+        w->Close(c->id(), absl::UnavailableError(std::string(kServerShutDown)));
       }
       auto done = std::make_shared<absl::Notification>();
       w->RunInLoop([done] { done->Notify(); });
@@ -173,8 +181,9 @@ class Server::Impl final : public control::Control::Service {
 
   grpc::Status Connect(grpc::ServerContext* context, const control::ConnectRequest* request,
                        control::ConnectResponse* response) override {
-    absl::Status s = DoConnect(context, *request, response);
-    if (!s.ok()) {
+    bool established = false;
+    absl::Status s = DoConnect(context, *request, response, &established);
+    if (!s.ok() && !established) {
       refused_.fetch_add(1, std::memory_order_relaxed);
       SWIRL_LOG(INFO, "refused connection from %s (%s): %s", context->peer(),
                 internal::LoggableName(request->client_name()), s.ToString());
@@ -183,7 +192,7 @@ class Server::Impl final : public control::Control::Service {
   }
 
   absl::Status DoConnect(grpc::ServerContext* context, const control::ConnectRequest& request,
-                         control::ConnectResponse* response) {
+                         control::ConnectResponse* response, bool* established) {
     // Everything is checked before any QP or buffer is committed to this client.
     if (!accepting_.load()) return absl::UnavailableError("server is shutting down");
     if (!Authenticated(context)) return absl::UnauthenticatedError("missing or wrong token");
@@ -209,11 +218,39 @@ class Server::Impl final : public control::Control::Service {
       } while (id == 0 || owners_.contains(id));
       ++active_;
       ++per_client_[client_key];
-      owners_[id] = client_key;
+      owners_[id] = Owner{client_key, internal::NewDisconnectSecret()};
+      response->set_disconnect_secret(owners_[id].disconnect_secret);
     }
     absl::Status s = Establish(id, request, *client_address, *negotiated, context->peer(), response);
-    if (!s.ok()) OnClosed(id);
-    return s;
+    if (!s.ok()) {
+      OnClosed(id, /*was_accepted=*/false);
+      return s;
+    }
+    *established = true;
+    // The client gave up (its deadline passed) while the QP was set up: it never learns the id,
+    // so it could never disconnect. And a Shutdown that began meanwhile has already closed every
+    // connection it could see. Either way this one goes now instead of lingering.
+    if (context->IsCancelled() || !accepting_.load()) {
+      const absl::Status why = context->IsCancelled()
+                                   ? absl::CancelledError("the client gave up on its Connect")
+                                   : absl::UnavailableError("server is shutting down");
+      CloseConnection(id, why);
+      return why;
+    }
+    return absl::OkStatus();
+  }
+
+  // Asks the worker that owns connection `id` to close it (after its activation: both are
+  // queued to the worker in order).
+  bool CloseConnection(uint64_t id, const absl::Status& why) {
+    swirl::ReaderMutexLock lock(&workers_mu_);
+    for (auto& w : workers_) {
+      if (w->Find(id) != nullptr) {
+        w->Close(id, why);
+        return true;
+      }
+    }
+    return false;
   }
 
   bool Authenticated(const grpc::ServerContext* context) const {
@@ -281,27 +318,28 @@ class Server::Impl final : public control::Control::Service {
 
   grpc::Status Disconnect(grpc::ServerContext* context, const control::DisconnectRequest* request,
                           control::DisconnectResponse*) override {
-    // Connection ids are no secret (Stats lists them to anyone): ending a connection takes the
-    // token Connect took, and the address that connection was made from, or anyone could cut
-    // every client off.
+    // Connection ids are no secret (Stats lists them to every token holder): ending a
+    // connection takes the token, the address that connection was made from, and the secret
+    // only its Connect's caller was given. Every mismatch reads the same.
     if (!Authenticated(context)) {
       return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "missing or wrong token");
     }
     {
       swirl::MutexLock lock(&mu_);
       auto it = owners_.find(request->connection_id());
-      if (it == owners_.end() || it->second != internal::ClientKey(context->peer())) {
+      const bool secret_ok =
+          it != owners_.end() &&
+          internal::SecretMatches(request->disconnect_secret(), it->second.disconnect_secret);
+      if (!secret_ok || it->second.client_key != internal::ClientKey(context->peer())) {
         return grpc::Status(grpc::StatusCode::NOT_FOUND, "no such connection");
       }
     }
-    swirl::ReaderMutexLock lock(&workers_mu_);
-    for (auto& w : workers_) {
-      auto c = w->Find(request->connection_id());
-      // Not yet active: its Connect has not answered, so nobody can have been told its id.
-      if (c != nullptr && c->state() != internal::Connection::State::kNew) {
-        w->Close(request->connection_id(), absl::CancelledError("client disconnected"));
-        return grpc::Status::OK;
-      }
+    // Whoever holds the secret had the ConnectResponse, which is sent after the connection's
+    // activation was queued to its worker: a close queued now follows it, even if the worker
+    // has not got to the activation yet.
+    if (CloseConnection(request->connection_id(),
+                        absl::CancelledError(std::string(kClientDisconnected)))) {
+      return grpc::Status::OK;
     }
     return grpc::Status(grpc::StatusCode::NOT_FOUND, "no such connection");
   }
@@ -325,6 +363,7 @@ class Server::Impl final : public control::Control::Service {
     s->set_connections_accepted(accepted_.load());
     s->set_connections_refused(refused_.load());
     s->set_connections_closed(closed_.load());
+    s->set_connections_failed(failed_.load());
     uint64_t live = 0;
     swirl::ReaderMutexLock lock(&workers_mu_);
     for (auto& w : workers_) {
@@ -380,14 +419,24 @@ class Server::Impl final : public control::Control::Service {
     return out;
   }
 
-  void OnClosed(uint64_t id) {
+  // `was_accepted`: false for a Connect that failed while setting up (counted as refused).
+  // `why`: the reason the connection ended; anything but the client's Disconnect or this
+  // server's shutdown counts as a failure.
+  void OnClosed(uint64_t id, bool was_accepted, const absl::Status& why = absl::OkStatus()) {
     swirl::MutexLock lock(&mu_);
     auto it = owners_.find(id);
     if (it == owners_.end()) return;
-    if (--per_client_[it->second] == 0) per_client_.erase(it->second);
+    if (--per_client_[it->second.client_key] == 0) per_client_.erase(it->second.client_key);
     owners_.erase(it);
     --active_;
+    if (!was_accepted) return;
     closed_.fetch_add(1, std::memory_order_relaxed);
+    const bool orderly = why.ok() ||
+                         (why.code() == absl::StatusCode::kCancelled &&
+                          why.message() == kClientDisconnected) ||
+                         (why.code() == absl::StatusCode::kUnavailable &&
+                          why.message() == kServerShutDown);
+    if (!orderly) failed_.fetch_add(1, std::memory_order_relaxed);
   }
 
   internal::LocalConfig LocalConfig() const {
@@ -430,11 +479,16 @@ class Server::Impl final : public control::Control::Service {
   std::atomic<uint64_t> accepted_{0};
   std::atomic<uint64_t> refused_{0};
   std::atomic<uint64_t> closed_{0};
+  std::atomic<uint64_t> failed_{0};
 
   mutable swirl::Mutex mu_;
   uint64_t active_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<std::string, uint32_t> per_client_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<uint64_t, std::string> owners_ ABSL_GUARDED_BY(mu_);
+  struct Owner {
+    std::string client_key;         // ClientKey() of the address it connected from
+    std::string disconnect_secret;  // NewDisconnectSecret(), told only to its Connect's caller
+  };
+  absl::flat_hash_map<uint64_t, Owner> owners_ ABSL_GUARDED_BY(mu_);
   absl::BitGen bitgen_ ABSL_GUARDED_BY(mu_);
 };
 

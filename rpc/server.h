@@ -61,7 +61,15 @@ struct ServerOptions {
   uint32_t max_connections_per_client = 64;   // per client address
   uint32_t credits = 32;                      // receive buffers per connection
   uint32_t buffer_size = 4096 + 32;           // per message, header included
+  // A connection idle this long is pinged, and fails if the ping goes unanswered for three
+  // times as long. Zero: no keepalive (a dead client's connection is then noticed only when a
+  // send to it fails).
   absl::Duration keepalive = absl::Seconds(5);
+  // A connection whose client sends nothing this long after Connect answered fails, keepalive
+  // or not: a client that never completes its side (or gave up on Connect before learning the
+  // connection's id) does not hold a connection slot for longer. swirl's channels send a ping
+  // as soon as they are connected. Zero: no limit.
+  absl::Duration setup_timeout = absl::Seconds(10);
 
   // Bulk transfers (docs/BULK.md). Payloads above eager_threshold move by RDMA through a
   // memory window made for that one request.

@@ -550,10 +550,12 @@ void Worker::HandleItem(WorkItem& item) {
     }
     case WorkItem::kActivate: {
       Connection* c = item.connection.get();
-      c->last_received_ = absl::Now();
+      c->last_received_ = c->activated_at_ = absl::Now();
       c->state_.store(Connection::State::kActive, std::memory_order_release);
       by_qpn_[c->qp().qp_num()] = c;
       by_id_[c->id()] = std::move(item.connection);
+      // The server learns that our side is up (WorkerOptions::setup_timeout).
+      if (!c->is_server_) SendControl(c, rpc_wire::kPing, 0);
       break;
     }
     case WorkItem::kClose:
@@ -1438,8 +1440,9 @@ void Worker::FinishClose(Connection* c) {
   }
   c->state_.store(Connection::State::kClosed, std::memory_order_release);
   const uint64_t id = c->id_;
+  const absl::Status reason = c->close_reason_;
   by_id_.erase(id);  // may destroy c
-  if (options_.on_closed) options_.on_closed(id);
+  if (options_.on_closed) options_.on_closed(id, reason);
 }
 
 void Worker::Timers(absl::Time now) {
@@ -1463,6 +1466,14 @@ void Worker::Timers(absl::Time now) {
            UnlinkBacklog(c, [now](const ClientCall* call) { return call->deadline_ <= now; })) {
         FinishCall(c, call, absl::DeadlineExceededError("deadline exceeded before sending"));
       }
+    }
+    if (c->received_) c->heard_from_peer_ = true;
+    if (c->is_server_ && !c->heard_from_peer_ && options_.setup_timeout > absl::ZeroDuration() &&
+        now - c->activated_at_ > options_.setup_timeout) {
+      FailConnection(c, absl::DeadlineExceededError(absl::StrCat(
+                            "the client sent nothing within ",
+                            absl::FormatDuration(options_.setup_timeout), " of connecting")));
+      continue;
     }
     if (options_.keepalive > absl::ZeroDuration()) {
       if (c->received_) {

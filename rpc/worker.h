@@ -259,7 +259,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // One-way pool handlers (no request id to key them by): at most 2 * credits of them.
   std::vector<std::shared_ptr<std::atomic<bool>>> running_one_way_;
   bool received_ = false;               // something arrived since the last timer pass
+  bool heard_from_peer_ = false;        // something ever arrived (WorkerOptions::setup_timeout)
   absl::Time last_received_;
+  absl::Time activated_at_;
   bool ping_outstanding_ = false;
   absl::Time ping_sent_;
   absl::Time closing_since_;
@@ -276,6 +278,11 @@ struct WorkerOptions {
   uint32_t buffer_size = 4096 + 32;  // receive/send buffer size, header included
   uint32_t send_buffers = 0;         // 0: 2 * max_connections * credits
   absl::Duration keepalive = absl::Seconds(5);
+  // Server side: a connection its client has sent nothing on this long after it went active
+  // fails (a client that never finished its side of Connect, or gave up before learning the
+  // connection's id, would otherwise hold its slot until keepalive, or forever without one).
+  // Clients send a ping as soon as they are connected. Zero: no limit.
+  absl::Duration setup_timeout = absl::Seconds(10);
   // Bulk (docs/BULK.md).
   size_t bulk_pool_bytes = 0;        // 0: no bulk
   // Pool memory one connection may hold through upload windows granted to its peer and not
@@ -285,8 +292,8 @@ struct WorkerOptions {
   uint64_t download_bytes_per_connection = 64 << 20;
   bool unsafe_static_rkey = false;   // also register the pool for remote access (benchmarks)
   absl::Duration window_lease = absl::Seconds(5);
-  // Called on the loop thread when a connection is gone for good.
-  std::function<void(uint64_t connection_id)> on_closed;
+  // Called on the loop thread when a connection is gone for good, with the reason it closed.
+  std::function<void(uint64_t connection_id, const absl::Status& why)> on_closed;
 };
 
 struct WorkerStats {

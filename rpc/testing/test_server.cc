@@ -41,6 +41,7 @@ ABSL_FLAG(int, max_per_client, 64, "connections per client address");
 ABSL_FLAG(int, shutdown_ms, 3000, "graceful shutdown deadline");
 ABSL_FLAG(int, window_lease_ms, 5000, "bulk window lease");
 ABSL_FLAG(int, keepalive_ms, 1000, "keepalive interval");
+ABSL_FLAG(int, setup_timeout_ms, 10000, "ServerOptions::setup_timeout");
 ABSL_FLAG(int, credits, 32, "receive credits per connection");
 ABSL_FLAG(int64_t, max_bulk_size, 16 << 20, "largest bulk transfer");
 ABSL_FLAG(int64_t, download_bytes, 64 << 20, "unacknowledged download bytes per connection");
@@ -240,6 +241,7 @@ int main(int argc, char** argv) {
   options.auth_token = absl::GetFlag(FLAGS_token);
   options.max_connections_per_client = absl::GetFlag(FLAGS_max_per_client);
   options.keepalive = absl::Milliseconds(absl::GetFlag(FLAGS_keepalive_ms));
+  options.setup_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_setup_timeout_ms));
   options.credits = static_cast<uint32_t>(absl::GetFlag(FLAGS_credits));
   options.max_bulk_size = static_cast<size_t>(absl::GetFlag(FLAGS_max_bulk_size));
   options.window_lease = absl::Milliseconds(absl::GetFlag(FLAGS_window_lease_ms));
