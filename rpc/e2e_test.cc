@@ -450,6 +450,31 @@ TEST_F(E2ETest, DisconnectTakesTheSecretOnlyTheConnectingClientWasGiven) {
   EXPECT_TRUE((*good)->connected());
 }
 
+// A client may lower the eager threshold for its connection, but not below a floor: every small
+// response would otherwise cost the server a pool buffer, a window and a lease.
+TEST_F(E2ETest, AClientCannotNegotiateTheEagerThresholdAway) {
+  control::ConnectRequest request = RequestForAbsentQp();
+  request.mutable_capabilities()->set_eager_threshold(0);
+  control::ConnectResponse response;
+  grpc::Status s = ConnectRaw(port_, request, &response);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(response.negotiated().eager_threshold(), internal::kMinEagerThreshold);
+  EXPECT_TRUE(DisconnectRaw(port_, response.connection_id(), response.disconnect_secret()).ok());
+}
+
+// Control requests are small: one of a megabyte is refused by gRPC before the server parses it
+// (or looks at its token), and the server goes on serving.
+TEST_F(E2ETest, AnOversizedControlRequestIsRefusedUnread) {
+  control::ConnectRequest request = RequestForAbsentQp();
+  request.set_client_name(std::string(1 << 20, 'n'));
+  control::ConnectResponse response;
+  grpc::Status s = ConnectRaw(port_, request, &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+  auto good = Connect(port_);
+  ASSERT_TRUE(good.ok()) << good.status();
+  EXPECT_EQ(Echo(**good, "fine"), "fine");
+}
+
 // A client that never completes its side of Connect (or gave up before it learned the id) does
 // not hold its connection slot for long, even with keepalive off; a real client that connects
 // and then stays idle keeps its connection.

@@ -120,7 +120,10 @@ absl::StatusOr<control::Negotiated> Negotiate(const control::ConnectRequest& req
       client.max_message_size(), server.buffer_size - sizeof(rpc_wire::MessageHeader)));
   n.set_client_max_inline(std::min<uint32_t>(client.max_inline(), 1024));
   n.set_server_max_inline(server.max_inline);
-  n.set_eager_threshold(std::min(server.eager_threshold, client.eager_threshold()));
+  // A client cannot push the threshold to nothing: every small response would then cost a pool
+  // buffer, a window and a lease on the server.
+  n.set_eager_threshold(std::max(std::min(server.eager_threshold, client.eager_threshold()),
+                                 std::min(server.eager_threshold, kMinEagerThreshold)));
   n.set_window_credits(std::min(server.window_credits, client.window_credits()));
 
   // Never silently weaker: remote invalidation only when both devices can; otherwise the

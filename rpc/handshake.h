@@ -25,6 +25,8 @@ inline constexpr size_t kMaxClientName = 256;
 // peer can neither flood the log nor forge lines in it.
 std::string LoggableName(absl::string_view name);
 inline constexpr uint32_t kMinMessage = 64;
+// The eager threshold a client may negotiate down to (unless the server's own is lower).
+inline constexpr uint32_t kMinEagerThreshold = 256;
 
 struct LocalConfig {
   uint32_t credits = 32;        // receive buffers we reserve for the peer

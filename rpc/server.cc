@@ -25,6 +25,34 @@ namespace {
 // failure).
 constexpr absl::string_view kClientDisconnected = "client disconnected";
 constexpr absl::string_view kServerShutDown = "server shut down";
+constexpr int kMaxControlMessage = 64 << 10;
+
+// At most kBurst log lines per second; counts what it turned down.
+class LogLimiter {
+ public:
+  bool Allow(absl::Time now, uint64_t* unlogged) {
+    swirl::MutexLock lock(&mu_);
+    if (now - window_start_ >= absl::Seconds(1)) {
+      window_start_ = now;
+      in_window_ = 0;
+    }
+    if (in_window_ >= kBurst) {
+      ++suppressed_;
+      return false;
+    }
+    ++in_window_;
+    *unlogged = suppressed_;
+    suppressed_ = 0;
+    return true;
+  }
+
+ private:
+  static constexpr int kBurst = 5;
+  swirl::Mutex mu_;
+  absl::Time window_start_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  int in_window_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t suppressed_ ABSL_GUARDED_BY(mu_) = 0;
+};
 
 grpc::Status ToGrpc(const absl::Status& s) {
   return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
@@ -124,6 +152,9 @@ class Server::Impl final : public control::Control::Service {
       credentials = grpc::SslServerCredentials(ssl);
     }
     builder.AddListeningPort(options_.address, credentials, &port_);
+    // Control requests are small; gRPC's default (4 MiB) would let anyone, token or not, make
+    // the server read and parse megabytes per call before the token is even looked at.
+    builder.SetMaxReceiveMessageSize(kMaxControlMessage);
     builder.RegisterService(this);
     grpc_ = builder.BuildAndStart();
     if (grpc_ == nullptr || port_ == 0) {
@@ -185,8 +216,15 @@ class Server::Impl final : public control::Control::Service {
     absl::Status s = DoConnect(context, *request, response, &established);
     if (!s.ok() && !established) {
       refused_.fetch_add(1, std::memory_order_relaxed);
-      SWIRL_LOG(INFO, "refused connection from %s (%s): %s", context->peer(),
-                internal::LoggableName(request->client_name()), s.ToString());
+      // Anyone can be refused, as often as they like: the log says so a few times a second at
+      // most, and how many it left out.
+      uint64_t unlogged = 0;
+      if (refusal_log_.Allow(absl::Now(), &unlogged)) {
+        SWIRL_LOG(INFO, "refused connection from %s (%s): %s%s", context->peer(),
+                  internal::LoggableName(request->client_name()), s.ToString(),
+                  unlogged == 0 ? ""
+                                : absl::StrCat(" (", unlogged, " earlier refusals not logged)"));
+      }
     }
     return ToGrpc(s);
   }
@@ -480,6 +518,7 @@ class Server::Impl final : public control::Control::Service {
   std::atomic<uint64_t> refused_{0};
   std::atomic<uint64_t> closed_{0};
   std::atomic<uint64_t> failed_{0};
+  LogLimiter refusal_log_;
 
   mutable swirl::Mutex mu_;
   uint64_t active_ ABSL_GUARDED_BY(mu_) = 0;
