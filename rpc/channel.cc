@@ -188,6 +188,8 @@ class Channel::Impl {
                               : runtime->worker->bulk_pool()->max_allocation();
 
     verbs::ConnectOptions co;
+    // swirl's RPCs never use atomics; a device without them may refuse a QP that asks for them.
+    co.access_flags &= ~IBV_ACCESS_REMOTE_ATOMIC;
     co.port_num = options.port;
     co.gid_index = options.gid_index;
     const uint64_t local_id = absl::Uniform<uint64_t>(absl::BitGen());

@@ -315,6 +315,8 @@ class Server::Impl final : public control::Control::Service {
     }
     if (worker == nullptr) return absl::ResourceExhaustedError("every worker is full");
     verbs::ConnectOptions co;
+    // swirl's RPCs never use atomics; a device without them may refuse a QP that asks for them.
+    co.access_flags &= ~IBV_ACCESS_REMOTE_ATOMIC;
     co.port_num = options_.port;
     co.gid_index = options_.gid_index;
     auto connection = worker->CreateConnection(id, &methods_, co);

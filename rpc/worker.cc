@@ -183,11 +183,27 @@ absl::Status Worker::Init() {
               options_.credits, caps_.max_srq_wr, fit);
     options_.max_connections = fit;
   }
+  const uint32_t sq_depth = std::bit_ceil<uint32_t>(options_.credits + kBulkSqReserve + kSignalInterval);
+  // The one CQ takes every receive and every connection's sends: fewer connections fit a device
+  // whose CQs are smaller (rxe: 32767 entries).
+  const uint64_t cqe_per_connection = options_.credits + sq_depth;
+  if (caps_.max_cqe > 0 &&
+      options_.max_connections * cqe_per_connection + slack > caps_.max_cqe) {
+    if (caps_.max_cqe < cqe_per_connection + slack) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "worker: the device's CQs (%u entries) cannot hold one connection (%u)",
+          caps_.max_cqe, cqe_per_connection + slack));
+    }
+    const uint32_t fit = static_cast<uint32_t>((caps_.max_cqe - slack) / cqe_per_connection);
+    SWIRL_LOG(WARNING, "%s: %u connections need %u CQ entries, more than the device's %u; "
+              "limiting this worker to %u connections", options_.name, options_.max_connections,
+              options_.max_connections * cqe_per_connection + slack, caps_.max_cqe, fit);
+    options_.max_connections = fit;
+  }
   // Two connections' worth of slack beyond every credit granted, plus a poll batch: credits go
   // back to peers with our next message, and consumed buffers are re-posted a little later
   // (RunOnce), up to credits - 1 of them plus what one more poll takes in.
   const uint32_t recv_total = options_.max_connections * options_.credits + slack;
-  const uint32_t sq_depth = std::bit_ceil<uint32_t>(options_.credits + kBulkSqReserve + kSignalInterval);
   if (options_.own_thread && options_.adaptive_idle) {
     auto channel = verbs::CompletionChannel::Create(context_);
     if (!channel.ok()) return channel.status();

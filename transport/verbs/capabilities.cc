@@ -272,6 +272,16 @@ absl::Status RemoteInvalidationSelfTest(const std::shared_ptr<Context>& context,
   if (auto s = WaitCompletion(**cq, 2, options.selftest_timeout, stash, &wc); !s.ok()) return s;
   if (wc.status != IBV_WC_SUCCESS) return WorkCompletionError(wc);
   if (!(wc.wc_flags & IBV_WC_WITH_INV)) {
+    if ((wc.wc_flags & IBV_WC_IP_CSUM_OK) && wc.invalidated_rkey == rkey) {
+      // The kernel's rxe hands its IB_WC_WITH_INVALIDATE (1 << 2) to userspace unconverted,
+      // where that bit reads as IBV_WC_IP_CSUM_OK. The window may well be revoked, but the data
+      // path cannot tell a SEND_WITH_INV from a plain SEND on such a device, so it is refused.
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "receive completion has IBV_WC_IP_CSUM_OK where IBV_WC_WITH_INV belongs (wc_flags "
+          "0x%x), with the right invalidated_rkey: the known rxe defect; completions cannot "
+          "be trusted to report remote invalidation on this device",
+          wc.wc_flags));
+    }
     return absl::FailedPreconditionError(absl::StrFormat(
         "receive completion lacks IBV_WC_WITH_INV (wc_flags 0x%x): the device delivered the "
         "SEND_WITH_INV as a plain SEND",
@@ -330,6 +340,7 @@ absl::StatusOr<Capabilities> ProbeCapabilities(const std::shared_ptr<Context>& c
   caps.max_inline_data = ProbeMaxInline(*pd, *cq);
 
   if (options.confirm_remote_invalidation) {
+    caps.remote_invalidation_confirmation_required = true;
     if (!caps.remote_invalidation_advertised) {
       caps.remote_invalidation_selftest = SelfTest::kFailed;
       caps.selftest_detail = "not advertised (needs MEM_MGT_EXTENSIONS and a type 2 window)";

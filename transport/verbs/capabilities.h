@@ -92,10 +92,16 @@ struct Capabilities {
   // The loopback self-test's verdict, if it was asked for.
   SelfTest remote_invalidation_selftest = SelfTest::kNotRun;
   std::string selftest_detail;
+  // The probe was asked to confirm (ProbeOptions::confirm_remote_invalidation): then only a
+  // self-test that ran and passed counts, never one that could not run (port down, no GID).
+  bool remote_invalidation_confirmation_required = false;
 
-  // Advertised and not refuted by the self-test.
+  // Advertised, and confirmed by the self-test when that was asked for (else not refuted).
   bool remote_invalidation() const {
-    return remote_invalidation_advertised && remote_invalidation_selftest != SelfTest::kFailed;
+    if (!remote_invalidation_advertised) return false;
+    return remote_invalidation_confirmation_required
+               ? remote_invalidation_selftest == SelfTest::kPassed
+               : remote_invalidation_selftest != SelfTest::kFailed;
   }
 
   // Limits.

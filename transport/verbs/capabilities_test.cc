@@ -144,6 +144,25 @@ TEST(Capabilities, FailedSelfTestOverridesTheAdvertisedBit) {
   EXPECT_FALSE(caps.remote_invalidation()) << "a self-test cannot add what is not advertised";
 }
 
+// When the probe was asked to confirm, only a self-test that ran and passed counts: a port that
+// was down (or had no address) when the probe ran proves nothing, so the device must not be
+// offered as able to invalidate remotely.
+TEST(Capabilities, AConfirmationThatCouldNotRunDoesNotCount) {
+  Capabilities caps;
+  caps.remote_invalidation_advertised = true;
+  caps.remote_invalidation_confirmation_required = true;
+  caps.remote_invalidation_selftest = SelfTest::kNotRun;
+  EXPECT_FALSE(caps.remote_invalidation());
+  caps.remote_invalidation_selftest = SelfTest::kFailed;
+  EXPECT_FALSE(caps.remote_invalidation());
+  caps.remote_invalidation_selftest = SelfTest::kPassed;
+  EXPECT_TRUE(caps.remote_invalidation());
+  // Without confirmation asked for, the advertised bit stands unless refuted.
+  caps.remote_invalidation_confirmation_required = false;
+  caps.remote_invalidation_selftest = SelfTest::kNotRun;
+  EXPECT_TRUE(caps.remote_invalidation());
+}
+
 TEST(SelectInvalidationMode, RemoteOnlyWhenBothSidesCan) {
   for (auto policy : {InvalidationPolicy::kRequireRemote, InvalidationPolicy::kAllowLocalFallback}) {
     auto mode = SelectInvalidationMode(true, true, policy);

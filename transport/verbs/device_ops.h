@@ -26,7 +26,7 @@
 namespace swirl::verbs {
 
 enum class DeviceKind {
-  kRdmaCore,  // a device driven by an rdma-core provider (mlx5, rxe, siw, ...)
+  kRdmaCore,  // a device driven by an rdma-core provider (mlx5, rxe, ...; not iWARP)
   kSoft,      // swirl's userspace soft device (transport/soft)
 };
 

@@ -156,6 +156,13 @@ absl::StatusOr<std::unique_ptr<DeviceOps>> OpenRdmaCoreDevice(absl::string_view 
   for (int i = 0; i < count; ++i) {
     ibv_device* device = list->get()[i];
     if (name != ibv_get_device_name(device)) continue;
+    if (device->transport_type == IBV_TRANSPORT_IWARP) {
+      // An iWARP QP reaches RTS only through rdma_cm (MPA over TCP: siw, for one, refuses the
+      // transition without a socket), and swirl connects QPs with plain ibv_modify_qp.
+      return absl::FailedPreconditionError(absl::StrCat(
+          "'", name, "' is an iWARP device, whose connections only rdma_cm can set up; swirl "
+          "supports InfiniBand and RoCE devices (and its own soft device)"));
+    }
     errno = 0;
     ibv_context* context = ibv_open_device(device);
     if (context == nullptr) return VerbsError("ibv_open_device", name, LastErrno());

@@ -1,5 +1,6 @@
-// DeviceOps over rdma-core's libibverbs: real NICs (mlx5, irdma, ...) and the kernel's software
-// providers (rxe, siw).
+// DeviceOps over rdma-core's libibverbs: InfiniBand and RoCE NICs (mlx5, irdma in RoCE mode,
+// ...) and the kernel's rxe. iWARP devices (siw, cxgb4, irdma in iWARP mode) are refused at
+// open: their connections need rdma_cm.
 
 #ifndef SWIRL_TRANSPORT_VERBS_RDMA_CORE_DEVICE_H_
 #define SWIRL_TRANSPORT_VERBS_RDMA_CORE_DEVICE_H_
