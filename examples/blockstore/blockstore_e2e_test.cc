@@ -305,8 +305,11 @@ TEST_F(BlockstoreE2ETest, BadRequestsAreRejectedWithTheRightCodes) {
   absl::Status s = read("disk", 0, 4096, /*blocking=*/false);
   EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s;
   EXPECT_NE(s.message().find("ReadBlocking"), absl::string_view::npos) << s;
-  // ...while the blocking methods serve in-memory volumes too.
-  EXPECT_TRUE(read("mem", 0, 4096, /*blocking=*/true).ok());
+  // ...and the blocking methods refuse an in-memory volume, whose locks only workers take (a
+  // pool thread holding one would stall the worker waiting for it).
+  s = read("mem", 0, 4096, /*blocking=*/true);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("use Read"), absl::string_view::npos) << s;
 
   // Writes: the data must come as a bulk attachment of exactly `length` bytes.
   WriteRequest request;
@@ -513,6 +516,13 @@ TEST_F(BlockstoreE2ETest, LoadGeneratorVerifiesInBothBulkModes) {
 }
 
 // A file-backed volume keeps its data across a graceful restart of the server.
+// Listening beyond loopback with no token would let anyone read and write every volume: the
+// server refuses to start that way unless told --insecure.
+TEST(BlockstoreServerFlags, RefusesToListenBeyondLoopbackWithoutAToken) {
+  EXPECT_EQ(RunBinary({kServer, "--address=0.0.0.0:0", "--volume=a:1m"}, "", absl::Seconds(30)),
+            2);
+}
+
 TEST(BlockstoreRestartTest, FileVolumePersistsAcrossAGracefulRestart) {
   const std::string path = TempPath("persist.img");
   std::remove(path.c_str());

@@ -136,7 +136,10 @@ class Load {
         rng_(std::seed_seq{static_cast<uint32_t>(config.seed),
                            static_cast<uint32_t>(config.seed >> 32)}) {
     if (config_.verify) expected_.assign(blocks_, 0);
-    run_id_ = absl::Uniform<uint64_t>(rng_) | 1;
+    // Not from the seeded generator: two runs with the same --seed would otherwise write the
+    // same bytes, and a write of the second that the server dropped would read back as good.
+    absl::BitGen fresh;
+    run_id_ = absl::Uniform<uint64_t>(fresh) | 1;
   }
 
   absl::Status Setup(swirl::Channel& channel) {
@@ -293,6 +296,9 @@ class Load {
     swirl::CallOptions options;
     options.timeout = timeout_;
     if (s.is_read) {
+      // Emptied first: a response that arrives without its data must not pass for one that
+      // brought it (the size check in VerifyRead would see the last read's bytes).
+      s.buffer.resize(0);
       options.response_bulk = &s.buffer;
       if (blocking_) {
         stub_.AsyncReadBlocking(&s.call, s.read_request, &s.read_response, options);

@@ -31,8 +31,13 @@
 #include "examples/blockstore/volume.h"
 #include "rpc/server.h"
 
-ABSL_FLAG(std::string, address, "0.0.0.0:7200", "control-plane listen address (port 0: pick)");
+ABSL_FLAG(std::string, address, "127.0.0.1:7200",
+          "control-plane listen address (port 0: pick); beyond loopback it needs --token (or "
+          "--insecure)");
 ABSL_FLAG(std::string, token, "", "clients must present this token (empty: no auth)");
+ABSL_FLAG(bool, insecure, false,
+          "listen beyond loopback without a token: anyone who can reach the address may read and "
+          "write every volume");
 ABSL_FLAG(std::string, cores, "1", "comma-separated cores, one pinned worker each (-1: unpinned)");
 ABSL_FLAG(std::string, device, "", "RDMA device (default: automatic, soft0 without hardware)");
 ABSL_FLAG(std::string, port_file, "", "write the chosen port here once listening");
@@ -51,6 +56,16 @@ ABSL_FLAG(int, shutdown_ms, 5000, "graceful shutdown deadline");
 namespace {
 
 using swirl::blockstore::FormatSize;
+
+// Whether `address` (host:port) only listens on this host's loopback.
+bool LoopbackOnly(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  std::string host = address.substr(0, colon == std::string::npos ? address.size() : colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  return host == "localhost" || host == "::1" || absl::StartsWith(host, "127.");
+}
 
 // absl keeps only the last occurrence of a flag; --volume is repeatable, so collect them all.
 std::vector<std::string> VolumeFlagValues(int argc, char** argv) {
@@ -86,6 +101,15 @@ int main(int argc, char** argv) {
   }
   if (specs->empty()) {
     std::fprintf(stderr, "blockstore_server: no volumes: give --volume=name:size[:path]\n");
+    return 2;
+  }
+  if (absl::GetFlag(FLAGS_token).empty() && !absl::GetFlag(FLAGS_insecure) &&
+      !LoopbackOnly(absl::GetFlag(FLAGS_address))) {
+    std::fprintf(stderr,
+                 "blockstore_server: %s is reachable beyond this host and there is no --token: "
+                 "anyone could read and write every volume. Give --token, or --insecure to "
+                 "accept that\n",
+                 absl::GetFlag(FLAGS_address).c_str());
     return 2;
   }
   swirl::ServerOptions options;

@@ -68,6 +68,7 @@ absl::Status BlockStoreClient::Read(const std::string& volume, uint64_t offset, 
   ReadResponse* out = response != nullptr ? response : &local;
   CallOptions call_options = options;
   call_options.request_bulk = nullptr;
+  buffer->resize(0);  // so that a response without data cannot pass for one with it
   call_options.response_bulk = buffer;
   absl::Status s = *blocking ? stub_.ReadBlocking(request, out, call_options)
                              : stub_.Read(request, out, call_options);

@@ -92,6 +92,12 @@ PatternCheck CheckPattern(const char* data, uint64_t offset, uint32_t length, ui
           absl::StrFormat("CRC32C 0x%08x, header says 0x%08x (corrupt or torn)", crc, stored_crc));
       continue;
     }
+    uint32_t zero_word;
+    std::memcpy(&zero_word, s + kCrcOffset + 4, 4);
+    if (zero_word != 0) {  // bytes 36..39: outside the CRC, so checked here
+      bad(at, absl::StrFormat("bytes 36..39 hold 0x%08x, not zero (corrupt)", zero_word));
+      continue;
+    }
     if (Load64(s + 8) != at) {
       bad(at, absl::StrFormat("holds the sector of offset %u (misplaced)", Load64(s + 8)));
       continue;

@@ -29,6 +29,14 @@ absl::StatusOr<Volume*> BlockStoreServer::Lookup(const std::string& name, bool o
                               "volume '%s' is file-backed (VolumeInfo.blocking): use %sBlocking",
                               name, method)));
   }
+  if (!on_worker && !volume->blocking()) {
+    // And the other way round: an in-memory volume's extent locks are taken by workers only.
+    // A pool thread holding one (descheduled mid-copy, or one of many readers that keep a
+    // writer out) would stall the worker that waits for it, and every connection on it.
+    return Failed(volume, absl::FailedPreconditionError(absl::StrFormat(
+                              "volume '%s' is in memory (VolumeInfo.blocking false): use %s",
+                              name, method)));
+  }
   return volume;
 }
 

@@ -12,6 +12,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 
 namespace swirl::blockstore {
@@ -242,9 +243,11 @@ absl::Status Volume::Read(uint64_t offset, uint32_t length, char* out) {
       return absl::InternalError(absl::StrCat("pread ", path_, ": ", ErrnoText(errno)));
     }
     if (n == 0) {
-      // The file was truncated behind our back: what is missing reads as zeros.
-      std::memset(out + done, 0, length - done);
-      break;
+      // The file was truncated behind our back: the data is gone, and zeros in its place
+      // would pass for blocks never written.
+      return absl::DataLossError(absl::StrFormat(
+          "%s ends at %u bytes, inside a %u-byte volume: truncated behind the server", path_,
+          offset + done, size_));
     }
     done += static_cast<size_t>(n);
   }

@@ -223,6 +223,21 @@ TEST(VolumeTest, FileVolumeIsCreatedGrownAndPersists) {
   EXPECT_EQ(FileSize(path), 16 << 20);
 }
 
+// A file cut short behind the server's back: the missing blocks are lost data, not zeros
+// (which would pass for blocks never written).
+TEST(VolumeTest, AFileTruncatedBehindTheServerReadsAsDataLoss) {
+  const std::string path = TempPath("truncated.img");
+  std::remove(path.c_str());
+  auto v = Volume::Create({"disk", 1 << 20, path});
+  ASSERT_TRUE(v.ok()) << v.status();
+  ASSERT_TRUE((*v)->Write(0, 8192, Bytes(8192, 5).data()).ok());
+  ASSERT_EQ(truncate(path.c_str(), 4096), 0);
+  std::string out(8192, 'x');
+  EXPECT_TRUE((*v)->Read(0, 4096, out.data()).ok()) << "what is still there reads";
+  EXPECT_EQ((*v)->Read(0, 8192, out.data()).code(), StatusCode::kDataLoss);
+  EXPECT_EQ((*v)->Read(65536, 4096, out.data()).code(), StatusCode::kDataLoss);
+}
+
 TEST(VolumeTest, FileVolumeErrors) {
   const char* dir = std::getenv("TEST_TMPDIR");
   auto on_dir = Volume::Create({"d", 1 << 20, dir != nullptr ? dir : "/tmp"});
@@ -367,6 +382,13 @@ TEST(PatternTest, DetectsCorruptionStaleDataAndMisplacement) {
     EXPECT_EQ(check.matched, 3u);
     EXPECT_NE(check.first_error.find("offset 86016"), std::string::npos) << check.first_error;
     // Even without knowing the generation, the sector CRC catches it.
+    EXPECT_EQ(CheckPattern(bad.data(), 81920, 16384, 42, 0).bad, 1u);
+  }
+  {
+    // Bytes 36..39 lie outside the CRC: checked on their own.
+    std::string bad = block;
+    bad[37] ^= 0x10;
+    EXPECT_EQ(CheckPattern(bad.data(), 81920, 16384, 42, 3).bad, 1u);
     EXPECT_EQ(CheckPattern(bad.data(), 81920, 16384, 42, 0).bad, 1u);
   }
   // Stale: an older generation, intact.
