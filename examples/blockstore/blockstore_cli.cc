@@ -152,12 +152,16 @@ int main(int argc, char** argv) {
   std::string input;
   if (command == "write") {
     const std::string path = absl::GetFlag(FLAGS_input);
+    // A read error ends the iteration like the end of the input would: check for it, or a
+    // truncated prefix would be written and reported as success.
     if (path == "-") {
       input.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
+      if (std::cin.bad()) return Usage("error reading standard input");
     } else {
       std::ifstream in(path, std::ios::binary);
       if (!in) return Usage("cannot read " + path);
       input.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+      if (in.bad()) return Usage("error reading " + path);
     }
     if (input.size() % bs::kBlockSize != 0) {
       if (!absl::GetFlag(FLAGS_pad)) {
@@ -173,7 +177,9 @@ int main(int argc, char** argv) {
     auto parsed = bs::ParseSize(absl::GetFlag(FLAGS_length));
     if (!parsed.ok()) return Usage(std::string(parsed.status().message()));
     length = *parsed;
-    if (length == 0) return Usage("--length must be positive");
+    if (length == 0 || length % bs::kBlockSize != 0) {
+      return Usage(absl::StrFormat("--length must be a positive multiple of %u", bs::kBlockSize));
+    }
   }
 
   auto client = bs::BlockStoreClient::Connect(absl::GetFlag(FLAGS_server), options);

@@ -488,6 +488,7 @@ int main(int argc, char** argv) {
   config.bs = static_cast<uint32_t>(*block_size);
   if (config.iodepth < 1 || config.iodepth > 256) return Usage("--iodepth is 1..256");
   if (config.runtime < 0 || config.number_ios < 0) return Usage("negative --runtime/--number_ios");
+  if (config.runtime > 366 * 86400.0) return Usage("--runtime above a year");
   if (config.runtime == 0 && config.number_ios == 0) {
     return Usage("give --runtime (seconds) or --number_ios (or both: whichever comes first)");
   }
