@@ -143,9 +143,23 @@ bool Worker::BulkInFlight(const Connection* c) const {
   return false;
 }
 
+uint64_t Worker::ClientBulkBytes(const Connection* c) const {
+  auto it = client_bulk_bytes_.find(c->client_key_);
+  return it == client_bulk_bytes_.end() ? 0 : it->second;
+}
+
+void Worker::ChargeBulk(Connection* c, uint64_t* counter, int64_t delta) {
+  *counter += static_cast<uint64_t>(delta);
+  uint64_t& total = client_bulk_bytes_[c->client_key_];
+  total += static_cast<uint64_t>(delta);
+  if (total == 0) client_bulk_bytes_.erase(c->client_key_);
+}
+
 void Worker::FreeWindow(Connection* c, int32_t w) {
   Window& window = c->windows_[w];
-  if (window.purpose == Window::Purpose::kDownload) c->download_bytes_ -= window.buffer.capacity();
+  if (window.purpose == Window::Purpose::kDownload) {
+    ChargeBulk(c, &c->download_bytes_, -static_cast<int64_t>(window.buffer.capacity()));
+  }
   if (window.state != Window::State::kFree) {
     windows_exposed_.store(windows_exposed_.load(std::memory_order_relaxed) - 1,
                            std::memory_order_relaxed);
@@ -398,7 +412,7 @@ void Worker::HandleBulkRequest(Connection* c, const MessageHeader& h, const char
       Window& win = c->windows_[w];
       const uint32_t grant_size = static_cast<uint32_t>(win.buffer.capacity());
       --c->grants_by_size_[grant_size];
-      c->granted_bytes_ -= grant_size;
+      ChargeBulk(c, &c->granted_bytes_, -static_cast<int64_t>(grant_size));
       if (remote_invalidation(c)) {
         // The window was revoked as this message arrived; the payload can no longer change.
         if (!InvalidatedBy(wc, d.rkey)) {
@@ -443,7 +457,7 @@ void Worker::HandleBulkRequest(Connection* c, const MessageHeader& h, const char
       in.bulk.resize(d.length);
       c->static_granted_.erase(it);
       --c->grants_by_size_[grant_size];
-      c->granted_bytes_ -= grant_size;
+      ChargeBulk(c, &c->granted_bytes_, -static_cast<int64_t>(grant_size));
       GrantWindows(c, 1, grant_size);
       DispatchCall(c, in);
       return;
@@ -554,14 +568,18 @@ void Worker::SendBulkResponse(Connection* c, const Incoming& request, Writer* wr
     // Downloads the peer has not acknowledged keep their buffers out of the worker's pool, which
     // all its connections share: a peer that never acknowledges may hold only so much (and each
     // window only for its lease).
-    if (c->download_bytes_ + data.capacity() > options_.download_bytes_per_connection) {
+    // The same for all of one client's connections together (bulk_bytes_per_client).
+    if (c->download_bytes_ + data.capacity() > options_.download_bytes_per_connection ||
+        ClientBulkBytes(c) + data.capacity() > bulk_bytes_per_client_) {
       if (buffer >= 0) send_pool_->Give(static_cast<uint32_t>(buffer));
       SendResponseBytes(c, request_id,
                         absl::ResourceExhaustedError(absl::StrFormat(
                             "a %u-byte download would take this connection's unacknowledged "
-                            "downloads (%u bytes) past its limit (%u)",
+                            "downloads (%u bytes) past its limit (%u), or its client's bulk "
+                            "memory (%u bytes) past the client's (%u)",
                             data.capacity(), c->download_bytes_,
-                            options_.download_bytes_per_connection)),
+                            options_.download_bytes_per_connection, ClientBulkBytes(c),
+                            bulk_bytes_per_client_)),
                         {});
       return;
     }
@@ -577,7 +595,7 @@ void Worker::SendBulkResponse(Connection* c, const Incoming& request, Writer* wr
     Window& win = c->windows_[w];
     d = {win.addr, length, rkey};
     win.buffer = std::move(data);
-    c->download_bytes_ += win.buffer.capacity();
+    ChargeBulk(c, &c->download_bytes_, static_cast<int64_t>(win.buffer.capacity()));
   }
   *reinterpret_cast<MessageHeader*>(msg) =
       MessageHeader{rpc_wire::kProtocolVersion,
@@ -780,7 +798,8 @@ void Worker::GrantWindows(Connection* c, uint32_t count, uint32_t size) {
   // The unsafe mode exposes only a pool registered for it (the server's, when it opted in).
   const bool can_expose = !unsafe || bulk_pool_->unsafe_rkey() != 0;
   while (can_expose && n < count && size > 0 && outstanding < c->negotiated_.window_credits() &&
-         c->granted_bytes_ + class_size <= options_.grant_bytes_per_connection) {
+         c->granted_bytes_ + class_size <= options_.grant_bytes_per_connection &&
+         ClientBulkBytes(c) + class_size <= bulk_bytes_per_client_) {
     auto pooled = bulk_pool_->Allocate(size);
     if (!pooled.ok()) break;
     // The whole class buffer, but never more than the negotiated maximum (which need not be a
@@ -800,7 +819,7 @@ void Worker::GrantWindows(Connection* c, uint32_t count, uint32_t size) {
       c->windows_[w].buffer = std::move(*pooled);
     }
     ++outstanding;
-    c->granted_bytes_ += class_size;  // given back as the buffer's capacity
+    ChargeBulk(c, &c->granted_bytes_, class_size);  // given back as the buffer's capacity
     std::memcpy(descriptors + n * sizeof(d), &d, sizeof(d));
     ++n;
     Bump(c->counters_.windows_granted);

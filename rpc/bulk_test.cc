@@ -593,8 +593,10 @@ TEST(BulkLimits, UnacknowledgedDownloadsAreCappedPerConnection) {
 
 class BulkSecurityTest : public ::testing::Test {
  protected:
+  virtual std::vector<std::string> ServerFlags() const { return {"--window_lease_ms=400"}; }
+
   void SetUp() override {
-    auto server = testing::SpawnServer(kServer, {"--window_lease_ms=400"});
+    auto server = testing::SpawnServer(kServer, ServerFlags());
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = std::make_unique<testing::ChildProcess>(std::move(server->first));
     port_ = server->second;
@@ -867,6 +869,48 @@ TEST_F(BulkSecurityTest, UploadGrantsAreCappedPerConnection) {
   call_options.request_bulk = &*upload;
   std::string response;
   EXPECT_TRUE(CallRaw(*good_, Id("/test.E2E/Sum"), "", &response, call_options).ok());
+}
+
+// Per-connection caps alone would let one client take the whole pool with a few connections:
+// its connections together may hold bulk_bytes_per_client at most (here 40 MiB; each one 32 MiB
+// of grants).
+class BulkPerClientTest : public BulkSecurityTest {
+ protected:
+  std::vector<std::string> ServerFlags() const override {
+    return {"--window_lease_ms=400", absl::StrCat("--bulk_bytes_per_client=", 40 << 20)};
+  }
+};
+
+TEST_F(BulkPerClientTest, OneClientsConnectionsShareOneBulkBudget) {
+  auto first = std::make_unique<testing::RogueConnection>();
+  auto second = std::make_unique<testing::RogueConnection>();
+  ASSERT_TRUE(first->Connect(port_, "e2e").ok());
+  ASSERT_TRUE(second->Connect(port_, "e2e").ok());
+  const uint32_t size = static_cast<uint32_t>(first->negotiated().max_bulk_size());
+  uint64_t held_first = 0, held_second = 0;
+  for (const BulkDescriptor& d : Grants(*first, size, 8)) held_first += d.length;
+  for (const BulkDescriptor& d : Grants(*second, size, 8)) held_second += d.length;
+  EXPECT_GT(held_first, 0u);
+  EXPECT_LE(held_first, uint64_t{32} << 20);
+  EXPECT_LE(held_first + held_second, uint64_t{40} << 20)
+      << "two connections of one client held " << held_first << " + " << held_second;
+  // Downloads count too: past the client's budget, RESOURCE_EXHAUSTED instead of a window.
+  uint64_t id;
+  ASSERT_TRUE(second->Call("/test.E2E/Fill", std::to_string(16 << 20), 0, 0, &id).ok());
+  auto response = second->Receive(rpc_wire::kResponse);
+  ASSERT_TRUE(response.ok()) << response.status();
+  EXPECT_EQ(response->header.status, static_cast<uint32_t>(absl::StatusCode::kResourceExhausted));
+  // Their connections gone, the budget is the client's again (good_ shares its address).
+  first.reset();
+  second.reset();
+  auto upload = good_->AllocateBulk(1 << 20);
+  ASSERT_TRUE(upload.ok());
+  upload->resize(1 << 20);
+  CallOptions call_options;
+  call_options.request_bulk = &*upload;
+  call_options.timeout = absl::Seconds(20);
+  std::string sum;
+  EXPECT_TRUE(CallRaw(*good_, Id("/test.E2E/Sum"), "", &sum, call_options).ok());
 }
 
 // Server-to-client calls: the rogue is the one answering. A response whose bulk data the server

@@ -128,6 +128,7 @@ class Server::Impl final : public control::Control::Service {
       wo.bulk_pool_bytes = options_.bulk_pool_bytes;
       wo.grant_bytes_per_connection = options_.grant_bytes_per_connection;
       wo.download_bytes_per_connection = options_.download_bytes_per_connection;
+      wo.bulk_bytes_per_client = options_.bulk_bytes_per_client;
       wo.unsafe_static_rkey = options_.allow_unsafe_static_rkey_for_benchmarks;
       wo.window_lease = options_.window_lease;
       wo.on_closed = [this](uint64_t id, const absl::Status& why) {

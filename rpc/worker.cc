@@ -16,6 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "base/log.h"
 #include "google/protobuf/message_lite.h"
+#include "rpc/handshake.h"
 #include "transport/verbs/status.h"
 
 namespace swirl::internal {
@@ -110,6 +111,7 @@ void Connection::Configure(const control::Negotiated& negotiated, bool is_server
   negotiated_ = negotiated;
   is_server_ = is_server;
   peer_ = std::move(peer);
+  client_key_ = ClientKey(peer_);
   client_name_ = std::move(client_name);
   // The peer may reserve more receive buffers for us than our send queue was sized for (it
   // was created before the peer's offer was known): we use no more than it holds. Using fewer
@@ -230,6 +232,10 @@ absl::Status Worker::Init() {
   inline_arena_.resize(static_cast<size_t>(kArenaSlots) * std::max<uint32_t>(max_inline_, 64));
   wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (wake_fd_ < 0) return absl::ResourceExhaustedError("eventfd failed");
+  // Half the pool by default: one client's connections together can never starve everyone
+  // else's bulk transfers on this worker.
+  bulk_bytes_per_client_ = options_.bulk_bytes_per_client != 0 ? options_.bulk_bytes_per_client
+                                                               : options_.bulk_pool_bytes / 2;
   if (options_.bulk_pool_bytes > 0) {
     auto bulk = BulkPool::Create(pd_, options_.bulk_pool_bytes, options_.unsafe_static_rkey);
     if (!bulk.ok()) return bulk.status();
@@ -1446,6 +1452,9 @@ void Worker::FinishClose(Connection* c) {
   for (const Connection::QueuedMessage& m : c->response_backlog_) send_pool_->Give(m.buffer);
   c->response_backlog_.clear();
   ReleaseBulk(c);  // windows are deallocated (and so revoked) before the QP goes
+  // Whatever the connection still held no longer counts against its client.
+  ChargeBulk(c, &c->granted_bytes_, -static_cast<int64_t>(c->granted_bytes_));
+  ChargeBulk(c, &c->download_bytes_, -static_cast<int64_t>(c->download_bytes_));
   by_qpn_.erase(c->qp_->qp_num());
   last_connection_ = nullptr;
   c->qp_.reset();  // no completion can name it any more: it is in ERR and fully flushed

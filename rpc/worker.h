@@ -128,6 +128,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   Service::Invoker* last_invoker_ = nullptr;  // last_method_'s
   std::atomic<State> state_{State::kNew};
   std::string peer_;
+  std::string client_key_;  // internal::ClientKey(peer_): what per-client limits count by
   std::string client_name_;
   control::Negotiated negotiated_;
   bool is_server_ = false;
@@ -290,6 +291,9 @@ struct WorkerOptions {
   uint64_t grant_bytes_per_connection = 32 << 20;
   // Pool memory one connection may hold in downloads its peer has not acknowledged.
   uint64_t download_bytes_per_connection = 64 << 20;
+  // Both of those together, for all of one client's connections (by address, as
+  // ServerOptions::max_connections_per_client counts them). 0: half the bulk pool.
+  uint64_t bulk_bytes_per_client = 0;
   bool unsafe_static_rkey = false;   // also register the pool for remote access (benchmarks)
   absl::Duration window_lease = absl::Seconds(5);
   // Called on the loop thread when a connection is gone for good, with the reason it closed.
@@ -497,6 +501,11 @@ class Worker {
   void EmitMessage(Connection* c, char* data, uint32_t length, int32_t buffer,
                    uint32_t invalidate_rkey, unsigned int flags = 0);
   void FreeWindow(Connection* c, int32_t w);
+  // Bulk memory held through grants and unacknowledged downloads by all of `c`'s client's
+  // connections on this worker, and the change of one of `c`'s counters (granted_bytes_,
+  // download_bytes_) by `delta`, kept in step with it.
+  uint64_t ClientBulkBytes(const Connection* c) const;
+  void ChargeBulk(Connection* c, uint64_t* counter, int64_t delta);
   // True while a bulk transfer of `c` is under way: a window other than an unused upload grant
   // is exposed or being revoked, or an operation waits for its completion. A drain waits.
   bool BulkInFlight(const Connection* c) const;
@@ -542,6 +551,9 @@ class Worker {
   absl::BitGen bitgen_;  // loop thread only: rkey key bytes
   ConnectionCounters totals_;  // bulk counters summed over connections, closed ones included
   std::atomic<uint64_t> windows_exposed_{0};  // written by the loop thread only
+  // Loop thread: ClientBulkBytes, by Connection::client_key_ (entries at zero are erased).
+  absl::flat_hash_map<std::string, uint64_t> client_bulk_bytes_;
+  uint64_t bulk_bytes_per_client_ = 0;  // WorkerOptions::bulk_bytes_per_client, resolved
 
   MpscQueue<WorkItem> submissions_;
   std::atomic<bool> sleeping_{false};

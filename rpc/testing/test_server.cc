@@ -45,6 +45,7 @@ ABSL_FLAG(int, setup_timeout_ms, 10000, "ServerOptions::setup_timeout");
 ABSL_FLAG(int, credits, 32, "receive credits per connection");
 ABSL_FLAG(int64_t, max_bulk_size, 16 << 20, "largest bulk transfer");
 ABSL_FLAG(int64_t, download_bytes, 64 << 20, "unacknowledged download bytes per connection");
+ABSL_FLAG(int64_t, bulk_bytes_per_client, 0, "ServerOptions::bulk_bytes_per_client");
 ABSL_FLAG(bool, allow_unsafe, false, "allow the unsafe static-rkey bulk mode");
 ABSL_FLAG(bool, no_local_fallback, false, "refuse clients without remote invalidation");
 
@@ -246,6 +247,7 @@ int main(int argc, char** argv) {
   options.max_bulk_size = static_cast<size_t>(absl::GetFlag(FLAGS_max_bulk_size));
   options.window_lease = absl::Milliseconds(absl::GetFlag(FLAGS_window_lease_ms));
   options.download_bytes_per_connection = static_cast<size_t>(absl::GetFlag(FLAGS_download_bytes));
+  options.bulk_bytes_per_client = static_cast<size_t>(absl::GetFlag(FLAGS_bulk_bytes_per_client));
   options.allow_unsafe_static_rkey_for_benchmarks = absl::GetFlag(FLAGS_allow_unsafe);
   options.allow_local_invalidation_fallback = !absl::GetFlag(FLAGS_no_local_fallback);
   E2E service;
