@@ -114,6 +114,14 @@ bool HandleLinkEvent(SoftQp* qp) {
     qp->req_tx.SetConsumedSource(&c.control()->request_consumed.value);
     qp->resp_tx.SetConsumedSource(&c.control()->response_consumed.value);
     qp->linked = true;
+    if (qp->hca->tcp && qp->out_watch == 0) {
+      // The peer opened the connection: our segment goes back on it.
+      qp->out_watch = ReplyOnTcpLink(qp->hca, qp, c.watch, qp->memfd, qp->own_size);
+      if (qp->out_watch != 0 && qp->qstate == IBV_QPS_RTS) {
+        SetTcpLinkTimeout(qp->hca, qp->out_watch,
+                          AckTimeoutNs(qp->attr) * (qp->attr.retry_cnt + 1));
+      }
+    }
   }
   if (!keep.empty()) {
     swirl::MutexLock lock(&qp->incoming_mu);
@@ -127,7 +135,9 @@ void TeardownLink(SoftQp* qp) {
     wire::SharedRelease();
     qp->own_ctrl->state.value.store(wire::kLinkClosed, std::memory_order_release);
   }
-  if (qp->out_watch != 0) qp->hca->Unwatch(qp->out_watch);
+  // A connection that carries both directions goes with the peer segment below, after the
+  // pollers are out of it.
+  if (qp->out_watch != 0 && qp->out_watch != qp->in_watch) qp->hca->Unwatch(qp->out_watch);
   qp->out_watch = 0;
   if (qp->linked) {
     // A poller may be reading the idle hint, which points into the peer's segment, without our
@@ -746,10 +756,14 @@ int ModifyQp(ibv_qp* ibqp, ibv_qp_attr* attr, int mask) {
     qp->expected_msn = qp->attr.rq_psn & wire::kMsnMask;
     if (int err = CreateSegment(qp); err != 0) return err;
     if (qp->hca->tcp) {
-      // The HCA thread connects; a refused or timed-out connect fails a linked QP from there
-      // (an unlinked one fails at its link deadline, as below).
-      qp->out_watch = ConnectTcpLink(qp->hca, qp, qp->attr.ah_attr.grh.dgid,
-                                     qp->attr.dest_qp_num, qp->memfd, qp->own_size);
+      // One side of the pair connects (the HCA thread completes it; a refused or timed-out
+      // connect fails a linked QP from there, an unlinked one at its link deadline, as below).
+      // The other answers on that connection once it has adopted it (HandleLinkEvent).
+      if (TcpConnectsFirst(qp->hca->gid, qp->qp_num, qp->attr.ah_attr.grh.dgid,
+                           qp->attr.dest_qp_num)) {
+        qp->out_watch = ConnectTcpLink(qp->hca, qp, qp->attr.ah_attr.grh.dgid,
+                                       qp->attr.dest_qp_num, qp->memfd, qp->own_size);
+      }
     } else if (int fd = SendHello(qp->hca, qp->attr.ah_attr.grh.dgid, qp->qp_num,
                                   qp->attr.dest_qp_num, qp->memfd, qp->own_size);
                fd >= 0) {

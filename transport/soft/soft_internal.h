@@ -534,11 +534,21 @@ bool OfferSegment(Hca* hca, uint64_t watch_id, uint32_t dst_qpn, const PeerSegme
 bool ParseTcpFabric(const char* spec, uint32_t* addr, uint16_t* port, std::string* why);
 // Listens on addr:port; the GID that names it (port in bytes 8-9, ::ffff:IPv4 in 10-15).
 int ListenTcp(uint32_t addr, uint16_t port, ibv_gid* gid, std::string* why);
-// Starts the link that ships `qp`'s segment (`memfd`) to `gid`'s QP `dst_qpn`; returns its watch
-// id, or 0 if the GID names no TCP peer or the socket could not be set up (then nothing fails
-// now: an unlinked QP fails at its link deadline, as on shared memory). Never blocks: the HCA
-// thread completes the connect.
+// Whether the QP (own_gid, own_qpn) opens the connection to its peer at RTR. One side of a
+// pair does (the smaller GID, then QPN); the other answers on that connection once it has
+// adopted it (ReplyOnTcpLink), so one connection carries both directions.
+bool TcpConnectsFirst(const ibv_gid& own_gid, uint32_t own_qpn, const ibv_gid& peer_gid,
+                      uint32_t peer_qpn);
+// Opens the connection to `gid`'s QP `dst_qpn` that ships `qp`'s segment (`memfd`) and receives
+// its peer's; returns its watch id, or 0 if the GID names no TCP peer or the socket could not be
+// set up (then nothing fails now: an unlinked QP fails at its link deadline, as on shared
+// memory). Never blocks: the HCA thread completes the connect.
 uint64_t ConnectTcpLink(Hca* hca, SoftQp* qp, const ibv_gid& gid, uint32_t dst_qpn, int memfd,
+                        uint64_t segment_size);
+// `qp` adopted the peer segment that arrived on connection `watch_id`: ships its own segment
+// back on it from now on. Returns `watch_id`, or 0 if that connection is gone or already
+// carries a segment of ours (a connection we opened).
+uint64_t ReplyOnTcpLink(Hca* hca, SoftQp* qp, uint64_t watch_id, int memfd,
                         uint64_t segment_size);
 enum class AcceptResult {
   kDone,            // the backlog is empty

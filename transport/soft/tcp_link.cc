@@ -2,16 +2,22 @@
 // docs/SOFT_WIRE.md ("The TCP fabric") is the readable version; keep them in step.
 //
 // On one host a QP's peer maps its segment (wire.h) read-only through a shared memfd. Across
-// hosts there is no shared memory, so each link is a TCP connection from the segment's owner to
-// the peer's HCA, and the peer keeps a private *mirror* of the owner's segment with the same
-// layout. The owner ships each frame once its stamp is published (as a record) and its control
-// words when they change; the receiving side writes the frame into the mirror with the stamp
-// stored last, exactly as the owner did, so the QP code that reads a peer's segment is the same
-// on both fabrics. Each direction of a QP pair is its own connection: the one a QP opens at RTR
-// carries its segment.
+// hosts there is no shared memory, so a QP pair shares one TCP connection, and each side keeps
+// a private *mirror* of the other's segment with the same layout. The owner ships each frame
+// once its stamp is published (as a record) and its control words when they change; the
+// receiving side writes the frame into the mirror with the stamp stored last, exactly as the
+// owner did, so the QP code that reads a peer's segment is the same on both fabrics.
 //
-// Wire, in order on the connection (little-endian, the byte order of every host swirl builds
-// for; the port in a GID's bytes 8-9 is network order):
+// One connection for both directions, so that TCP's acknowledgements ride on the replies (two
+// connections, one per direction, cost 1.6x the round trip: bench/tcp_pingpong). The side
+// whose (GID, QPN) is smaller connects at RTR and sends its hello; the other answers on that
+// connection with its own hello once its QP has adopted it (at RTR, or on arrival if it is
+// already there). Each side also takes a peer segment that arrives on a connection the peer
+// opened while it opened one too (its peer follows another rule, or both connected), so the
+// worst case is the old layout: one connection per direction.
+//
+// Wire, each direction of the connection (little-endian, the byte order of every host swirl
+// builds for; the port in a GID's bytes 8-9 is network order):
 //   TcpHello (the segment's geometry and initial control words), then records:
 //   TcpRecord{kRecordFrame, ring, length, position} + `length` bytes: one frame, at `position`
 //     (absolute, as the stamp), which must be the ring's next position;
@@ -51,6 +57,9 @@ namespace swirl::soft {
 namespace {
 
 constexpr uint64_t kTcpHelloMagic = 0x3150435457535731ull;  // "1WSWTCP1"
+// 3: one connection carries both directions (2: a connection per direction, which a version-3
+// device would answer on, confusing it).
+constexpr uint32_t kTcpVersion = 3;
 
 struct TcpHello {
   uint64_t magic;
@@ -92,21 +101,31 @@ constexpr int64_t kConnectTimeoutNs = int64_t{30} * 1000 * 1000 * 1000;
 
 }  // namespace
 
-struct TcpLink {
-  bool outgoing = false;
-  bool connecting = false;
-  bool failed = false;
-  // Incoming, before its hello / outgoing, while connecting: when to give up (ExpireTcpLinks).
-  int64_t deadline_ns = 0;
-  // Outgoing: our own segment, mapped read-only here (the QP may unmap its mapping first).
-  // Incoming: the mirror of the peer's segment, written only by the HCA thread.
+// A segment as a link sees it: where it is mapped and the next frame of each ring.
+struct LinkSegment {
   char* base = nullptr;
   uint64_t size = 0;
   uint64_t ring_offset[2] = {0, 0};
   uint64_t ring_size[2] = {0, 0};
   uint64_t position[2] = {0, 0};  // next frame to ship / expected next
+};
 
-  // Outgoing: records queued for one sendmsg (each a header, then a body in the segment, which
+struct TcpLink {
+  bool outgoing = false;  // we opened the connection
+  bool connecting = false;
+  bool failed = false;
+  // Opened by a stranger, before its hello / ours, while connecting: when to give up
+  // (ExpireTcpLinks).
+  int64_t deadline_ns = 0;
+  // What we ship: our QP's segment, mapped read-only here (the QP may unmap its mapping first).
+  // Set when the connection is ours (at RTR) or once our QP adopted it (ReplyOnTcpLink).
+  LinkSegment out_seg;
+  // What we receive: the mirror of the peer's segment, written only under watch_mu. Set by the
+  // peer's hello.
+  LinkSegment in_seg;
+  bool ships() const { return out_seg.base != nullptr; }
+
+  // Shipping: records queued for one sendmsg (each a header, then a body in the segment, which
   // stays put until the peer has consumed it, so after the shipping) and how much of them went.
   struct Pending {
     char head[sizeof(TcpHello)];
@@ -122,7 +141,7 @@ struct TcpLink {
   uint64_t shipped_control[kControlWords] = {};
   bool control_shipped = false;
 
-  // Incoming: bytes received and not yet applied.
+  // Receiving: bytes received and not yet applied.
   std::unique_ptr<char[]> staging;
   size_t staged = 0;
   bool hello_done = false;
@@ -133,21 +152,28 @@ namespace {
 
 // The control words a link carries, in record order. Not `sleeping`: a mirror has no eventfd to
 // wake, since the publishing thread ships itself.
-std::atomic<uint64_t>* ControlWord(const TcpLink& link, size_t i) {
-  auto* ctrl = reinterpret_cast<wire::SegmentControl*>(link.base + wire::kControlOffset);
+std::atomic<uint64_t>* ControlWord(const LinkSegment& seg, size_t i) {
+  auto* ctrl = reinterpret_cast<wire::SegmentControl*>(seg.base + wire::kControlOffset);
   std::atomic<uint64_t>* words[kControlWords] = {
       &ctrl->request_consumed.value, &ctrl->response_consumed.value, &ctrl->acked.value,
       &ctrl->state.value};
   return words[i];
 }
 
+// The HCA thread's interest in a link: its hangup always, its data while it reads for the link
+// (WatchTcpReceives), room to send while a flush waits for it or a connect is under way.
+void Rearm(Hca* hca, uint64_t id, int fd, const TcpLink& link) {
+  epoll_event ev;
+  ev.events = EPOLLRDHUP | (link.watching_in ? uint32_t{EPOLLIN} : 0u) |
+              (link.waiting_out || link.connecting ? uint32_t{EPOLLOUT} : 0u);
+  ev.data.u64 = id;
+  epoll_ctl(hca->epoll_fd, EPOLL_CTL_MOD, fd, &ev);
+}
+
 void ArmOut(Hca* hca, uint64_t id, int fd, TcpLink& link, bool on) {
   if (link.waiting_out == on) return;
   link.waiting_out = on;
-  epoll_event ev;
-  ev.events = EPOLLIN | EPOLLRDHUP | (on ? uint32_t{EPOLLOUT} : 0u);
-  ev.data.u64 = id;
-  epoll_ctl(hca->epoll_fd, EPOLL_CTL_MOD, fd, &ev);
+  Rearm(hca, id, fd, link);
 }
 
 // Sends the queued records. True when they are all sent; false if the socket is full (EPOLLOUT
@@ -208,17 +234,18 @@ void QueueRecord(TcpLink& link, const TcpRecord& record, const void* extra, size
 // if they changed. The control words are read *before* the frames, so a state the peer sees
 // (an error published after its NAK) never arrives ahead of the frames written before it.
 void Ship(Hca* hca, uint64_t id, int fd, TcpLink& link) {
-  if (link.failed || link.connecting || !Flush(hca, id, fd, link)) return;
+  if (link.failed || link.connecting || !link.ships() || !Flush(hca, id, fd, link)) return;
+  LinkSegment& seg = link.out_seg;
   uint64_t control[kControlWords];
   for (size_t i = 0; i < kControlWords; ++i) {
-    control[i] = ControlWord(link, i)->load(std::memory_order_acquire);
+    control[i] = ControlWord(seg, i)->load(std::memory_order_acquire);
   }
   wire::SharedAcquire();
   for (int ring = 0; ring < 2; ++ring) {
     for (;;) {
-      const uint64_t pos = link.position[ring];
-      const uint64_t offset = pos & (link.ring_size[ring] - 1);
-      const char* frame = link.base + link.ring_offset[ring] + offset;
+      const uint64_t pos = seg.position[ring];
+      const uint64_t offset = pos & (seg.ring_size[ring] - 1);
+      const char* frame = seg.base + seg.ring_offset[ring] + offset;
       if (__atomic_load_n(reinterpret_cast<const uint64_t*>(frame), __ATOMIC_ACQUIRE) !=
           (wire::kStampValid | pos)) {
         break;
@@ -226,7 +253,7 @@ void Ship(Hca* hca, uint64_t id, int fd, TcpLink& link) {
       wire::SharedAcquire();
       wire::FrameHeader header;
       std::memcpy(&header, frame, sizeof(header));
-      const uint64_t room = link.ring_size[ring] - offset;
+      const uint64_t room = seg.ring_size[ring] - offset;
       // A PAD frame covers the rest of the ring; its header says all the reader needs.
       const uint64_t consumed =
           header.op == wire::kOpPad ? room : wire::FrameBytes(header.op, header.length);
@@ -239,7 +266,7 @@ void Ship(Hca* hca, uint64_t id, int fd, TcpLink& link) {
       TcpRecord record{kRecordFrame, static_cast<uint8_t>(ring), 0,
                        static_cast<uint32_t>(bytes), pos};
       QueueRecord(link, record, nullptr, 0, frame, bytes);
-      link.position[ring] = pos + consumed;
+      seg.position[ring] = pos + consumed;
     }
   }
   // The frames and the control words go in one sendmsg (one TCP segment when they fit).
@@ -262,7 +289,7 @@ void ForgetIncoming(Hca* hca, uint64_t id) {
 // The link is over: nobody reads or ships it again, and its QP fails if the link was its own.
 void MarkGone(Hca* hca, LinkWatch& watch, uint64_t id) {
   epoll_ctl(hca->epoll_fd, EPOLL_CTL_DEL, watch.fd, nullptr);
-  if (!watch.tcp->outgoing) {
+  if (watch.tcp->hello_done) {  // only then is it in the polls' set
     epoll_ctl(hca->tcp_poll_fd, EPOLL_CTL_DEL, watch.fd, nullptr);
     ForgetIncoming(hca, id);
   }
@@ -274,7 +301,11 @@ void MarkGone(Hca* hca, LinkWatch& watch, uint64_t id) {
 bool AcceptHello(Hca* hca, uint64_t id, LinkWatch& watch, const TcpHello& hello,
                  std::string* why) {
   TcpLink& link = *watch.tcp;
-  if (hello.magic != kTcpHelloMagic || hello.version != wire::kWireVersion ||
+  if (link.outgoing && watch.qp != nullptr && hello.dst_qpn != watch.qp->qp_num) {
+    *why = "hello on our connection names another QP";
+    return false;
+  }
+  if (hello.magic != kTcpHelloMagic || hello.version != kTcpVersion ||
       !SegmentGeometryOk(hello.segment_size, hello.request_ring_offset, hello.request_ring_size,
                          hello.response_ring_offset, hello.response_ring_size)) {
     *why = "malformed hello";
@@ -295,19 +326,20 @@ bool AcceptHello(Hca* hca, uint64_t id, LinkWatch& watch, const TcpHello& hello,
     *why = absl::StrCat("mmap: ", std::strerror(errno));
     return false;
   }
-  link.base = static_cast<char*>(base);
-  link.size = hello.segment_size;
-  link.ring_offset[0] = hello.request_ring_offset;
-  link.ring_size[0] = hello.request_ring_size;
-  link.ring_offset[1] = hello.response_ring_offset;
-  link.ring_size[1] = hello.response_ring_size;
+  LinkSegment& seg = link.in_seg;
+  seg.base = static_cast<char*>(base);
+  seg.size = hello.segment_size;
+  seg.ring_offset[0] = hello.request_ring_offset;
+  seg.ring_size[0] = hello.request_ring_size;
+  seg.ring_offset[1] = hello.response_ring_offset;
+  seg.ring_size[1] = hello.response_ring_size;
   for (size_t i = 0; i < kControlWords; ++i) {
-    ControlWord(link, i)->store(hello.control[i], std::memory_order_relaxed);
+    ControlWord(seg, i)->store(hello.control[i], std::memory_order_relaxed);
   }
   // No wake eventfd and `sleeping` stays 0: a QP never wakes its TCP peer, it ships itself.
   PeerSegment segment;
-  segment.base = link.base;
-  segment.size = link.size;
+  segment.base = seg.base;
+  segment.size = seg.size;
   segment.request_ring_offset = hello.request_ring_offset;
   segment.request_ring_size = hello.request_ring_size;
   segment.response_ring_offset = hello.response_ring_offset;
@@ -327,9 +359,9 @@ bool AcceptHello(Hca* hca, uint64_t id, LinkWatch& watch, const TcpHello& hello,
 
 
 // Applies one complete record at `data` (header validated by the caller) to the mirror.
-void ApplyFrame(TcpLink& link, const TcpRecord& record, const char* data) {
+void ApplyFrame(LinkSegment& seg, const TcpRecord& record, const char* data) {
   const int ring = record.ring;
-  char* dst = link.base + link.ring_offset[ring] + (record.position & (link.ring_size[ring] - 1));
+  char* dst = seg.base + seg.ring_offset[ring] + (record.position & (seg.ring_size[ring] - 1));
   std::memcpy(dst + sizeof(uint64_t), data + sizeof(uint64_t), record.length - sizeof(uint64_t));
   uint64_t stamp;
   std::memcpy(&stamp, data, sizeof(stamp));
@@ -338,11 +370,11 @@ void ApplyFrame(TcpLink& link, const TcpRecord& record, const char* data) {
 }
 
 // The bytes a PAD frame's record advances its ring by: the rest of the ring.
-uint64_t Advance(const TcpLink& link, const TcpRecord& record, const char* data) {
+uint64_t Advance(const LinkSegment& seg, const TcpRecord& record, const char* data) {
   wire::FrameHeader header;
   std::memcpy(&header, data, sizeof(header));
-  const uint64_t room = link.ring_size[record.ring] -
-                        (record.position & (link.ring_size[record.ring] - 1));
+  const uint64_t room = seg.ring_size[record.ring] -
+                        (record.position & (seg.ring_size[record.ring] - 1));
   return header.op == wire::kOpPad ? room : record.length;
 }
 
@@ -371,8 +403,8 @@ bool ApplyStaged(Hca* hca, uint64_t id, LinkWatch& watch, std::string* why) {
         return false;
       }
     } else if (record.kind == kRecordFrame) {
-      const uint64_t ring_size = record.ring < 2 ? link.ring_size[record.ring] : 0;
-      if (record.ring >= 2 || record.position != link.position[record.ring] ||
+      const uint64_t ring_size = record.ring < 2 ? link.in_seg.ring_size[record.ring] : 0;
+      if (record.ring >= 2 || record.position != link.in_seg.position[record.ring] ||
           record.length < sizeof(wire::FrameHeader) || record.length % wire::kFrameAlign != 0 ||
           record.length > kMaxFrame ||
           (record.position & (ring_size - 1)) + record.length > ring_size) {
@@ -390,11 +422,11 @@ bool ApplyStaged(Hca* hca, uint64_t id, LinkWatch& watch, std::string* why) {
       std::memcpy(words, data, sizeof(words));
       wire::SharedRelease();
       for (size_t i = 0; i < kControlWords; ++i) {
-        ControlWord(link, i)->store(words[i], std::memory_order_release);
+        ControlWord(link.in_seg, i)->store(words[i], std::memory_order_release);
       }
     } else {
-      ApplyFrame(link, record, data);
-      link.position[record.ring] += Advance(link, record, data);
+      ApplyFrame(link.in_seg, record, data);
+      link.in_seg.position[record.ring] += Advance(link.in_seg, record, data);
     }
     at += sizeof(TcpRecord) + record.length;
   }
@@ -406,6 +438,8 @@ bool ApplyStaged(Hca* hca, uint64_t id, LinkWatch& watch, std::string* why) {
 // Returns true if anything arrived. Reads at most kReceiveBudget bytes: a peer that ignores
 // our consumed counters and never stops must not keep this thread (and watch_mu) forever.
 constexpr size_t kReceiveBudget = 256 * 1024;
+// A read this large is part of a bulk stream (TCP_QUICKACK below).
+constexpr size_t kBulkRead = 16 * 1024;
 
 // `hangup`: the peer closed; read on to the end instead of stopping at a short read.
 bool Receive(Hca* hca, uint64_t id, LinkWatch& watch, bool hangup = false) {
@@ -424,6 +458,13 @@ bool Receive(Hca* hca, uint64_t id, LinkWatch& watch, bool hangup = false) {
       link.staged += static_cast<size_t>(n);
       taken += static_cast<size_t>(n);
       arrived = true;
+      if (static_cast<size_t>(n) >= kBulkRead) {
+        // A stream of large frames: acknowledge at once. The connection also carries our own
+        // records, which makes the kernel treat it as interactive and hold its ACKs back for
+        // them to ride on, throttling the sender. (Not permanent: asked again per large read.)
+        int one = 1;
+        setsockopt(watch.fd, IPPROTO_TCP, TCP_QUICKACK, &one, sizeof(one));
+      }
       // A short read drained the socket (almost surely): the next poll looks again, and this
       // one saves the syscall that would say EAGAIN.
       if (ApplyStaged(hca, id, watch, &why)) {
@@ -494,6 +535,52 @@ int ListenTcp(uint32_t addr, uint16_t port, ibv_gid* gid, std::string* why) {
   return fd;
 }
 
+namespace {
+
+// Maps our QP's segment read-only for `link` and queues our hello, the first thing we send.
+bool StartShipping(Hca* hca, SoftQp* qp, uint32_t dst_qpn, int memfd, uint64_t segment_size,
+                   TcpLink& link) {
+  void* base = mmap(nullptr, segment_size, PROT_READ, MAP_SHARED, memfd, 0);
+  if (base == MAP_FAILED) return false;
+  LinkSegment& seg = link.out_seg;
+  seg.base = static_cast<char*>(base);
+  seg.size = segment_size;
+  const auto* header = static_cast<const wire::SegmentHeader*>(base);
+  seg.ring_offset[0] = header->request_ring_offset;
+  seg.ring_size[0] = header->request_ring_size;
+  seg.ring_offset[1] = header->response_ring_offset;
+  seg.ring_size[1] = header->response_ring_size;
+  TcpHello hello;
+  std::memset(&hello, 0, sizeof(hello));
+  hello.magic = kTcpHelloMagic;
+  hello.version = kTcpVersion;
+  hello.src_qpn = qp->qp_num;
+  hello.dst_qpn = dst_qpn;
+  hello.src_gid = hca->gid;
+  hello.segment_size = segment_size;
+  hello.request_ring_offset = seg.ring_offset[0];
+  hello.request_ring_size = seg.ring_size[0];
+  hello.response_ring_offset = seg.ring_offset[1];
+  hello.response_ring_size = seg.ring_size[1];
+  for (size_t i = 0; i < kControlWords; ++i) {
+    hello.control[i] = ControlWord(seg, i)->load(std::memory_order_acquire);
+  }
+  TcpLink::Pending& first = link.out[link.out_count++];
+  std::memcpy(first.head, &hello, sizeof(hello));
+  first.head_len = sizeof(hello);
+  std::memcpy(link.shipped_control, hello.control, sizeof(hello.control));
+  link.control_shipped = true;
+  return true;
+}
+
+}  // namespace
+
+bool TcpConnectsFirst(const ibv_gid& own_gid, uint32_t own_qpn, const ibv_gid& peer_gid,
+                      uint32_t peer_qpn) {
+  const int order = std::memcmp(own_gid.raw, peer_gid.raw, sizeof(own_gid.raw));
+  return order < 0 || (order == 0 && own_qpn <= peer_qpn);
+}
+
 uint64_t ConnectTcpLink(Hca* hca, SoftQp* qp, const ibv_gid& gid, uint32_t dst_qpn, int memfd,
                         uint64_t segment_size) {
   if (!IsTcpFabricGid(gid)) {
@@ -505,8 +592,6 @@ uint64_t ConnectTcpLink(Hca* hca, SoftQp* qp, const ibv_gid& gid, uint32_t dst_q
               hca->name, qp->qp_num, GidHex(gid));
     return 0;
   }
-  void* base = mmap(nullptr, segment_size, PROT_READ, MAP_SHARED, memfd, 0);
-  if (base == MAP_FAILED) return 0;
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   sockaddr_in local;
   std::memset(&local, 0, sizeof(local));
@@ -525,42 +610,36 @@ uint64_t ConnectTcpLink(Hca* hca, SoftQp* qp, const ibv_gid& gid, uint32_t dst_q
     SWIRL_LOG(DEBUG, "soft: QP 0x%x cannot reach %s: %s", qp->qp_num, GidHex(gid),
               std::strerror(errno));
     if (fd >= 0) close(fd);
-    munmap(base, segment_size);
     return 0;
   }
   auto* link = new TcpLink;
   link->outgoing = true;
   link->connecting = true;
   link->deadline_ns = NowNs() + kConnectTimeoutNs;
-  link->base = static_cast<char*>(base);
-  link->size = segment_size;
-  const auto* header = static_cast<const wire::SegmentHeader*>(base);
-  link->ring_offset[0] = header->request_ring_offset;
-  link->ring_size[0] = header->request_ring_size;
-  link->ring_offset[1] = header->response_ring_offset;
-  link->ring_size[1] = header->response_ring_size;
-  TcpHello hello;
-  std::memset(&hello, 0, sizeof(hello));
-  hello.magic = kTcpHelloMagic;
-  hello.version = wire::kWireVersion;
-  hello.src_qpn = qp->qp_num;
-  hello.dst_qpn = dst_qpn;
-  hello.src_gid = hca->gid;
-  hello.segment_size = segment_size;
-  hello.request_ring_offset = link->ring_offset[0];
-  hello.request_ring_size = link->ring_size[0];
-  hello.response_ring_offset = link->ring_offset[1];
-  hello.response_ring_size = link->ring_size[1];
-  for (size_t i = 0; i < kControlWords; ++i) {
-    hello.control[i] = ControlWord(*link, i)->load(std::memory_order_acquire);
+  if (!StartShipping(hca, qp, dst_qpn, memfd, segment_size, *link)) {
+    close(fd);
+    delete link;
+    return 0;
   }
-  TcpLink::Pending& first = link->out[link->out_count++];
-  std::memcpy(first.head, &hello, sizeof(hello));
-  first.head_len = sizeof(hello);
-  std::memcpy(link->shipped_control, hello.control, sizeof(hello.control));
-  link->control_shipped = true;
   link->waiting_out = true;
+  // EPOLLIN too: the peer's hello and segment come back on this connection.
   return hca->WatchTcp(fd, qp, link, EPOLLIN | EPOLLOUT | EPOLLRDHUP);
+}
+
+uint64_t ReplyOnTcpLink(Hca* hca, SoftQp* qp, uint64_t watch_id, int memfd,
+                        uint64_t segment_size) {
+  swirl::MutexLock watch_lock(&hca->watch_mu);
+  auto it = hca->watches.find(watch_id);
+  if (it == hca->watches.end() || it->second.tcp == nullptr || it->second.tcp->failed) return 0;
+  TcpLink& link = *it->second.tcp;
+  if (link.ships()) return 0;  // the peer's end of a connection we opened ourselves
+  if (!StartShipping(hca, qp, qp->attr.dest_qp_num, memfd, segment_size, link)) return 0;
+  Ship(hca, watch_id, it->second.fd, link);
+  if (link.failed) {
+    MarkGone(hca, it->second, watch_id);
+    return 0;
+  }
+  return watch_id;
 }
 
 AcceptResult AcceptTcp(Hca* hca) {
@@ -611,41 +690,38 @@ void HandleTcpEvent(Hca* hca, uint64_t id, uint32_t events) {
   swirl::MutexLock watch_lock(&hca->watch_mu);
   auto it = hca->watches.find(id);
   if (it == hca->watches.end() || it->second.tcp == nullptr || it->second.tcp->failed) return;
-  LinkWatch& watch = it->second;
-  TcpLink& link = *watch.tcp;
-  if (!link.outgoing) {
-    // Data first: a peer's last frames may arrive together with its hangup.
-    if (events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) {
-      Receive(hca, id, watch, (events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR)) != 0);
-    }
-    return;
-  }
-  if (link.connecting && (events & (EPOLLOUT | EPOLLERR | EPOLLHUP))) {
+  if (TcpLink& link = *it->second.tcp;
+      link.connecting && (events & (EPOLLOUT | EPOLLERR | EPOLLHUP))) {
     int error = 0;
     socklen_t len = sizeof(error);
-    if (getsockopt(watch.fd, SOL_SOCKET, SO_ERROR, &error, &len) != 0 || error != 0) {
-      // The QP's frames have no way out: it fails as a requester whose retries ran out (even
-      // if its peer's link to us works: reachability can be one-way).
+    if (getsockopt(it->second.fd, SOL_SOCKET, SO_ERROR, &error, &len) != 0 || error != 0) {
+      // The QP's frames have no way out: it fails as a requester whose retries ran out.
       SWIRL_LOG(DEBUG, "soft %s: QP 0x%x: TCP connect: %s", hca->name,
-                watch.qp != nullptr ? watch.qp->qp_num : 0, std::strerror(error));
-      MarkGone(hca, watch, id);
+                it->second.qp != nullptr ? it->second.qp->qp_num : 0, std::strerror(error));
+      MarkGone(hca, it->second, id);
       return;
     }
     link.connecting = false;
+    Rearm(hca, id, it->second.fd, link);
   }
-  if (events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) {
-    // Nothing is expected from the other end of an outgoing link but its hangup.
-    MarkGone(hca, watch, id);
-    return;
+  if (!it->second.tcp->connecting && (events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR))) {
+    // Data first: a peer's last frames may arrive together with its hangup.
+    Receive(hca, id, it->second, (events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR)) != 0);
+    // A stranger's connection that never got as far as a QP is gone altogether.
+    it = hca->watches.find(id);
+    if (it == hca->watches.end() || it->second.tcp == nullptr || it->second.tcp->failed) return;
   }
-  Ship(hca, id, watch.fd, link);
-  if (link.failed) MarkGone(hca, watch, id);
+  TcpLink& link = *it->second.tcp;
+  if (link.ships()) {
+    Ship(hca, id, it->second.fd, link);
+    if (link.failed) MarkGone(hca, it->second, id);
+  }
 }
 
 void ShipTcp(Hca* hca) {
   swirl::MutexLock watch_lock(&hca->watch_mu);
   for (auto& [id, watch] : hca->watches) {
-    if (watch.tcp == nullptr || !watch.tcp->outgoing || watch.tcp->failed) continue;
+    if (watch.tcp == nullptr || !watch.tcp->ships() || watch.tcp->failed) continue;
     Ship(hca, id, watch.fd, *watch.tcp);
     if (watch.tcp->failed) MarkGone(hca, watch, id);
   }
@@ -654,16 +730,15 @@ void ShipTcp(Hca* hca) {
 void WatchTcpReceives(Hca* hca) {
   swirl::MutexLock watch_lock(&hca->watch_mu);
   for (auto& [id, watch] : hca->watches) {
-    if (watch.tcp == nullptr || watch.tcp->outgoing || watch.qp == nullptr || watch.tcp->failed) {
+    // Before the peer's hello, this thread reads (the hello needs hca->mu, which polls lack).
+    if (watch.tcp == nullptr || !watch.tcp->hello_done || watch.qp == nullptr ||
+        watch.tcp->failed) {
       continue;
     }
     const bool want = watch.qp->scq->assisted || watch.qp->rcq->assisted;
     if (want == watch.tcp->watching_in) continue;
     watch.tcp->watching_in = want;
-    epoll_event ev;
-    ev.events = EPOLLRDHUP | (want ? uint32_t{EPOLLIN} : 0u);
-    ev.data.u64 = id;
-    epoll_ctl(hca->epoll_fd, EPOLL_CTL_MOD, watch.fd, &ev);
+    Rearm(hca, id, watch.fd, *watch.tcp);
   }
 }
 
@@ -684,7 +759,7 @@ bool PullTcp(Hca* hca) {
   if (hca->tcp_control_due.load(std::memory_order_relaxed) &&
       hca->tcp_control_due.exchange(false, std::memory_order_seq_cst)) {
     for (auto& [id, watch] : hca->watches) {
-      if (watch.tcp != nullptr && watch.tcp->outgoing && !watch.tcp->failed &&
+      if (watch.tcp != nullptr && watch.tcp->ships() && !watch.tcp->failed &&
           watch.qp != nullptr && watch.qp->tcp_control_due.load(std::memory_order_relaxed) &&
           watch.qp->tcp_control_due.exchange(false, std::memory_order_acq_rel)) {
         Ship(hca, id, watch.fd, *watch.tcp);
@@ -744,11 +819,13 @@ void SetTcpLinkTimeout(Hca* hca, uint64_t watch_id, int64_t timeout_ns) {
 
 void DestroyTcpLink(Hca* hca, uint64_t id, LinkWatch& watch) {
   TcpLink* link = watch.tcp;
-  if (!link->outgoing) ForgetIncoming(hca, id);
+  ForgetIncoming(hca, id);
   // The QP is going: what it published last (its final state among it) goes out if the
   // socket takes it now; a peer that misses it sees the connection close instead.
-  if (link->outgoing && !link->failed && !link->connecting) Ship(hca, id, watch.fd, *link);
-  if (link->base != nullptr) munmap(link->base, link->size);
+  if (link->ships() && !link->failed && !link->connecting) Ship(hca, id, watch.fd, *link);
+  for (LinkSegment* seg : {&link->out_seg, &link->in_seg}) {
+    if (seg->base != nullptr) munmap(seg->base, seg->size);
+  }
   delete link;
   watch.tcp = nullptr;
 }

@@ -10,6 +10,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -33,7 +34,7 @@ using verbs::QueuePair;
 // The link protocol's structures, written from the document (not shared with tcp_link.cc).
 struct Hello {
   uint64_t magic = 0x3150435457535731ull;
-  uint32_t version = wire::kWireVersion;
+  uint32_t version = 3;  // one connection for both directions
   uint32_t src_qpn = 0;
   uint32_t dst_qpn = 0;
   uint32_t reserved = 0;
@@ -152,13 +153,21 @@ struct HealthyPair {
 // somewhere to go) and connects to a device to send it whatever a test wants.
 class Rogue {
  public:
-  Rogue() {
+  // `high`: listen on a port above the ephemeral range, so that a device's GID (whose port is
+  // ephemeral) sorts below ours and its QPs open the connection to us (TcpConnectsFirst).
+  explicit Rogue(bool high = false) {
     listen_fd_ = socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in sa{};
     sa.sin_family = AF_INET;
     sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     socklen_t len = sizeof(sa);
-    EXPECT_EQ(bind(listen_fd_, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)), 0);
+    for (uint16_t port = 65535; high && port > 61000; --port) {
+      sa.sin_port = htons(port);
+      if (bind(listen_fd_, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) == 0) break;
+    }
+    if (!high) {
+      EXPECT_EQ(bind(listen_fd_, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)), 0);
+    }
     EXPECT_EQ(listen(listen_fd_, 8), 0);
     EXPECT_EQ(getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&sa), &len), 0);
     gid_ = TcpGid(sa.sin_port);
@@ -230,6 +239,53 @@ class Rogue {
   int fd_ = -1;
   ibv_gid gid_{};
 };
+
+// Established TCP connections in this process's network namespace with an end at `port`.
+int EstablishedAt(uint16_t port) {
+  FILE* f = std::fopen("/proc/net/tcp", "r");
+  if (f == nullptr) return -1;
+  char line[512];
+  int count = 0;
+  if (std::fgets(line, sizeof(line), f) == nullptr) {  // the header
+    std::fclose(f);
+    return -1;
+  }
+  while (std::fgets(line, sizeof(line), f) != nullptr) {
+    unsigned local_port, remote_port, state;
+    if (std::sscanf(line, "%*d: %*8x:%x %*8x:%x %x", &local_port, &remote_port, &state) != 3) {
+      continue;
+    }
+    if (state == 1 && (local_port == port || remote_port == port)) ++count;
+  }
+  std::fclose(f);
+  return count;
+}
+
+uint16_t PortOf(const ibv_gid& gid) {
+  uint16_t port;
+  std::memcpy(&port, gid.raw + 8, 2);
+  return ntohs(port);
+}
+
+// Both directions of a QP pair share one connection (its two ends, both in this process), so
+// TCP's acknowledgements ride on the replies.
+TEST(TcpFabric, AQpPairSharesOneConnection) {
+  HealthyPair pair;
+  pair.Check("there");
+  PostRecv(pair.a, 3);
+  PostSend(pair.b, 4, "and back");
+  ibv_wc wc = Wait({&pair.a, &pair.b});
+  EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+  EXPECT_STREQ(pair.a.buf.data(), "and back");
+  // The devices listen on ports of their own (a device closed by an earlier test listens
+  // elsewhere when opened again), so every connection at them is this pair's. One connection,
+  // seen from both ends: two entries, each with the accepting device's port at one end. Two
+  // connections would make four.
+  const int a = EstablishedAt(PortOf(GidOf(pair.a)));
+  const int b = EstablishedAt(PortOf(GidOf(pair.b)));
+  ASSERT_GE(a, 0) << "no /proc/net/tcp";
+  EXPECT_EQ(a + b, 2) << a << " at soft0's port, " << b << " at soft1's";
+}
 
 TEST(TcpFabric, GidsAreIpv4MappedAndTwoDevicesTalk) {
   HealthyPair pair;
@@ -392,11 +448,12 @@ TEST(TcpFabric, AStrangersHangupCannotFailTheLinkAQpMakesLater) {
   }
 }
 
-// Reachability can be one way: the peer's link to us works, ours to it is refused. The QP's
-// requests have no way out, so it fails instead of waiting forever.
+// The QP opens the connection (its GID sorts first) and is refused, while a connection the
+// peer opened itself delivers the peer's segment: the QP's requests have no way out, so it fails
+// instead of waiting forever.
 TEST(TcpFabric, AQpWhoseOwnLinkCannotConnectFails) {
   Side victim = MakeSide("soft0");
-  Rogue rogue;
+  Rogue rogue(/*high=*/true);
   rogue.StopListening();
   verbs::ConnectOptions options;
   options.timeout = 0;  // no ACK timeout: only the link's failure can end a wait
