@@ -104,7 +104,10 @@ bool HandleLinkEvent(SoftQp* qp) {
     // or a stranger posing as the peer) is dropped like a wrong one: a live match may follow.
     if (!match || !AdoptWatch(qp->hca, c.watch)) {
       SWIRL_LOG(DEBUG, "soft: QP 0x%x drops a link from QP 0x%x", qp->qp_num, c.qp_num);
-      c.Close(qp->hca);
+      // Not the connection we opened (TCP): that one carries our own frames, and closing it
+      // would leave the QP with no way out and nothing to fail it. What arrived on it stays
+      // unread until the link goes.
+      if (c.watch != qp->out_watch) c.Close(qp->hca);
       continue;
     }
     qp->peer = c;

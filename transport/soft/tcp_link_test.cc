@@ -161,10 +161,12 @@ class Rogue {
     sa.sin_family = AF_INET;
     sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     socklen_t len = sizeof(sa);
-    for (uint16_t port = 65535; high && port > 61000; --port) {
+    bool bound = false;
+    for (uint16_t port = 65535; high && !bound && port > 61000; --port) {
       sa.sin_port = htons(port);
-      if (bind(listen_fd_, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) == 0) break;
+      bound = bind(listen_fd_, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) == 0;
     }
+    EXPECT_TRUE(bound || !high) << "no free port above 61000";
     if (!high) {
       EXPECT_EQ(bind(listen_fd_, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)), 0);
     }
@@ -186,6 +188,8 @@ class Rogue {
     close(fd_);
     fd_ = -1;
   }
+  // Takes the connection a device opened to our listener (it completed in the backlog).
+  int AcceptOne() { return accept(listen_fd_, nullptr, nullptr); }
 
   void ConnectTo(const ibv_gid& device_gid) {
     fd_ = socket(AF_INET, SOCK_STREAM, 0);
@@ -454,6 +458,8 @@ TEST(TcpFabric, AStrangersHangupCannotFailTheLinkAQpMakesLater) {
 TEST(TcpFabric, AQpWhoseOwnLinkCannotConnectFails) {
   Side victim = MakeSide("soft0");
   Rogue rogue(/*high=*/true);
+  ASSERT_LT(std::memcmp(GidOf(victim).raw, rogue.gid().raw, 16), 0)
+      << "the victim's GID must sort first, for the victim to open the connection";
   rogue.StopListening();
   verbs::ConnectOptions options;
   options.timeout = 0;  // no ACK timeout: only the link's failure can end a wait
@@ -470,6 +476,60 @@ TEST(TcpFabric, AQpWhoseOwnLinkCannotConnectFails) {
   ibv_wc wc = Wait({&victim});
   EXPECT_EQ(wc.wr_id, 11u);
   EXPECT_NE(wc.status, IBV_WC_SUCCESS);
+}
+
+// Reads what arrives on `fd` for up to 10 s and returns true once `text` has come by.
+bool Arrives(int fd, const char* text, Side* poll_side) {
+  std::string seen;
+  absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (absl::Now() < deadline) {
+    poll_side->cq->Poll(0, nullptr);
+    char buf[4096];
+    ssize_t n = recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
+    if (n > 0) seen.append(buf, static_cast<size_t>(n));
+    if (n == 0) return false;
+    if (seen.find(text) != std::string::npos) return true;
+  }
+  return false;
+}
+
+// The QP opened its connection to the peer, then linked with a segment the peer sent on a
+// connection of its own. A matching hello that arrives later on the QP's own connection is not
+// adopted, and must not cost the QP that connection: its frames still go out on it.
+TEST(TcpFabric, AHelloOnOurOwnConnectionThatIsNotAdoptedLeavesItOpen) {
+  Side victim = MakeSide("soft0");
+  Rogue rogue(/*high=*/true);
+  ASSERT_LT(std::memcmp(GidOf(victim).raw, rogue.gid().raw, 16), 0);
+  verbs::ConnectOptions options;
+  const uint32_t rogue_qpn = 0x123, rogue_psn = 500, victim_psn = 100;
+  ASSERT_TRUE(victim.qp->Connect({rogue.gid(), 0, rogue_qpn, rogue_psn}, victim_psn, options).ok());
+  Hello hello;
+  hello.src_qpn = rogue_qpn;
+  hello.dst_qpn = victim.qp->qp_num();
+  hello.src_gid = rogue.gid();
+  hello.control[2] = victim_psn;
+  rogue.ConnectTo(GidOf(victim));  // our own connection, with the segment the victim adopts
+  rogue.Send(&hello, sizeof(hello));
+  PostRecv(victim, 1);
+  rogue.SendFirstSend(rogue_psn, victim_psn, "linked");
+  ibv_wc wc = Wait({&victim});
+  ASSERT_EQ(wc.status, IBV_WC_SUCCESS);
+  // Now the same hello on the connection the victim opened.
+  const int theirs = rogue.AcceptOne();
+  ASSERT_GE(theirs, 0);
+  ASSERT_EQ(send(theirs, &hello, sizeof(hello), MSG_NOSIGNAL), static_cast<ssize_t>(sizeof(hello)));
+  // Once a later garbage connection is dropped, the HCA thread has taken the hello; a poll
+  // then lets the QP look at (and turn down) the candidate before it sends.
+  Rogue sentinel;
+  sentinel.ConnectTo(GidOf(victim));
+  char garbage[sizeof(Hello)] = {};
+  sentinel.Send(garbage, sizeof(garbage));
+  ASSERT_TRUE(sentinel.DroppedBy(&victim));
+  victim.cq->Poll(0, nullptr);
+  PostSend(victim, 2, "still goes out");
+  EXPECT_TRUE(Arrives(theirs, "still goes out", &victim))
+      << "the victim's frames stopped: its own connection was closed";
+  close(theirs);
 }
 
 // More connections owing their hello than the device takes at once: the rest wait in the
