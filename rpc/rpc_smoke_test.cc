@@ -8,7 +8,6 @@
 #include <thread>
 #include <vector>
 
-#include "absl/synchronization/notification.h"
 #include "rpc/channel.h"
 #include "rpc/server.h"
 #include "rpc/service.h"
@@ -123,6 +122,17 @@ TEST(RpcSmoke, ManyThreadsShareOneChannel) {
   EXPECT_EQ(ok.load(), 2000);
 }
 
+// Waits (bounded) until `flag` is set. Atomics rather than absl::Notification: the system's
+// Abseil is not built for ThreadSanitizer, which would not see the ordering it provides.
+bool WaitFor(const std::atomic<bool>& flag, absl::Duration limit) {
+  const absl::Time deadline = absl::Now() + limit;
+  while (!flag.load(std::memory_order_acquire)) {
+    if (absl::Now() > deadline) return false;
+    absl::SleepFor(absl::Microseconds(100));
+  }
+  return true;
+}
+
 // A Cancel() that loses the race with its call's response must not cancel the call's next round.
 // The scenario, staged on the worker thread: calls B and C go out together and their responses
 // come back in one poll; B's callback cancels C (still pending, so a cancel request is queued for
@@ -147,7 +157,7 @@ TEST(RpcSmoke, AStaleCancelDoesNotCancelTheCallsNextRound) {
     std::string b_response, c_response;
     std::atomic<bool> cancel_queued{false};
     absl::Status first_round;
-    absl::Notification first_done, second_done;
+    std::atomic<bool> first_done{false}, second_done{false};
     absl::Status second_round;
     for (ClientCall* call : {&b, &c}) {
       call->SetMethod(Id("/test.Raw/Echo"));
@@ -167,18 +177,18 @@ TEST(RpcSmoke, AStaleCancelDoesNotCancelTheCallsNextRound) {
         // The staged case: the cancel is still queued. Start the next round right here.
         c.SetCallback([&](absl::Status next) {
           second_round = next;
-          second_done.Notify();
+          second_done.store(true, std::memory_order_release);
         });
         channel.Start(&c);
       } else {
-        second_done.Notify();
+        second_done.store(true, std::memory_order_release);
       }
-      first_done.Notify();
+      first_done.store(true, std::memory_order_release);
     });
     channel.Start(&b);
     channel.Start(&c);
-    ASSERT_TRUE(first_done.WaitForNotificationWithTimeout(absl::Seconds(10)));
-    ASSERT_TRUE(second_done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+    ASSERT_TRUE(WaitFor(first_done, absl::Seconds(10)));
+    ASSERT_TRUE(WaitFor(second_done, absl::Seconds(10)));
     ASSERT_TRUE(b.Wait().ok());
     if (!(first_round.ok() && cancel_queued.load())) {
       // Not staged: C was either answered before B's callback ran or cancelled outright.
