@@ -900,12 +900,25 @@ TEST_F(BulkPerClientTest, OneClientsConnectionsShareOneBulkBudget) {
   auto response = second->Receive(rpc_wire::kResponse);
   ASSERT_TRUE(response.ok()) << response.status();
   EXPECT_EQ(response->header.status, static_cast<uint32_t>(absl::StatusCode::kResourceExhausted));
-  // Their connections gone, the budget is the client's again (good_ shares its address).
+  // Their connections gone (once the server has closed them), the budget is the client's again
+  // (good_ shares its address): an upload that would not fit beside what they held goes through.
+  auto before = good_->ServerStats();
+  ASSERT_TRUE(before.ok()) << before.status();
   first.reset();
   second.reset();
-  auto upload = good_->AllocateBulk(1 << 20);
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  absl::StatusOr<control::StatsResponse> now;
+  do {
+    now = good_->ServerStats();
+    ASSERT_TRUE(now.ok()) << now.status();
+  } while (now->server().connections_active() + 2 > before->server().connections_active() &&
+           absl::Now() < deadline);
+  ASSERT_EQ(now->server().connections_active() + 2, before->server().connections_active());
+  ASSERT_GT(held_first + held_second + (16u << 20), uint64_t{40} << 20)
+      << "the upload below must not fit beside what the two held";
+  auto upload = good_->AllocateBulk(16 << 20);
   ASSERT_TRUE(upload.ok());
-  upload->resize(1 << 20);
+  upload->resize(16 << 20);
   CallOptions call_options;
   call_options.request_bulk = &*upload;
   call_options.timeout = absl::Seconds(20);

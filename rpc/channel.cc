@@ -234,6 +234,10 @@ class Channel::Impl {
     (*c)->Configure(negotiated, /*is_server=*/false, address, options.client_name);
     connection = *c;
     worker->Activate(connection);
+    // A caller-driven worker acts only when driven: once now, so that the activation (and the
+    // ping that tells the server we are up, ServerOptions::setup_timeout) does not wait for the
+    // first call.
+    if (worker->caller_driven()) worker->TryDrive();
     SWIRL_LOG(INFO, "connected to %s as connection %u: invalidation %s, bulk %s", address,
               connection_id, control::InvalidationMode_Name(negotiated.invalidation()),
               control::BulkMode_Name(negotiated.bulk_mode()));

@@ -485,16 +485,24 @@ TEST(E2ESetup, AConnectionWhoseClientNeverComesUpIsReaped) {
   const int port = server->second;
   auto idle = Connect(port);
   ASSERT_TRUE(idle.ok()) << idle.status();
+  // A caller-driven channel is driven only by its caller's calls: it too says it is up at once.
+  ChannelOptions caller_driven;
+  caller_driven.driver = ChannelOptions::Driver::kCaller;
+  auto idle_caller = Connect(port, "e2e", caller_driven);
+  ASSERT_TRUE(idle_caller.ok()) << idle_caller.status();
   control::ConnectResponse response;
   ASSERT_TRUE(ConnectRaw(port, RequestForAbsentQp(), &response).ok());
   const control::StatsResponse after = StatsWhen(port, [](const control::StatsResponse& st) {
     return st.server().connections_failed() >= 1;
   });
   EXPECT_EQ(after.server().connections_failed(), 1u);
-  EXPECT_EQ(after.server().connections_active(), 1u);
-  ASSERT_EQ(after.connections_size(), 1);
-  EXPECT_EQ(after.connections(0).connection_id(), (*idle)->connection_id());
+  EXPECT_EQ(after.server().connections_active(), 2u);
+  ASSERT_EQ(after.connections_size(), 2);
+  for (const auto& c : after.connections()) {
+    EXPECT_NE(c.connection_id(), response.connection_id()) << "the absent client's is gone";
+  }
   EXPECT_EQ(Echo(**idle, "still here"), "still here");
+  EXPECT_EQ(Echo(**idle_caller, "me too"), "me too");
 }
 
 // Connection ids are no secret to a client holding the token (Stats lists them); Disconnect must

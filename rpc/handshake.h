@@ -15,7 +15,9 @@
 
 namespace swirl::internal {
 
-inline constexpr uint32_t kControlProtocolVersion = 2;  // follows rpc_wire::kProtocolVersion
+// 3: Disconnect needs the ConnectResponse's disconnect_secret, and clients ping once connected
+// (ServerOptions::setup_timeout). A version-2 client would be refused every Disconnect.
+inline constexpr uint32_t kControlProtocolVersion = 3;
 inline constexpr uint32_t kMinCredits = 4;
 inline constexpr uint32_t kMaxCredits = 4096;
 // A client's name is kept per connection and shown in Stats and logs: bounded.

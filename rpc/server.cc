@@ -274,9 +274,10 @@ class Server::Impl final : public control::Control::Service {
     // so it could never disconnect. And a Shutdown that began meanwhile has already closed every
     // connection it could see. Either way this one goes now instead of lingering.
     if (context->IsCancelled() || !accepting_.load()) {
+      // Both orderly ends (OnClosed): the client's own doing, or the shutdown's.
       const absl::Status why = context->IsCancelled()
-                                   ? absl::CancelledError("the client gave up on its Connect")
-                                   : absl::UnavailableError("server is shutting down");
+                                   ? absl::CancelledError(std::string(kClientDisconnected))
+                                   : absl::UnavailableError(std::string(kServerShutDown));
       CloseConnection(id, why);
       return why;
     }

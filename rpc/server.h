@@ -79,9 +79,11 @@ struct ServerOptions {
   size_t grant_bytes_per_connection = 32 << 20;  // pool memory one peer may hold in grants
   // ... and in downloads it has not acknowledged yet (beyond: RESOURCE_EXHAUSTED responses).
   size_t download_bytes_per_connection = 64 << 20;
-  // Both of those together for all of one client's connections on a worker (clients counted by
-  // address, as max_connections_per_client does). 0: half of bulk_pool_bytes, so that no one
-  // client can take every other client's bulk memory.
+  // Both of those together (and what its queued blocking handlers hold) for all of one client's
+  // connections on a worker (clients counted by address, as max_connections_per_client does).
+  // 0: half of bulk_pool_bytes, so that no one client can take every other client's bulk
+  // memory, or what one connection may hold if that is more (a single connection is limited
+  // by the two caps above alone).
   size_t bulk_bytes_per_client = 0;
   size_t bulk_pool_bytes = 128 << 20;    // per worker; 0: no bulk
   size_t max_bulk_size = 16 << 20;       // per transfer

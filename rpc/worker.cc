@@ -232,10 +232,15 @@ absl::Status Worker::Init() {
   inline_arena_.resize(static_cast<size_t>(kArenaSlots) * std::max<uint32_t>(max_inline_, 64));
   wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (wake_fd_ < 0) return absl::ResourceExhaustedError("eventfd failed");
-  // Half the pool by default: one client's connections together can never starve everyone
-  // else's bulk transfers on this worker.
-  bulk_bytes_per_client_ = options_.bulk_bytes_per_client != 0 ? options_.bulk_bytes_per_client
-                                                               : options_.bulk_pool_bytes / 2;
+  // By default half the pool, so that one client's connections together cannot starve everyone
+  // else's bulk transfers on this worker; but never less than one connection may hold on its
+  // own, so that a client with a single connection is limited exactly as before.
+  bulk_bytes_per_client_ =
+      options_.bulk_bytes_per_client != 0
+          ? options_.bulk_bytes_per_client
+          : std::max<uint64_t>(options_.bulk_pool_bytes / 2,
+                               options_.grant_bytes_per_connection +
+                                   options_.download_bytes_per_connection);
   if (options_.bulk_pool_bytes > 0) {
     auto bulk = BulkPool::Create(pd_, options_.bulk_pool_bytes, options_.unsafe_static_rkey);
     if (!bulk.ok()) return bulk.status();
@@ -872,7 +877,8 @@ void Worker::RunOnPool(Connection* c, Incoming& in, const Service::Method* metho
   // without end (one-way calls take no call slot) or pin the bulk pool through attachments.
   const uint64_t held = in.eager.size() + in.bulk.capacity();
   if (c->pool_handlers_ >= 2 * c->local_credits_ ||
-      (c->pool_handlers_ > 0 && c->pool_bytes_ + held > options_.grant_bytes_per_connection)) {
+      (c->pool_handlers_ > 0 && (c->pool_bytes_ + held > options_.grant_bytes_per_connection ||
+                                 ClientBulkBytes(c) + held > bulk_bytes_per_client_))) {
     if (!one_way) {
       SendResponseBytes(c, h.request_id,
                         absl::ResourceExhaustedError(absl::StrFormat(
@@ -884,7 +890,9 @@ void Worker::RunOnPool(Connection* c, Incoming& in, const Service::Method* metho
     return;  // the attachment, if any, goes back to the pool with `in`
   }
   ++c->pool_handlers_;
-  c->pool_bytes_ += held;
+  // Counted against the client too (bulk_bytes_per_client), until the handler is done: even
+  // past the connection's end, as the handler still holds the memory.
+  ChargeBulk(c, &c->pool_bytes_, static_cast<int64_t>(held));
   auto cancelled = std::make_shared<std::atomic<bool>>(false);
   if (one_way) {
     c->running_one_way_.push_back(cancelled);
@@ -916,7 +924,7 @@ void Worker::RunOnPool(Connection* c, Incoming& in, const Service::Method* metho
                has_chunk, chunk, cancelled]() mutable {
       Connection* c = connection.get();
       --c->pool_handlers_;
-      c->pool_bytes_ -= held;
+      ChargeBulk(c, &c->pool_bytes_, -static_cast<int64_t>(held));
       if (one_way) {
         auto& list = c->running_one_way_;
         if (auto it = std::find(list.begin(), list.end(), cancelled); it != list.end()) {

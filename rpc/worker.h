@@ -291,8 +291,10 @@ struct WorkerOptions {
   uint64_t grant_bytes_per_connection = 32 << 20;
   // Pool memory one connection may hold in downloads its peer has not acknowledged.
   uint64_t download_bytes_per_connection = 64 << 20;
-  // Both of those together, for all of one client's connections (by address, as
-  // ServerOptions::max_connections_per_client counts them). 0: half the bulk pool.
+  // Both of those together, with what queued blocking handlers hold, for all of one client's
+  // connections (by address, as ServerOptions::max_connections_per_client counts them; on a
+  // channel's worker the "client" is the server). 0: half the bulk pool, or what one connection
+  // may hold (grants + downloads) if that is more.
   uint64_t bulk_bytes_per_client = 0;
   bool unsafe_static_rkey = false;   // also register the pool for remote access (benchmarks)
   absl::Duration window_lease = absl::Seconds(5);

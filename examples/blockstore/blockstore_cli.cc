@@ -20,6 +20,7 @@
 //   5  request refused by the server: INVALID_ARGUMENT, OUT_OF_RANGE, FAILED_PRECONDITION
 //   6  data corrupted: a CRC32C mismatch (DATA_LOSS)
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -35,6 +36,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "examples/blockstore/client.h"
 #include "examples/blockstore/volume.h"
@@ -152,17 +154,25 @@ int main(int argc, char** argv) {
   std::string input;
   if (command == "write") {
     const std::string path = absl::GetFlag(FLAGS_input);
-    // A read error ends the iteration like the end of the input would: check for it, or a
-    // truncated prefix would be written and reported as success.
-    if (path == "-") {
-      input.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
-      if (std::cin.bad()) return Usage("error reading standard input");
-    } else {
-      std::ifstream in(path, std::ios::binary);
-      if (!in) return Usage("cannot read " + path);
-      input.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-      if (in.bad()) return Usage("error reading " + path);
+    // read(2) to the end: a read error must not pass for the end of the input (a truncated
+    // prefix would be written and reported as success), as it does through stream iterators.
+    const int fd = path == "-" ? 0 : open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return Usage(absl::StrCat("cannot open ", path, ": ", std::strerror(errno)));
+    char chunk[65536];
+    for (;;) {
+      const ssize_t n = read(fd, chunk, sizeof(chunk));
+      if (n > 0) {
+        input.append(chunk, static_cast<size_t>(n));
+      } else if (n == 0) {
+        break;
+      } else if (errno != EINTR) {
+        const int err = errno;
+        if (fd != 0) close(fd);
+        return Usage(absl::StrCat("error reading ", path == "-" ? "standard input" : path, ": ",
+                                  std::strerror(err)));
+      }
     }
+    if (fd != 0) close(fd);
     if (input.size() % bs::kBlockSize != 0) {
       if (!absl::GetFlag(FLAGS_pad)) {
         return Usage(absl::StrFormat("the input has %u bytes, not a multiple of %u (use --pad)",

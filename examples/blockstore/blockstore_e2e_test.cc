@@ -395,6 +395,17 @@ TEST_F(BlockstoreE2ETest, CliWritesReadsAndExitCodes) {
                       "", timeout),
             0);
   EXPECT_EQ(RunBinary({kCli, server, token, "frobnicate"}, "", timeout), 2);
+  // Input that cannot be read (a directory) is an error before anything is written, not an
+  // empty or short write; a read length that is no whole number of blocks is refused up front.
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  EXPECT_EQ(RunBinary({kCli, server, token, "write", "--volume=mem",
+                       absl::StrCat("--input=", tmp != nullptr ? tmp : "/tmp")},
+                      "", timeout),
+            2);
+  EXPECT_EQ(RunBinary({kCli, server, token, "read", "--volume=mem", "--length=6k",
+                       "--output=" + output},
+                      "", timeout),
+            2);
 }
 
 // blockstore_load --verify, in both bulk modes, both volumes, with and without the local

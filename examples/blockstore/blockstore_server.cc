@@ -12,6 +12,7 @@
 //
 // Exit: 0 after a graceful shutdown, 1 if the server cannot start, 2 for bad flags.
 
+#include <arpa/inet.h>
 #include <pthread.h>
 #include <signal.h>
 
@@ -57,14 +58,20 @@ namespace {
 
 using swirl::blockstore::FormatSize;
 
-// Whether `address` (host:port) only listens on this host's loopback.
+// Whether `address` (host:port, or a gRPC unix: address) only listens on this host: a Unix
+// socket, "localhost", or a literal loopback address (not a name that merely starts with 127.).
 bool LoopbackOnly(const std::string& address) {
+  if (absl::StartsWith(address, "unix:")) return true;
   const size_t colon = address.rfind(':');
   std::string host = address.substr(0, colon == std::string::npos ? address.size() : colon);
   if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
     host = host.substr(1, host.size() - 2);
   }
-  return host == "localhost" || host == "::1" || absl::StartsWith(host, "127.");
+  if (host == "localhost") return true;
+  in_addr v4;
+  if (inet_pton(AF_INET, host.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
+  in6_addr v6;
+  return inet_pton(AF_INET6, host.c_str(), &v6) == 1 && IN6_IS_ADDR_LOOPBACK(&v6);
 }
 
 // absl keeps only the last occurrence of a flag; --volume is repeatable, so collect them all.

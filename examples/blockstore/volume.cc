@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "base/log.h"
 
 namespace swirl::blockstore {
 namespace {
@@ -245,9 +246,11 @@ absl::Status Volume::Read(uint64_t offset, uint32_t length, char* out) {
     if (n == 0) {
       // The file was truncated behind our back: the data is gone, and zeros in its place
       // would pass for blocks never written.
+      // The path stays in the server's log, not in what a client is told.
+      SWIRL_LOG(ERROR, "%s ends at %u bytes, inside a %u-byte volume: truncated behind the server",
+                path_, offset + done, size_);
       return absl::DataLossError(absl::StrFormat(
-          "%s ends at %u bytes, inside a %u-byte volume: truncated behind the server", path_,
-          offset + done, size_));
+          "the volume's file ends at %u bytes, inside the volume: data lost", offset + done));
     }
     done += static_cast<size_t>(n);
   }
