@@ -829,7 +829,9 @@ TEST_F(BulkSecurityTest, AReplyChunkWithoutBulkDataEndsOnlyThatConnection) {
   testing::RogueConnection rogue;
   ASSERT_TRUE(rogue.Connect(port_, "e2e", control::BULK_MIRROR).ok());
   // 16 bytes: room for the one descriptor announced, which a lax parser would read past.
-  ASSERT_TRUE(rogue.Call("/test.E2E/Echo", std::string(16, 'd'), rpc_wire::kFlagReplyChunk).ok());
+  const absl::Status sent =
+      rogue.Call("/test.E2E/Echo", std::string(16, 'd'), rpc_wire::kFlagReplyChunk);
+  ASSERT_TRUE(sent.ok()) << sent;
   EXPECT_TRUE(rogue.CutOff(absl::Seconds(10)));
   ExpectHealthy(*good_, 9);
 }

@@ -128,7 +128,10 @@ absl::Status RogueConnection::Send(const rpc_wire::MessageHeader& header,
   if (!wr_id.ok()) return wr_id.status();
   auto wc = WaitSend(*wr_id, absl::Seconds(10));
   if (!wc.ok()) return wc.status();
-  if (wc->status != IBV_WC_SUCCESS) return absl::UnavailableError("send failed");
+  if (wc->status != IBV_WC_SUCCESS) {
+    return absl::UnavailableError(
+        absl::StrCat("send failed: ", ibv_wc_status_str(wc->status)));
+  }
   return absl::OkStatus();
 }
 

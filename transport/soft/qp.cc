@@ -102,7 +102,11 @@ bool HandleLinkEvent(SoftQp* qp) {
                        std::memcmp(&c.gid, &qp->attr.ah_attr.grh.dgid, sizeof(ibv_gid)) == 0;
     // A matching candidate whose connection already ended (a stale link of a QP that was reset,
     // or a stranger posing as the peer) is dropped like a wrong one: a live match may follow.
-    if (!match || !AdoptWatch(qp->hca, c.watch)) {
+    // Except on the connection this QP opened to its peer's address (TCP): what came back on it
+    // is the peer's, even if the peer hung up right after (it acknowledged our requests, then
+    // failed): the QP takes it, completes what it acknowledged, then fails as the peer is gone.
+    const bool own_connection = c.watch == qp->out_watch;
+    if (!match || (!own_connection && !AdoptWatch(qp->hca, c.watch))) {
       SWIRL_LOG(DEBUG, "soft: QP 0x%x drops a link from QP 0x%x", qp->qp_num, c.qp_num);
       // Not the connection we opened (TCP): that one carries our own frames, and closing it
       // would leave the QP with no way out and nothing to fail it. What arrived on it stays

@@ -822,7 +822,17 @@ void DestroyTcpLink(Hca* hca, uint64_t id, LinkWatch& watch) {
   ForgetIncoming(hca, id);
   // The QP is going: what it published last (its final state among it) goes out if the
   // socket takes it now; a peer that misses it sees the connection close instead.
-  if (link->ships() && !link->failed && !link->connecting) Ship(hca, id, watch.fd, *link);
+  if (link->ships() && !link->failed && !link->connecting) {
+    Ship(hca, id, watch.fd, *link);
+    // End our direction after those records, then take what the peer sent that nobody read:
+    // closing a socket with unread input resets the connection, and a reset can make the peer
+    // drop our last records unread (its requests we acknowledged would then fail there). The
+    // peer's own direction carries its records too since both share the connection.
+    shutdown(watch.fd, SHUT_WR);
+    char discard[4096];
+    for (int i = 0; i < 64 && recv(watch.fd, discard, sizeof(discard), MSG_DONTWAIT) > 0; ++i) {
+    }
+  }
   for (LinkSegment* seg : {&link->out_seg, &link->in_seg}) {
     if (seg->base != nullptr) munmap(seg->base, seg->size);
   }

@@ -532,6 +532,42 @@ TEST(TcpFabric, AHelloOnOurOwnConnectionThatIsNotAdoptedLeavesItOpen) {
   close(theirs);
 }
 
+// The peer answers on the QP's own connection, acknowledging the QP's SEND, and hangs up at
+// once (it failed right after), all before the QP polls. As on RC, the SEND it acknowledged
+// completes successfully; only then does the QP fail, its peer being gone.
+TEST(TcpFabric, APeerThatAcknowledgesThenHangsUpCompletesWhatItAcknowledged) {
+  Side victim = MakeSide("soft0");
+  Rogue rogue(/*high=*/true);
+  ASSERT_LT(std::memcmp(GidOf(victim).raw, rogue.gid().raw, 16), 0);
+  verbs::ConnectOptions options;
+  const uint32_t rogue_qpn = 0x123, rogue_psn = 500, victim_psn = 100;
+  ASSERT_TRUE(victim.qp->Connect({rogue.gid(), 0, rogue_qpn, rogue_psn}, victim_psn, options).ok());
+  PostSend(victim, 7, "taken");
+  const int theirs = rogue.AcceptOne();
+  ASSERT_GE(theirs, 0);
+  Hello hello;
+  hello.src_qpn = rogue_qpn;
+  hello.dst_qpn = victim.qp->qp_num();
+  hello.src_gid = rogue.gid();
+  hello.control[2] = victim_psn + 1;  // acked: the victim's first SEND
+  ASSERT_EQ(send(theirs, &hello, sizeof(hello), MSG_NOSIGNAL), static_cast<ssize_t>(sizeof(hello)));
+  // Read what the victim sent (its hello, then its SEND's record), so that closing sends FIN,
+  // not a reset.
+  char sink[4096];
+  size_t got = 0;
+  const size_t expected = sizeof(Hello) + sizeof(Record) + wire::kFrameAlign;
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (got < expected && absl::Now() < deadline) {
+    const ssize_t n = recv(theirs, sink, sizeof(sink), MSG_DONTWAIT);
+    if (n > 0) got += static_cast<size_t>(n);
+  }
+  ASSERT_GE(got, expected);
+  close(theirs);
+  ibv_wc wc = Wait({&victim});
+  EXPECT_EQ(wc.wr_id, 7u);
+  EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << ibv_wc_status_str(wc.status);
+}
+
 // More connections owing their hello than the device takes at once: the rest wait in the
 // backlog (they are not closed), so a real peer that connects behind them still links.
 TEST(TcpFabric, ABurstOfSilentConnectionsDelaysButDoesNotBreakARealLink) {
