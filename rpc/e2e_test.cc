@@ -311,6 +311,16 @@ TEST_F(E2ETest, AuthenticationFailuresAreRefusedBeforeAnyQueuePair) {
   EXPECT_EQ(after->server().connections_refused(), before->server().connections_refused() + 2);
 }
 
+// Capabilities a raw Connect declares: a `kind` device with the channel defaults' credits and
+// sizes, able to invalidate remotely.
+void DeclareCapabilities(control::Capabilities* caps, const char* kind = "soft") {
+  caps->set_device_kind(kind);
+  caps->set_recv_credits(32);
+  caps->set_recv_buffer_size(4096);
+  caps->set_max_message_size(4096 - 32);
+  caps->set_remote_invalidation(true);
+}
+
 // Sends `request` to the server's Connect as it is, with the test token.
 grpc::Status ConnectRaw(int port, const control::ConnectRequest& request,
                         control::ConnectResponse* response) {
@@ -362,12 +372,7 @@ TEST_F(E2ETest, AClientOnAnotherFabricIsRefusedSayingWhy) {
     address.gid = c.gid;
     address.qp_num = 0x123;
     *request.mutable_address() = internal::ToProto(address);
-    control::Capabilities* caps = request.mutable_capabilities();
-    caps->set_device_kind(c.kind);
-    caps->set_recv_credits(32);
-    caps->set_recv_buffer_size(4096);
-    caps->set_max_message_size(4096 - 32);
-    caps->set_remote_invalidation(true);
+    DeclareCapabilities(request.mutable_capabilities(), c.kind);
     control::ConnectResponse response;
     grpc::Status s = ConnectRaw(port_, request, &response);
     EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << c.kind;
@@ -388,12 +393,7 @@ control::ConnectRequest RequestForAbsentQp() {
   }
   address.qp_num = 0x123;
   *request.mutable_address() = internal::ToProto(address);
-  control::Capabilities* caps = request.mutable_capabilities();
-  caps->set_device_kind("soft");
-  caps->set_recv_credits(32);
-  caps->set_recv_buffer_size(4096);
-  caps->set_max_message_size(4096 - 32);
-  caps->set_remote_invalidation(true);
+  DeclareCapabilities(request.mutable_capabilities());
   return request;
 }
 
@@ -615,12 +615,7 @@ class RogueClient {
     control::ConnectRequest request;
     request.set_protocol_version(internal::kControlProtocolVersion);
     *request.mutable_address() = internal::ToProto(*local);
-    control::Capabilities* caps = request.mutable_capabilities();
-    caps->set_device_kind("soft");
-    caps->set_recv_credits(32);
-    caps->set_recv_buffer_size(4096);
-    caps->set_max_message_size(4096 - 32);
-    caps->set_remote_invalidation(true);
+    DeclareCapabilities(request.mutable_capabilities());
     control::ConnectResponse response;
     grpc::Status s = stub->Connect(&gctx, request, &response);
     if (!s.ok()) return absl::UnavailableError(s.error_message());

@@ -188,14 +188,7 @@ absl::Status CheckNegotiated(const control::Negotiated& n, const LocalConfig& cl
 }
 
 bool TokenMatches(absl::string_view presented, absl::string_view token) {
-  const std::string expected = absl::StrCat("Bearer ", token);
-  // Constant time in the length of what was presented, so timing tells nothing about the token.
-  unsigned char diff = presented.size() == expected.size() ? 0 : 1;
-  for (size_t i = 0; i < presented.size(); ++i) {
-    diff |= static_cast<unsigned char>(presented[i]) ^
-            static_cast<unsigned char>(i < expected.size() ? expected[i] : 0);
-  }
-  return diff == 0;
+  return SecretMatches(presented, absl::StrCat("Bearer ", token));
 }
 
 std::string NewDisconnectSecret() {
@@ -216,6 +209,7 @@ std::string NewDisconnectSecret() {
 }
 
 bool SecretMatches(absl::string_view presented, absl::string_view secret) {
+  // Constant time in the length of what was presented, so timing tells nothing about the secret.
   unsigned char diff = presented.size() == secret.size() && !secret.empty() ? 0 : 1;
   for (size_t i = 0; i < presented.size(); ++i) {
     diff |= static_cast<unsigned char>(presented[i]) ^

@@ -63,7 +63,8 @@ bool TokenMatches(absl::string_view presented_header, absl::string_view token);
 
 // A connection's disconnect secret: 16 bytes from the kernel's random source.
 std::string NewDisconnectSecret();
-// Whether `presented` is `secret`, in time that depends only on the length presented.
+// Whether `presented` is `secret` (never true for an empty secret), in time that depends only on
+// the length presented. TokenMatches is this with "Bearer <token>".
 bool SecretMatches(absl::string_view presented, absl::string_view secret);
 
 // The client identity limits are counted by: the peer address without its port.

@@ -111,7 +111,7 @@ bool HandleLinkEvent(SoftQp* qp) {
       // Not the connection we opened (TCP): that one carries our own frames, and closing it
       // would leave the QP with no way out and nothing to fail it. What arrived on it stays
       // unread until the link goes.
-      if (c.watch != qp->out_watch) c.Close(qp->hca);
+      if (!own_connection) c.Close(qp->hca);
       continue;
     }
     qp->peer = c;

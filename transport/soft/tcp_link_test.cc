@@ -244,6 +244,28 @@ class Rogue {
   ibv_gid gid_{};
 };
 
+// A hello from `from_gid`'s QP `from_qpn` to `to`'s QP, whose requests before MSN `acked` it
+// acknowledges.
+Hello HelloFor(const ibv_gid& from_gid, uint32_t from_qpn, Side& to, uint32_t acked = 0) {
+  Hello hello;
+  hello.src_qpn = from_qpn;
+  hello.dst_qpn = to.qp->qp_num();
+  hello.src_gid = from_gid;
+  hello.control[2] = acked;
+  return hello;
+}
+
+// True once the device at `device` has handled every connection event before this call: its
+// HCA thread takes them in order, so a later garbage connection it drops marks the point.
+// `poll_side` (if any) is polled meanwhile.
+bool HcaCaughtUp(const ibv_gid& device, Side* poll_side) {
+  Rogue sentinel;
+  sentinel.ConnectTo(device);
+  char garbage[sizeof(Hello)] = {};
+  sentinel.Send(garbage, sizeof(garbage));
+  return sentinel.DroppedBy(poll_side);
+}
+
 // Established TCP connections in this process's network namespace with an end at `port`.
 int EstablishedAt(uint16_t port) {
   FILE* f = std::fopen("/proc/net/tcp", "r");
@@ -359,10 +381,7 @@ TEST(TcpFabric, HelloWhoseGidIsNotItsAddressIsDropped) {
   verbs::ConnectOptions options;
   ASSERT_TRUE(victim.qp->Connect({claimed, 0, 0x123, 500}, 100, options).ok());
   rogue.ConnectTo(GidOf(victim));
-  Hello hello;
-  hello.src_qpn = 0x123;
-  hello.dst_qpn = victim.qp->qp_num();
-  hello.src_gid = claimed;
+  Hello hello = HelloFor(claimed, 0x123, victim);
   rogue.Send(&hello, sizeof(hello));
   EXPECT_TRUE(rogue.DroppedBy(&victim));
   pair.Check("still here");
@@ -379,11 +398,7 @@ TEST(TcpFabric, ForeignPeerSendsThenViolatesAndOnlyItsQpFails) {
   ASSERT_TRUE(victim.qp->Connect({rogue.gid(), 0, rogue_qpn, rogue_psn}, victim_psn, options).ok());
   PostRecv(victim, 9);
   rogue.ConnectTo(GidOf(victim));
-  Hello hello;
-  hello.src_qpn = rogue_qpn;
-  hello.dst_qpn = victim.qp->qp_num();
-  hello.src_gid = rogue.gid();
-  hello.control[2] = victim_psn;  // acked: nothing of the victim's yet
+  Hello hello = HelloFor(rogue.gid(), rogue_qpn, victim, victim_psn);  // nothing acked yet
   rogue.Send(&hello, sizeof(hello));
 
   const char text[] = "from elsewhere";
@@ -424,19 +439,10 @@ TEST(TcpFabric, AStrangersHangupCannotFailTheLinkAQpMakesLater) {
   ASSERT_TRUE(a.qp->ToInit(options).ok());
   Rogue rogue;
   rogue.ConnectTo(GidOf(a));
-  Hello hello;
-  hello.src_qpn = 0x123;
-  hello.dst_qpn = a.qp->qp_num();
-  hello.src_gid = rogue.gid();
+  Hello hello = HelloFor(rogue.gid(), 0x123, a);
   rogue.Send(&hello, sizeof(hello));
   rogue.Hangup();
-  // The HCA thread takes events in the order they come: once it has dropped a later garbage
-  // connection, it has seen the stranger's hello and hangup.
-  Rogue sentinel;
-  sentinel.ConnectTo(GidOf(a));
-  char garbage[sizeof(Hello)] = {};
-  sentinel.Send(garbage, sizeof(garbage));
-  ASSERT_TRUE(sentinel.DroppedBy(nullptr));
+  ASSERT_TRUE(HcaCaughtUp(GidOf(a), nullptr));  // it has seen the stranger's hello and hangup
   auto aa = *a.qp->LocalAddress(100, options);
   auto ba = *b.qp->LocalAddress(200, options);
   ASSERT_TRUE(a.qp->ToRtr(ba, options).ok());
@@ -466,11 +472,7 @@ TEST(TcpFabric, AQpWhoseOwnLinkCannotConnectFails) {
   const uint32_t rogue_qpn = 0x123, rogue_psn = 500, victim_psn = 100;
   ASSERT_TRUE(victim.qp->Connect({rogue.gid(), 0, rogue_qpn, rogue_psn}, victim_psn, options).ok());
   rogue.ConnectTo(GidOf(victim));
-  Hello hello;
-  hello.src_qpn = rogue_qpn;
-  hello.dst_qpn = victim.qp->qp_num();
-  hello.src_gid = rogue.gid();
-  hello.control[2] = victim_psn;
+  Hello hello = HelloFor(rogue.gid(), rogue_qpn, victim, victim_psn);
   rogue.Send(&hello, sizeof(hello));
   PostSend(victim, 11, "nowhere to go");
   ibv_wc wc = Wait({&victim});
@@ -503,11 +505,7 @@ TEST(TcpFabric, AHelloOnOurOwnConnectionThatIsNotAdoptedLeavesItOpen) {
   verbs::ConnectOptions options;
   const uint32_t rogue_qpn = 0x123, rogue_psn = 500, victim_psn = 100;
   ASSERT_TRUE(victim.qp->Connect({rogue.gid(), 0, rogue_qpn, rogue_psn}, victim_psn, options).ok());
-  Hello hello;
-  hello.src_qpn = rogue_qpn;
-  hello.dst_qpn = victim.qp->qp_num();
-  hello.src_gid = rogue.gid();
-  hello.control[2] = victim_psn;
+  Hello hello = HelloFor(rogue.gid(), rogue_qpn, victim, victim_psn);
   rogue.ConnectTo(GidOf(victim));  // our own connection, with the segment the victim adopts
   rogue.Send(&hello, sizeof(hello));
   PostRecv(victim, 1);
@@ -518,13 +516,9 @@ TEST(TcpFabric, AHelloOnOurOwnConnectionThatIsNotAdoptedLeavesItOpen) {
   const int theirs = rogue.AcceptOne();
   ASSERT_GE(theirs, 0);
   ASSERT_EQ(send(theirs, &hello, sizeof(hello), MSG_NOSIGNAL), static_cast<ssize_t>(sizeof(hello)));
-  // Once a later garbage connection is dropped, the HCA thread has taken the hello; a poll
-  // then lets the QP look at (and turn down) the candidate before it sends.
-  Rogue sentinel;
-  sentinel.ConnectTo(GidOf(victim));
-  char garbage[sizeof(Hello)] = {};
-  sentinel.Send(garbage, sizeof(garbage));
-  ASSERT_TRUE(sentinel.DroppedBy(&victim));
+  // Once the HCA thread has taken the hello, a poll lets the QP look at (and turn down) the
+  // candidate before it sends.
+  ASSERT_TRUE(HcaCaughtUp(GidOf(victim), &victim));
   victim.cq->Poll(0, nullptr);
   PostSend(victim, 2, "still goes out");
   EXPECT_TRUE(Arrives(theirs, "still goes out", &victim))
@@ -545,11 +539,7 @@ TEST(TcpFabric, APeerThatAcknowledgesThenHangsUpCompletesWhatItAcknowledged) {
   PostSend(victim, 7, "taken");
   const int theirs = rogue.AcceptOne();
   ASSERT_GE(theirs, 0);
-  Hello hello;
-  hello.src_qpn = rogue_qpn;
-  hello.dst_qpn = victim.qp->qp_num();
-  hello.src_gid = rogue.gid();
-  hello.control[2] = victim_psn + 1;  // acked: the victim's first SEND
+  Hello hello = HelloFor(rogue.gid(), rogue_qpn, victim, victim_psn + 1);  // acks the SEND
   ASSERT_EQ(send(theirs, &hello, sizeof(hello), MSG_NOSIGNAL), static_cast<ssize_t>(sizeof(hello)));
   // Read what the victim sent (its hello, then its SEND's record), so that closing sends FIN,
   // not a reset.
@@ -595,11 +585,7 @@ TEST(TcpFabric, ADeadCandidateIsPassedOverForALiveOne) {
   ASSERT_TRUE(victim.qp->ToInit(options).ok());
   Rogue peer;
   const uint32_t peer_qpn = 0x456, peer_psn = 700, victim_psn = 100;
-  Hello hello;
-  hello.src_qpn = peer_qpn;
-  hello.dst_qpn = victim.qp->qp_num();
-  hello.src_gid = peer.gid();
-  hello.control[2] = victim_psn;
+  Hello hello = HelloFor(peer.gid(), peer_qpn, victim, victim_psn);
   {
     Rogue stale;
     stale.ConnectTo(GidOf(victim));
@@ -608,11 +594,7 @@ TEST(TcpFabric, ADeadCandidateIsPassedOverForALiveOne) {
   }
   peer.ConnectTo(GidOf(victim));
   peer.Send(&hello, sizeof(hello));
-  Rogue sentinel;  // once it is dropped, the HCA thread has taken both hellos and the hangup
-  sentinel.ConnectTo(GidOf(victim));
-  char garbage[sizeof(Hello)] = {};
-  sentinel.Send(garbage, sizeof(garbage));
-  ASSERT_TRUE(sentinel.DroppedBy(nullptr));
+  ASSERT_TRUE(HcaCaughtUp(GidOf(victim), nullptr));  // both hellos and the hangup taken
 
   ASSERT_TRUE(victim.qp->ToRtr({peer.gid(), 0, peer_qpn, peer_psn}, options).ok());
   ASSERT_TRUE(victim.qp->ToRts(victim_psn, options).ok());

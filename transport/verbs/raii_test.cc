@@ -188,6 +188,21 @@ class RaiiTest : public ::testing::Test {
   }
   void TearDown() override { g_journal = nullptr; }
 
+  // What a QP test starts from: a PD, a 16-entry CQ, and a config completing into that CQ.
+  struct QpParts {
+    std::shared_ptr<ProtectionDomain> pd;
+    std::shared_ptr<CompletionQueue> cq;
+    QueuePairConfig config;
+  };
+  QpParts NewQpParts() {
+    QpParts parts;
+    parts.pd = *ProtectionDomain::Create(context_);
+    parts.cq = *CompletionQueue::Create(context_, 16);
+    parts.config.send_cq = parts.cq;
+    parts.config.recv_cq = parts.cq;
+    return parts;
+  }
+
   Journal journal_;
   std::shared_ptr<Context> context_;
 };
@@ -287,11 +302,7 @@ TEST_F(RaiiTest, DeregisterReportsBusyAndKeepsOwnership) {
 }
 
 TEST_F(RaiiTest, TransitionsUseTheRequiredAttributeMasks) {
-  std::shared_ptr<ProtectionDomain> pd = *ProtectionDomain::Create(context_);
-  std::shared_ptr<CompletionQueue> cq = *CompletionQueue::Create(context_, 16);
-  QueuePairConfig config;
-  config.send_cq = cq;
-  config.recv_cq = cq;
+  auto [pd, cq, config] = NewQpParts();
   config.max_inline_data = 64;
   std::unique_ptr<QueuePair> qp = *QueuePair::Create(pd, config);
   EXPECT_EQ(qp->cap().max_inline_data, 256u) << "the granted value, not the requested one";
@@ -322,11 +333,7 @@ TEST_F(RaiiTest, TransitionsUseTheRequiredAttributeMasks) {
 }
 
 TEST_F(RaiiTest, WithNoGidIndexGivenTheRoceV2Ipv4EntryIsUsedAndAGivenOneIsKept) {
-  std::shared_ptr<ProtectionDomain> pd = *ProtectionDomain::Create(context_);
-  std::shared_ptr<CompletionQueue> cq = *CompletionQueue::Create(context_, 16);
-  QueuePairConfig config;
-  config.send_cq = cq;
-  config.recv_cq = cq;
+  auto [pd, cq, config] = NewQpParts();
   for (int given : {kAutoGidIndex, 1}) {
     journal_.attrs.clear();
     std::unique_ptr<QueuePair> qp = *QueuePair::Create(pd, config);
@@ -346,11 +353,7 @@ TEST_F(RaiiTest, WithNoGidIndexGivenTheRoceV2Ipv4EntryIsUsedAndAGivenOneIsKept) 
 // The entry a QP advertised is the one it sends from, even if the table changes between the
 // address exchange and RTR; and an index that cannot be one is refused, not truncated.
 TEST_F(RaiiTest, RtrUsesTheAdvertisedGidEntryAndRefusesImpossibleIndexes) {
-  std::shared_ptr<ProtectionDomain> pd = *ProtectionDomain::Create(context_);
-  std::shared_ptr<CompletionQueue> cq = *CompletionQueue::Create(context_, 16);
-  QueuePairConfig config;
-  config.send_cq = cq;
-  config.recv_cq = cq;
+  auto [pd, cq, config] = NewQpParts();
   std::unique_ptr<QueuePair> qp = *QueuePair::Create(pd, config);
   ConnectOptions options;
   absl::StatusOr<PeerAddress> self = qp->LocalAddress(0x55, options);
