@@ -48,10 +48,14 @@ std::string Echo(Channel& channel, const std::string& request) {
   return s.ok() ? response : s.ToString();
 }
 
+// A stub of the Control service of the server on this host's `port`.
+std::unique_ptr<control::Control::Stub> ControlStub(int port) {
+  return control::Control::NewStub(grpc::CreateChannel(absl::StrCat("127.0.0.1:", port),
+                                                       grpc::InsecureChannelCredentials()));
+}
+
 absl::StatusOr<control::StatsResponse> Stats(int port, const std::string& token = "e2e") {
-  auto channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", port),
-                                     grpc::InsecureChannelCredentials());
-  auto stub = control::Control::NewStub(channel);
+  auto stub = ControlStub(port);
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
   if (!token.empty()) ctx.AddMetadata("authorization", absl::StrCat("Bearer ", token));
@@ -324,9 +328,7 @@ void DeclareCapabilities(control::Capabilities* caps, const char* kind = "soft")
 // Sends `request` to the server's Connect as it is, with the test token.
 grpc::Status ConnectRaw(int port, const control::ConnectRequest& request,
                         control::ConnectResponse* response) {
-  auto grpc_channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", port),
-                                          grpc::InsecureChannelCredentials());
-  auto stub = control::Control::NewStub(grpc_channel);
+  auto stub = ControlStub(port);
   grpc::ClientContext ctx;
   ctx.AddMetadata("authorization", "Bearer e2e");
   return stub->Connect(&ctx, request, response);
@@ -398,9 +400,7 @@ control::ConnectRequest RequestForAbsentQp() {
 }
 
 grpc::Status DisconnectRaw(int port, uint64_t id, const std::string& secret) {
-  auto grpc_channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", port),
-                                          grpc::InsecureChannelCredentials());
-  auto stub = control::Control::NewStub(grpc_channel);
+  auto stub = ControlStub(port);
   grpc::ClientContext ctx;
   ctx.AddMetadata("authorization", "Bearer e2e");
   control::DisconnectRequest request;
@@ -521,9 +521,7 @@ TEST_F(E2ETest, DisconnectWithoutTheTokenIsRefused) {
   ASSERT_TRUE(listed);
   for (const char* token : {"", "wrong"}) {
     SCOPED_TRACE(token);
-    auto grpc_channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", port_),
-                                            grpc::InsecureChannelCredentials());
-    auto stub = control::Control::NewStub(grpc_channel);
+    auto stub = ControlStub(port_);
     grpc::ClientContext ctx;
     if (*token != '\0') ctx.AddMetadata("authorization", absl::StrCat("Bearer ", token));
     control::DisconnectRequest request;
@@ -607,9 +605,7 @@ class RogueClient {
     verbs::ConnectOptions co;
     auto local = qp_->LocalAddress(7, co);
     if (!local.ok()) return local.status();
-    auto grpc_channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", port),
-                                            grpc::InsecureChannelCredentials());
-    auto stub = control::Control::NewStub(grpc_channel);
+    auto stub = ControlStub(port);
     grpc::ClientContext gctx;
     gctx.AddMetadata("authorization", "Bearer e2e");
     control::ConnectRequest request;

@@ -266,6 +266,18 @@ bool HcaCaughtUp(const ibv_gid& device, Side* poll_side) {
   return sentinel.DroppedBy(poll_side);
 }
 
+// The QP numbers and PSNs of a victim QP linked to a hand-written peer.
+constexpr uint32_t kRogueQpn = 0x123, kRoguePsn = 500, kVictimPsn = 100;
+
+// Connects `victim` toward `rogue` (made with high = true, so that the victim's GID sorts first
+// and the victim opens the connection).
+void ConnectVictimFirst(Side& victim, const Rogue& rogue, const verbs::ConnectOptions& options) {
+  ASSERT_LT(std::memcmp(GidOf(victim).raw, rogue.gid().raw, 16), 0)
+      << "the victim's GID must sort first, for the victim to open the connection";
+  ASSERT_TRUE(
+      victim.qp->Connect({rogue.gid(), 0, kRogueQpn, kRoguePsn}, kVictimPsn, options).ok());
+}
+
 // Established TCP connections in this process's network namespace with an end at `port`.
 int EstablishedAt(uint16_t port) {
   FILE* f = std::fopen("/proc/net/tcp", "r");
@@ -464,15 +476,12 @@ TEST(TcpFabric, AStrangersHangupCannotFailTheLinkAQpMakesLater) {
 TEST(TcpFabric, AQpWhoseOwnLinkCannotConnectFails) {
   Side victim = MakeSide("soft0");
   Rogue rogue(/*high=*/true);
-  ASSERT_LT(std::memcmp(GidOf(victim).raw, rogue.gid().raw, 16), 0)
-      << "the victim's GID must sort first, for the victim to open the connection";
   rogue.StopListening();
   verbs::ConnectOptions options;
   options.timeout = 0;  // no ACK timeout: only the link's failure can end a wait
-  const uint32_t rogue_qpn = 0x123, rogue_psn = 500, victim_psn = 100;
-  ASSERT_TRUE(victim.qp->Connect({rogue.gid(), 0, rogue_qpn, rogue_psn}, victim_psn, options).ok());
+  ASSERT_NO_FATAL_FAILURE(ConnectVictimFirst(victim, rogue, options));
   rogue.ConnectTo(GidOf(victim));
-  Hello hello = HelloFor(rogue.gid(), rogue_qpn, victim, victim_psn);
+  Hello hello = HelloFor(rogue.gid(), kRogueQpn, victim, kVictimPsn);
   rogue.Send(&hello, sizeof(hello));
   PostSend(victim, 11, "nowhere to go");
   ibv_wc wc = Wait({&victim});
@@ -501,15 +510,12 @@ bool Arrives(int fd, const char* text, Side* poll_side) {
 TEST(TcpFabric, AHelloOnOurOwnConnectionThatIsNotAdoptedLeavesItOpen) {
   Side victim = MakeSide("soft0");
   Rogue rogue(/*high=*/true);
-  ASSERT_LT(std::memcmp(GidOf(victim).raw, rogue.gid().raw, 16), 0);
-  verbs::ConnectOptions options;
-  const uint32_t rogue_qpn = 0x123, rogue_psn = 500, victim_psn = 100;
-  ASSERT_TRUE(victim.qp->Connect({rogue.gid(), 0, rogue_qpn, rogue_psn}, victim_psn, options).ok());
-  Hello hello = HelloFor(rogue.gid(), rogue_qpn, victim, victim_psn);
+  ASSERT_NO_FATAL_FAILURE(ConnectVictimFirst(victim, rogue, {}));
+  Hello hello = HelloFor(rogue.gid(), kRogueQpn, victim, kVictimPsn);
   rogue.ConnectTo(GidOf(victim));  // our own connection, with the segment the victim adopts
   rogue.Send(&hello, sizeof(hello));
   PostRecv(victim, 1);
-  rogue.SendFirstSend(rogue_psn, victim_psn, "linked");
+  rogue.SendFirstSend(kRoguePsn, kVictimPsn, "linked");
   ibv_wc wc = Wait({&victim});
   ASSERT_EQ(wc.status, IBV_WC_SUCCESS);
   // Now the same hello on the connection the victim opened.
@@ -532,14 +538,11 @@ TEST(TcpFabric, AHelloOnOurOwnConnectionThatIsNotAdoptedLeavesItOpen) {
 TEST(TcpFabric, APeerThatAcknowledgesThenHangsUpCompletesWhatItAcknowledged) {
   Side victim = MakeSide("soft0");
   Rogue rogue(/*high=*/true);
-  ASSERT_LT(std::memcmp(GidOf(victim).raw, rogue.gid().raw, 16), 0);
-  verbs::ConnectOptions options;
-  const uint32_t rogue_qpn = 0x123, rogue_psn = 500, victim_psn = 100;
-  ASSERT_TRUE(victim.qp->Connect({rogue.gid(), 0, rogue_qpn, rogue_psn}, victim_psn, options).ok());
+  ASSERT_NO_FATAL_FAILURE(ConnectVictimFirst(victim, rogue, {}));
   PostSend(victim, 7, "taken");
   const int theirs = rogue.AcceptOne();
   ASSERT_GE(theirs, 0);
-  Hello hello = HelloFor(rogue.gid(), rogue_qpn, victim, victim_psn + 1);  // acks the SEND
+  Hello hello = HelloFor(rogue.gid(), kRogueQpn, victim, kVictimPsn + 1);  // acks the SEND
   ASSERT_EQ(send(theirs, &hello, sizeof(hello), MSG_NOSIGNAL), static_cast<ssize_t>(sizeof(hello)));
   // Read what the victim sent (its hello, then its SEND's record), so that closing sends FIN,
   // not a reset.
