@@ -704,6 +704,38 @@ TEST_F(BulkSecurityTest, UploadWindowIsSealedBeforeTheHandlerRuns) {
   ExpectHealthy(*good_, 3);
 }
 
+// The seal is what makes an upload safe to read: the SEND_WITH_INV that carries the request
+// revokes the window it names, so the caller can no longer change the data under the handler.
+// A request that skips it (a plain SEND, or the key of another of its windows) is a violation,
+// and the handler never runs.
+TEST_F(BulkSecurityTest, AnUploadNotSealedByItsOwnWindowEndsTheConnection) {
+  std::string last_before;
+  ASSERT_TRUE(CallRaw(*good_, Id("/test.E2E/LastSum"), "", &last_before, {}).ok());
+  for (const bool other_key : {false, true}) {
+    SCOPED_TRACE(other_key ? "SEND_WITH_INV of another window" : "plain SEND");
+    testing::RogueConnection rogue;
+    ASSERT_TRUE(rogue.Connect(port_, "e2e").ok());
+    const ServerStats before = Stats(*good_);
+    std::vector<BulkDescriptor> grants = Grants(rogue, 8192, 2);
+    ASSERT_EQ(grants.size(), 2u);
+    const BulkDescriptor g = grants[0];
+    auto st = rogue.Write(g.addr, g.rkey, Payload(8192, other_key ? 6 : 5));
+    ASSERT_TRUE(st.ok());
+    ASSERT_EQ(*st, IBV_WC_SUCCESS);
+    const BulkDescriptor d{g.addr, 8192, g.rkey};
+    const std::string payload(reinterpret_cast<const char*>(&d), sizeof(d));
+    ASSERT_TRUE(
+        rogue.Call("/test.E2E/Sum", payload, rpc_wire::kFlagBulk, other_key ? grants[1].rkey : 0)
+            .ok());
+    EXPECT_TRUE(rogue.CutOff(absl::Seconds(10)));
+    EXPECT_EQ(Stats(*good_).violations, before.violations + 1);
+  }
+  std::string last_after;
+  ASSERT_TRUE(CallRaw(*good_, Id("/test.E2E/LastSum"), "", &last_after, {}).ok());
+  EXPECT_EQ(last_after, last_before) << "the handler ran on an unsealed upload";
+  ExpectHealthy(*good_, 15);
+}
+
 TEST_F(BulkSecurityTest, KeysOfAnotherConnectionFail) {
   testing::RogueConnection owner;
   testing::RogueConnection thief;
