@@ -283,8 +283,13 @@ SendWr& SendWr::Flags(unsigned int flags) {
   return *this;
 }
 
+SendWr& SendWr::Then(SendWr& next) {
+  next_ = &next;
+  return *this;
+}
+
 ibv_send_wr* SendWr::get() {
-  wr_.next = nullptr;
+  wr_.next = next_ != nullptr ? next_->get() : nullptr;
   wr_.sg_list = sges_.empty() ? nullptr : sges_.data();
   wr_.num_sge = static_cast<int>(sges_.size());
   return &wr_;

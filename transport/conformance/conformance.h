@@ -187,6 +187,8 @@ class SendWr {
   SendWr& Bind(ibv_mw* mw, uint32_t rkey, ibv_mr* mr, uint64_t addr, uint64_t length,
                unsigned int access);
   SendWr& Flags(unsigned int flags);
+  // Chains `next` (which must outlive this one) behind this request: one ibv_post_send posts both.
+  SendWr& Then(SendWr& next);
 
   ibv_send_wr* get();
   // ibv_post_send's result; `bad_wr` (optional) receives its bad_wr.
@@ -195,6 +197,7 @@ class SendWr {
  private:
   ibv_send_wr wr_{};
   std::vector<ibv_sge> sges_;
+  SendWr* next_ = nullptr;
 };
 
 // Posts a type 2 bind through `qp` and returns the bind's completion (the QP's send CQ).

@@ -21,16 +21,24 @@ class LocalErrorTest : public DeviceTest {
  protected:
   // Posts a type 2 bind that the device must refuse, then a SEND behind it; expects the bind to
   // complete with IBV_WC_MW_BIND_ERR, the SEND to flush and b_'s QP to reach ERR.
+  // The SEND rides in the bind's own post, as a SEND carrying the new rkey would: it must never
+  // reach a_ (the requester stops at its first error).
   void ExpectBindError(ibv_mw* mw, uint32_t rkey, ibv_mr* mr, uint64_t addr, uint64_t length,
                        unsigned int access) {
-    ASSERT_EQ(
-        SendWr(0xbad, IBV_WR_BIND_MW).Bind(mw, rkey, mr, addr, length, access).Post(b_->ibqp()), 0);
-    ASSERT_EQ(SendWr(0xb2, IBV_WR_SEND).Local(*b_, 0, 8).Post(b_->ibqp()), 0);
+    ASSERT_EQ(a_->PostRecv(0xa0, 0, 4096), 0);
+    SendWr bind(0xbad, IBV_WR_BIND_MW);
+    bind.Bind(mw, rkey, mr, addr, length, access);
+    SendWr send(0xb2, IBV_WR_SEND);
+    send.Local(*b_, 0, 8);
+    bind.Then(send);
+    ASSERT_EQ(bind.Post(b_->ibqp()), 0);
     std::vector<ibv_wc> wcs = PollN(b_->send_cq(), 2);
     ASSERT_EQ(wcs.size(), 2u);
     ExpectWc(wcs[0], {.wr_id = 0xbad, .status = IBV_WC_MW_BIND_ERR, .qp_num = b_->qpn()});
     ExpectWc(wcs[1], {.wr_id = 0xb2, .status = IBV_WC_WR_FLUSH_ERR, .qp_num = b_->qpn()});
     EXPECT_TRUE(WaitForState(b_->qp(), IBV_QPS_ERR));
+    EXPECT_TRUE(Observe(a_->recv_cq(), absl::Milliseconds(100)).empty())
+        << "the SEND behind the failed bind reached the peer";
   }
 
   std::unique_ptr<MemoryWindow> AllocateType2() {
@@ -86,6 +94,80 @@ TEST_P(LocalErrorTest, AnUnsignaledFailureBehindAnUnsignaledSendIsReported) {
   // The first SEND arrived.
   ExpectWc(Poll(b_->recv_cq()), {.wr_id = 0xb0, .qp_num = b_->qpn(), .opcode = IBV_WC_RECV,
                                  .byte_len = 64});
+}
+
+// Nothing behind a request that failed locally reaches the peer, whether it was posted in the
+// same chain or in a later post: the requester stops at its first error, and the QP then enters
+// ERR and flushes the rest (rxe's requester goes to its error state; mlx5 stops the queue).
+TEST_P(LocalErrorTest, NothingBehindALocalFailureReachesThePeer) {
+  ASSERT_NO_FATAL_FAILURE(Connect());
+  uint32_t dead = 0;
+  ASSERT_NO_FATAL_FAILURE(DeregisteredLkeyOnA(&dead));
+  ASSERT_EQ(b_->PostRecv(0xb0, 0, 4096), 0);
+  ASSERT_EQ(b_->PostRecv(0xb1, 4096, 4096), 0);
+  SendWr bad(1, IBV_WR_SEND);
+  bad.Sge(a_->addr(65536), 64, dead);
+  SendWr chained(2, IBV_WR_SEND);
+  chained.Local(*a_, 0, 64);
+  bad.Then(chained);
+  ASSERT_EQ(bad.Post(a_->ibqp()), 0);
+  ASSERT_EQ(SendWr(3, IBV_WR_SEND).Local(*a_, 0, 64).Post(a_->ibqp()), 0);
+  std::vector<ibv_wc> wcs = PollN(a_->send_cq(), 3);
+  ASSERT_EQ(wcs.size(), 3u);
+  ExpectWc(wcs[0], {.wr_id = 1, .status = IBV_WC_LOC_PROT_ERR, .qp_num = a_->qpn()});
+  ExpectWc(wcs[1], {.wr_id = 2, .status = IBV_WC_WR_FLUSH_ERR, .qp_num = a_->qpn()});
+  ExpectWc(wcs[2], {.wr_id = 3, .status = IBV_WC_WR_FLUSH_ERR, .qp_num = a_->qpn()});
+  EXPECT_TRUE(WaitForState(a_->qp(), IBV_QPS_ERR));
+  EXPECT_TRUE(Observe(b_->recv_cq(), absl::Milliseconds(100)).empty())
+      << "a request behind the failure reached the peer";
+}
+
+// A READ whose local buffer is refused fails alone, with LOC_PROT_ERR, even when its data comes
+// back in several response chunks; the SEND before it completes as it should.
+TEST_P(LocalErrorTest, AReadIntoABadLkeyFailsAloneAcrossItsResponses) {
+  ASSERT_NO_FATAL_FAILURE(Connect());
+  uint32_t dead = 0;
+  ASSERT_NO_FATAL_FAILURE(DeregisteredLkeyOnA(&dead));
+  ASSERT_EQ(b_->PostRecv(0xb0, 0, 4096), 0);
+  ASSERT_EQ(SendWr(1, IBV_WR_SEND).Local(*a_, 0, 64).Post(a_->ibqp()), 0);
+  ASSERT_EQ(SendWr(2, IBV_WR_RDMA_READ)
+                .Sge(a_->addr(65536), 256 * 1024, dead)
+                .Remote(b_->addr(), b_->rkey())
+                .Post(a_->ibqp()),
+            0);
+  std::vector<ibv_wc> wcs = PollN(a_->send_cq(), 2);
+  ASSERT_EQ(wcs.size(), 2u);
+  ExpectWc(wcs[0], {.wr_id = 1, .qp_num = a_->qpn(), .opcode = IBV_WC_SEND});
+  ExpectWc(wcs[1], {.wr_id = 2, .status = IBV_WC_LOC_PROT_ERR, .qp_num = a_->qpn()});
+  EXPECT_TRUE(WaitForState(a_->qp(), IBV_QPS_ERR));
+  ExpectWc(Poll(b_->recv_cq()), {.wr_id = 0xb0, .qp_num = b_->qpn(), .opcode = IBV_WC_RECV,
+                                 .byte_len = 64});
+}
+
+// Bits a window cannot use (local write, MW_BIND) are ignored in a bind's access flags, as rxe
+// and mlx5 ignore them: applications pass their region's flags.
+TEST_P(LocalErrorTest, ABindIgnoresLocalAccessBits) {
+  ASSERT_NO_FATAL_FAILURE(Connect());
+  std::unique_ptr<MemoryRegion> mr = RegisterOnB(kFullAccess, 65536, 8192);
+  ASSERT_NE(mr, nullptr);
+  std::unique_ptr<MemoryWindow> mw = AllocateType2();
+  ASSERT_NE(mw, nullptr);
+  const uint32_t rkey = ibv_inc_rkey(mw->rkey());
+  ExpectWc(BindType2(*b_, mw->get(), rkey, mr->get(), b_->addr(65536), 4096,
+                     IBV_ACCESS_REMOTE_READ | IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND),
+           {.wr_id = 0xb1d, .qp_num = b_->qpn(), .opcode = IBV_WC_BIND_MW});
+  FillPattern(b_->data(65536), 64, 5);
+  ASSERT_EQ(
+      SendWr(1, IBV_WR_RDMA_READ).Local(*a_, 0, 64).Remote(b_->addr(65536), rkey).Post(a_->ibqp()),
+      0);
+  ExpectWc(Poll(a_->send_cq()),
+           {.wr_id = 1, .qp_num = a_->qpn(), .opcode = IBV_WC_RDMA_READ, .byte_len = 64});
+  EXPECT_EQ(FindPatternMismatch(a_->data(), 64, 5), -1);
+  // Still a window: remote write was not granted.
+  ASSERT_EQ(
+      SendWr(2, IBV_WR_RDMA_WRITE).Local(*a_, 0, 64).Remote(b_->addr(65536), rkey).Post(a_->ibqp()),
+      0);
+  ExpectWc(Poll(a_->send_cq()), {.wr_id = 2, .status = IBV_WC_REM_ACCESS_ERR, .qp_num = a_->qpn()});
 }
 
 TEST_P(LocalErrorTest, SendWithLkeyOutsideItsRegion) {
@@ -200,6 +282,15 @@ TEST_P(LocalErrorTest, DeregisterRegionWithBoundWindowFailsUntilInvalidated) {
   ASSERT_EQ(SendWr(0x1a, IBV_WR_LOCAL_INV).Invalidate(rkey).Post(b_->ibqp()), 0);
   ExpectWc(Poll(b_->send_cq()), {.wr_id = 0x1a, .qp_num = b_->qpn(), .opcode = IBV_WC_LOCAL_INV});
   SWIRL_ASSERT_OK(mr->Deregister());
+}
+
+// A protection domain with objects in it cannot be deallocated (EBUSY, as the kernel's uverbs
+// answers): they would otherwise outlive the domain that checks their access.
+TEST_P(LocalErrorTest, DeallocatingAProtectionDomainInUseFails) {
+  ASSERT_NO_FATAL_FAILURE(Connect());
+  EXPECT_EQ(a_->context().ops().DeallocPd(a_->pd()->get()), EBUSY);
+  // Still a working domain: its QP carries traffic.
+  ASSERT_NO_FATAL_FAILURE(WarmUp(*a_, *b_));
 }
 
 SWIRL_INSTANTIATE_FOR_EVERY_DEVICE(LocalErrorTest);

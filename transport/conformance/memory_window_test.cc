@@ -272,6 +272,36 @@ TEST_P(MemoryWindowTest, SendWithInvalidateOfWindowBoundToAnotherQpIsRefused) {
   ExpectStillValid(*a2, rkey, b_->addr(kWindowOffset));
 }
 
+// A type 2 window stays tied to the QP it was bound through: once that QP is destroyed, no
+// other QP can use its key, not even a new one that takes the destroyed QP's place (and, in a
+// userspace device, probably its memory: the new QP is the next one created in this process).
+TEST_P(MemoryWindowTest, AWindowOfADestroyedQpAnswersNoOtherQp) {
+  std::unique_ptr<MemoryWindow> mw = Allocate(b_->pd(), IBV_MW_TYPE_2);
+  ASSERT_NE(mw, nullptr);
+  const uint32_t rkey = ibv_inc_rkey(mw->rkey());
+  auto a3 = Endpoint::Create(device());
+  ASSERT_TRUE(a3.ok()) << a3.status();
+  {
+    std::unique_ptr<Endpoint> a2, b2;
+    ASSERT_NO_FATAL_FAILURE(ConnectExtra(b_->pd(), &a2, &b2));
+    ASSERT_NO_FATAL_FAILURE(Bind(*mw, rkey, b2.get()));
+    ASSERT_NO_FATAL_FAILURE(ExpectStillValid(*a2, rkey, b_->addr(kWindowOffset)));
+    a2.reset();
+    b2.reset();  // the bound QP goes last
+  }
+  auto b3 = Endpoint::Create(b_->pd());
+  ASSERT_TRUE(b3.ok()) << b3.status();
+  SWIRL_ASSERT_OK(ConnectPair(**a3, **b3));
+  Endpoint& reader = **a3;
+  ASSERT_EQ(SendWr(0xdead, IBV_WR_RDMA_READ)
+                .Local(reader, 0, 64)
+                .Remote(b_->addr(kWindowOffset), rkey)
+                .Post(reader.ibqp()),
+            0);
+  ExpectWc(Poll(reader.send_cq()),
+           {.wr_id = 0xdead, .status = IBV_WC_REM_ACCESS_ERR, .qp_num = reader.qpn()});
+}
+
 // Invalidation is ordered before the receive completion: as soon as b_ sees the message the
 // window is free again, so b_ can bind it at once (binding a window that is not free fails), and
 // the old key is dead.

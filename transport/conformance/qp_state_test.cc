@@ -125,6 +125,14 @@ TEST_P(QpStateTest, ResetToRtrIsRefused) { ExpectRefused(RtrAttr(), kRtrMask, IB
 
 TEST_P(QpStateTest, ResetToRtsIsRefused) { ExpectRefused(RtsAttr(), kRtsMask, IBV_QPS_RESET); }
 
+// The kernel's qp_state_table (which ib_modify_qp_is_ok applies for every provider) has no
+// RESET -> ERR: a QP must be initialized before it can fail.
+TEST_P(QpStateTest, ResetToErrIsRefused) {
+  ibv_qp_attr attr{};
+  attr.qp_state = IBV_QPS_ERR;
+  ExpectRefused(attr, IBV_QP_STATE, IBV_QPS_RESET);
+}
+
 TEST_P(QpStateTest, InitToRtsIsRefused) {
   ASSERT_EQ(Modify(InitAttr(), kInitMask), 0);
   ExpectRefused(RtsAttr(), kRtsMask, IBV_QPS_INIT);

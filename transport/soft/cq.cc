@@ -87,6 +87,7 @@ int CreateCq(SoftContext* sctx, int cqe, void* cq_context, ibv_comp_channel* cha
 int DestroyCq(ibv_cq* ibcq) {
   auto* cq = static_cast<SoftCq*>(ibcq);
   if (cq->attached.load() != 0) return EBUSY;
+  cq->sctx->PurgeAsyncEvents(cq);
   {
     swirl::MutexLock lock(&cq->sctx->hca->mu);
     auto& cqs = cq->sctx->hca->cqs;

@@ -140,7 +140,9 @@ class SoftDeviceOps final : public verbs::DeviceOps {
     return 0;
   }
   int DeallocPd(ibv_pd* pd) override {
-    delete static_cast<SoftPd*>(pd);
+    auto* spd = static_cast<SoftPd*>(pd);
+    if (spd->users.load(std::memory_order_acquire) != 0) return EBUSY;
+    delete spd;
     return 0;
   }
   int RegMr(ibv_pd* pd, void* addr, size_t length, int access, ibv_mr** mr) override {
@@ -177,6 +179,7 @@ class SoftDeviceOps final : public verbs::DeviceOps {
     pthread_mutex_init(&srq->mutex, nullptr);
     pthread_cond_init(&srq->cond, nullptr);
     srq->rq.Init(attr->attr.max_wr, attr->attr.max_sge);
+    srq->spd->users.fetch_add(1, std::memory_order_relaxed);
     *out = srq;
     return 0;
   }
@@ -185,6 +188,7 @@ class SoftDeviceOps final : public verbs::DeviceOps {
     if (srq->qp_count.load() != 0) return EBUSY;
     pthread_mutex_destroy(&srq->mutex);
     pthread_cond_destroy(&srq->cond);
+    srq->spd->users.fetch_sub(1, std::memory_order_release);
     delete srq;
     return 0;
   }

@@ -6,6 +6,7 @@
 // passive targets of one-sided operations.
 
 #include <fcntl.h>
+#include <poll.h>
 #include <sched.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
@@ -643,6 +644,29 @@ void SoftChannel::Notify(SoftCq* cq) {
   uint64_t one = 1;
   ssize_t ignored = write(fd, &one, sizeof(one));
   (void)ignored;
+}
+
+void SoftContext::PurgeAsyncEvents(const void* object) {
+  swirl::MutexLock lock(&async.mu);
+  size_t removed = 0;
+  for (auto it = async.queue.begin(); it != async.queue.end();) {
+    // element is a union of pointers (and a port number): compare the pointer form.
+    if (static_cast<const void*>(it->element.qp) == object) {
+      it = async.queue.erase(it);
+      ++removed;
+    } else {
+      ++it;
+    }
+  }
+  // Each queued event counted one on the semaphore eventfd; take back the purged ones' counts so
+  // that poll() on async_fd does not announce events that are gone. A reader that already took
+  // a count (GetAsyncEvent, before the lock) leaves fewer: never block for one.
+  for (; removed > 0; --removed) {
+    pollfd p{vctx.context.async_fd, POLLIN, 0};
+    if (poll(&p, 1, 0) != 1) break;
+    uint64_t count;
+    if (read(vctx.context.async_fd, &count, sizeof(count)) != sizeof(count)) break;
+  }
 }
 
 void SoftContext::RaiseAsyncEvent(const ibv_async_event& event) {

@@ -35,7 +35,7 @@ absl::StatusOr<KeyEntry*> KeyTable::Allocate(KeyKind kind) {
     e->addr = 0;
     e->length = 0;
     e->pd = nullptr;
-    e->qp = nullptr;
+    e->qp_serial = 0;
     e->mr = nullptr;
     std::atomic_ref<uint32_t>(e->bound_windows).store(0, std::memory_order_relaxed);
     uint32_t high = absl::Uniform<uint32_t>(bitgen_, 0, 1u << (24 - kSlotBits));

@@ -38,7 +38,9 @@ struct KeyEntry {
   uint64_t addr;
   uint64_t length;
   const void* pd;  // owning SoftPd
-  const void* qp;  // type 2 windows: the QP the window is bound to
+  // Type 2 windows: SoftQp::serial of the QP the window is bound to (0: none). A serial, not
+  // the QP's address: a QP created after that one was destroyed may get its memory.
+  uint64_t qp_serial;
   KeyEntry* mr;    // windows: the MR entry they are bound over
   uint32_t bound_windows;  // MRs: windows bound over it (atomic_ref)
   uint32_t index;  // the index this slot currently answers to

@@ -63,6 +63,7 @@ int RegMr(SoftContext* sctx, ibv_pd* pd, void* addr, size_t length, int access, 
   mr->lkey = mr->rkey = sctx->hca->keys.NewKey(e);
   mr->entry = e;
   KeyTable::Publish(e, mr->lkey);
+  static_cast<SoftPd*>(pd)->users.fetch_add(1, std::memory_order_relaxed);
   *out = mr;
   return 0;
 }
@@ -70,10 +71,17 @@ int RegMr(SoftContext* sctx, ibv_pd* pd, void* addr, size_t length, int access, 
 int DeregMr(ibv_mr* ibmr) {
   auto* mr = static_cast<SoftMr*>(ibmr);
   SoftContext* sctx = ToSoft(mr->context);
-  if (std::atomic_ref<uint32_t>(mr->entry->bound_windows).load(std::memory_order_acquire) != 0) {
-    return EBUSY;  // windows are bound over it (IB spec: deregistration fails)
+  {
+    // Under the window lock: a bind either finished before (and is counted) or runs after,
+    // and then finds the MR's key revoked.
+    swirl::MutexLock lock(&sctx->hca->mw_mu);
+    if (std::atomic_ref<uint32_t>(mr->entry->bound_windows).load(std::memory_order_acquire) !=
+        0) {
+      return EBUSY;  // windows are bound over it (IB spec: deregistration fails)
+    }
+    sctx->hca->keys.Release(mr->entry);
   }
-  sctx->hca->keys.Release(mr->entry);
+  static_cast<SoftPd*>(mr->pd)->users.fetch_sub(1, std::memory_order_release);
   delete mr;
   return 0;
 }
@@ -102,6 +110,7 @@ ibv_mw* AllocMw(ibv_pd* pd, ibv_mw_type type) {
   // A type 1 window starts valid with zero length (no access can succeed); a type 2 window
   // starts free, with no key published until it is bound.
   if (type == IBV_MW_TYPE_1) KeyTable::Publish(e, mw->rkey);
+  static_cast<SoftPd*>(pd)->users.fetch_add(1, std::memory_order_relaxed);
   return mw;
 }
 
@@ -109,12 +118,18 @@ int DeallocMw(ibv_mw* ibmw) {
   auto* mw = static_cast<SoftMw*>(ibmw);
   SoftContext* sctx = ToSoft(mw->context);
   KeyEntry* e = mw->entry;
-  KeyTable::Revoke(e);
-  if (e->mr != nullptr) {
-    std::atomic_ref<uint32_t>(e->mr->bound_windows).fetch_sub(1, std::memory_order_acq_rel);
-    e->mr = nullptr;
+  {
+    // Under the window lock, like every other change of a window: a remote invalidation of
+    // this window racing the dealloc either finished first or finds the key gone.
+    swirl::MutexLock lock(&sctx->hca->mw_mu);
+    KeyTable::Revoke(e);
+    if (e->mr != nullptr) {
+      std::atomic_ref<uint32_t>(e->mr->bound_windows).fetch_sub(1, std::memory_order_acq_rel);
+      e->mr = nullptr;
+    }
+    sctx->hca->keys.Release(e);
   }
-  sctx->hca->keys.Release(e);
+  static_cast<SoftPd*>(mw->pd)->users.fetch_sub(1, std::memory_order_release);
   delete mw;
   return 0;
 }

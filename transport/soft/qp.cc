@@ -194,7 +194,11 @@ struct Transition {
 
 Transition TransitionFor(ibv_qp_state from, ibv_qp_state to) {
   const int any_optional = IBV_QP_CUR_STATE;
-  if (to == IBV_QPS_RESET || to == IBV_QPS_ERR) return {true, 0, any_optional};
+  // Any state may go to RESET, and any but RESET to ERR (the kernel's qp_state_table, which
+  // ib_modify_qp_is_ok applies for every provider).
+  if (to == IBV_QPS_RESET || (to == IBV_QPS_ERR && from != IBV_QPS_RESET)) {
+    return {true, 0, any_optional};
+  }
   switch (from) {
     case IBV_QPS_RESET:
       if (to == IBV_QPS_INIT) {
@@ -288,6 +292,7 @@ void ResetQueues(SoftQp* qp) {
   qp->sq_head = qp->sq_tx = qp->sq_tail;
   qp->newest_signaled = qp->sq_tail - 1;
   qp->failure_pending = false;
+  qp->sq_stopped = false;
   qp->sq_released.store(qp->sq_tail, std::memory_order_release);
   qp->rd_atomic_outstanding = 0;
   qp->rq.head = qp->rq.tail;
@@ -386,7 +391,7 @@ void FillWqe(SoftQp* qp, uint32_t index, const ibv_send_wr* wr) {
     w.rkey = wr->wr.atomic.rkey;
     w.compare_add = wr->wr.atomic.compare_add;
     w.swap = wr->wr.atomic.swap;
-    if (total != 8) FailWqe(qp, w, IBV_WC_LOC_LEN_ERR);
+    if (total != 8) FailAtPost(qp, w, IBV_WC_LOC_LEN_ERR);
   } else if (wr->opcode == IBV_WR_BIND_MW) {
     w.mw = wr->bind_mw.mw;
     w.bind_mr = wr->bind_mw.bind_info.mr;
@@ -395,7 +400,7 @@ void FillWqe(SoftQp* qp, uint32_t index, const ibv_send_wr* wr) {
     w.bind_access = wr->bind_mw.bind_info.mw_access_flags;
     w.bind_rkey = wr->bind_mw.rkey;
   }
-  if (total > kMaxMsgSize) FailWqe(qp, w, IBV_WC_LOC_LEN_ERR);
+  if (total > kMaxMsgSize) FailAtPost(qp, w, IBV_WC_LOC_LEN_ERR);
   w.length = static_cast<uint32_t>(std::min<uint64_t>(total, kMaxMsgSize));
   if (wr->opcode == IBV_WR_LOCAL_INV || wr->opcode == IBV_WR_BIND_MW) w.length = 0;
 }
@@ -510,6 +515,14 @@ void EnterError(SoftQp* qp) {
       FlushRecv(qp, qp->rq.wr_id[qp->rq.head & qp->rq.mask]);
       ++qp->rq.head;
     }
+  } else {
+    // Nothing more is taken from the SRQ for this QP: applications wait for this event before
+    // destroying an SRQ-attached QP (IB spec 11.6.3.2; mlx5 raises it, rxe does not).
+    ibv_async_event event;
+    std::memset(&event, 0, sizeof(event));
+    event.event_type = IBV_EVENT_QP_LAST_WQE_REACHED;
+    event.element.qp = qp;
+    qp->sctx->RaiseAsyncEvent(event);
   }
 }
 
@@ -682,6 +695,8 @@ int CreateQp(SoftContext* sctx, ibv_pd* pd, ibv_qp_init_attr* attr, ibv_qp** out
     return EINVAL;
   }
   auto* qp = new SoftQp();
+  static std::atomic<uint64_t> next_serial{1};
+  qp->serial = next_serial.fetch_add(1, std::memory_order_relaxed);
   qp->sctx = sctx;
   qp->hca = sctx->hca;
   qp->tcp = sctx->hca->tcp;
@@ -736,6 +751,7 @@ int CreateQp(SoftContext* sctx, ibv_pd* pd, ibv_qp_init_attr* attr, ibv_qp** out
   AttachQp(qp->scq, qp);
   if (qp->rcq != qp->scq) AttachQp(qp->rcq, qp);
   if (qp->ssrq) qp->ssrq->qp_count.fetch_add(1);
+  qp->spd->users.fetch_add(1, std::memory_order_relaxed);
   *out = qp;
   return 0;
 }
@@ -846,7 +862,9 @@ int DestroyQp(ibv_qp* ibqp) {
   }
   PurgeQp(qp->scq, qp);
   if (qp->rcq != qp->scq) PurgeQp(qp->rcq, qp);
+  qp->sctx->PurgeAsyncEvents(qp);
   if (qp->ssrq) qp->ssrq->qp_count.fetch_sub(1);
+  qp->spd->users.fetch_sub(1, std::memory_order_release);
   pthread_mutex_destroy(&qp->mutex);
   pthread_cond_destroy(&qp->cond);
   delete qp;
@@ -864,7 +882,7 @@ bool TryFastSend(SoftQp* qp, const ibv_send_wr* wr) {
   // Whatever the general path would reject or treat specially (SGE limits, an overflowed
   // CQ) goes there, so both paths answer alike.
   if (qp->qstate != IBV_QPS_RTS || qp->sq_tx != qp->sq_tail || wr->num_sge != 1 ||
-      qp->max_send_sge == 0 || qp->cq_overflow || wr->sg_list == nullptr ||
+      qp->max_send_sge == 0 || qp->cq_overflow || qp->sq_stopped || wr->sg_list == nullptr ||
       (wr->send_flags & (IBV_SEND_FENCE | IBV_SEND_SOLICITED)) != 0) {
     return false;
   }

@@ -117,12 +117,23 @@ KeyEntry* PinRemote(SoftQp* qp, uint32_t rkey, uint64_t addr, uint64_t length, i
 // Requester side (qp_requester.cc).
 bool Transmit(SoftQp* qp);
 bool ProcessResponses(SoftQp* qp);
-// Ends a WQE with `status`. A failure's completion is owed even for an unsignaled request, so
-// it makes a completion wanted (CompletionWanted) until the QP enters the error state.
+// Ends a WQE being transmitted or awaiting its response with `status`. A failure's completion
+// is owed even for an unsignaled request, so it makes a completion wanted (CompletionWanted)
+// until the QP enters the error state, and it stops the send queue behind it (sq_stopped).
 inline void FailWqe(SoftQp* qp, SendWqe& w, ibv_wc_status status) {
   w.status = status;
   w.state = SendWqe::kDone;
-  if (status != IBV_WC_SUCCESS) qp->failure_pending = true;
+  if (status != IBV_WC_SUCCESS) {
+    qp->failure_pending = true;
+    qp->sq_stopped = true;
+  }
+}
+// A request that fails as it is posted (its length), possibly behind requests still queued:
+// those go first; Transmit stops the queue when it reaches this one.
+inline void FailAtPost(SoftQp* qp, SendWqe& w, ibv_wc_status status) {
+  w.status = status;
+  w.state = SendWqe::kDone;
+  qp->failure_pending = true;
 }
 // CompleteSq's common case, inline for the poll path: retires the unsignaled SENDs and WRITEs
 // at the head of the send queue that a piggybacked ack covers (they owe no completion).

@@ -139,10 +139,11 @@ bool TransmitReadOrAtomic(SoftQp* qp, SendWqe& w) {
   return true;
 }
 
-SendWqe* FindAwaiting(SoftQp* qp, uint32_t msn) {
+// The transmitted request a response names, whatever its state, or nullptr.
+SendWqe* FindTransmitted(SoftQp* qp, uint32_t msn) {
   for (uint32_t i = qp->sq_head; i != qp->sq_tx; ++i) {
     SendWqe& w = qp->sq[i & qp->sq_mask];
-    if (w.has_msn && w.msn == msn) return w.state == SendWqe::kAwaiting ? &w : nullptr;
+    if (w.has_msn && w.msn == msn) return &w;
   }
   return nullptr;
 }
@@ -171,7 +172,7 @@ void ExecuteLocalOp(SoftQp* qp, SendWqe& w) {
     KeyTable::Revoke(e);
     std::atomic_ref<uint32_t>(e->mr->bound_windows).fetch_sub(1, std::memory_order_acq_rel);
     e->mr = nullptr;
-    e->qp = nullptr;
+    e->qp_serial = 0;
     e->length = 0;
     FailWqe(qp, w, IBV_WC_SUCCESS);
     return;
@@ -186,9 +187,12 @@ void ExecuteLocalOp(SoftQp* qp, SendWqe& w) {
   auto bind_error = [&w, qp] { FailWqe(qp, w, IBV_WC_MW_BIND_ERR); };
   if (mw->pd != qp->pd) return bind_error();
   if (type2 && KeyTable::PublishedKey(e) != 0) return bind_error();  // only from the free state
+  // Local bits mean nothing for a window and are ignored, as rxe and mlx5 do (applications
+  // pass their MR's flags); zero-based and other modes are not supported.
+  constexpr unsigned int kIgnored = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND;
   if (access & ~static_cast<unsigned int>(IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE |
-                                          IBV_ACCESS_REMOTE_ATOMIC)) {
-    return bind_error();  // zero-based and other modes are not supported
+                                          IBV_ACCESS_REMOTE_ATOMIC | kIgnored)) {
+    return bind_error();
   }
   const bool unbind = mr == nullptr || w.bind_length == 0;
   if (type2 && unbind) return bind_error();
@@ -211,10 +215,10 @@ void ExecuteLocalOp(SoftQp* qp, SendWqe& w) {
     std::atomic_ref<uint32_t>(e->mr->bound_windows).fetch_sub(1, std::memory_order_acq_rel);
     e->mr = nullptr;
   }
-  e->access = static_cast<int>(access);
+  e->access = static_cast<int>(access & ~kIgnored);
   e->addr = unbind ? 0 : w.bind_addr;
   e->length = unbind ? 0 : w.bind_length;
-  e->qp = type2 ? qp : nullptr;
+  e->qp_serial = type2 ? qp->serial : 0;
   if (!unbind) {
     e->mr = mr->entry;
     std::atomic_ref<uint32_t>(e->mr->bound_windows).fetch_add(1, std::memory_order_acq_rel);
@@ -228,11 +232,12 @@ void ExecuteLocalOp(SoftQp* qp, SendWqe& w) {
 bool Transmit(SoftQp* qp) {
   if (qp->qstate != IBV_QPS_RTS) return false;
   bool wrote = false;
-  while (qp->sq_tx != qp->sq_tail) {
+  while (qp->sq_tx != qp->sq_tail && !qp->sq_stopped) {
     const uint32_t index = qp->sq_tx;
     SendWqe& w = qp->sq[index & qp->sq_mask];
-    if (w.state == SendWqe::kDone) {
+    if (w.state == SendWqe::kDone) {  // failed as it was posted
       ++qp->sq_tx;
+      if (w.status != IBV_WC_SUCCESS) qp->sq_stopped = true;
       continue;
     }
     // A fenced request waits for every earlier RDMA READ and atomic to complete.
@@ -277,8 +282,15 @@ bool ProcessResponses(SoftQp* qp) {
     NoteAck(qp, h.ack);
     if (qp->qstate == IBV_QPS_ERR) return true;
     const char* payload = qp->resp_rx.frame() + sizeof(wire::FrameHeader);
-    SendWqe* w = FindAwaiting(qp, h.msn);
-    if (w == nullptr) {
+    SendWqe* w = FindTransmitted(qp, h.msn);
+    if (w != nullptr && w->state == SendWqe::kDone && w->status != IBV_WC_SUCCESS &&
+        w->opcode == IBV_WR_RDMA_READ && h.op == wire::kOpReadResponse) {
+      // The rest of a READ that already failed here (a chunk could not be placed): dropped, as
+      // a NIC drops the responses of a request it completed in error.
+      qp->resp_rx.Consume(wire::FrameBytes(h.op, h.length));
+      continue;
+    }
+    if (w == nullptr || w->state != SendWqe::kAwaiting) {
       ProtocolError(qp, "response for no outstanding request");
       return true;
     }

@@ -148,13 +148,13 @@ Outcome ReceiverNotReady(SoftQp* qp, const wire::FrameHeader& h) {
   swirl::MutexLock lock(&qp->hca->mw_mu);
   KeyEntry* e = qp->hca->keys.EntryFor(rkey);
   if (rkey == 0 || KeyTable::PublishedKey(e) != rkey || e->kind != KeyKind::kMw2 ||
-      e->pd != qp->pd || e->qp != qp) {
+      e->pd != qp->pd || e->qp_serial != qp->serial) {
     return false;
   }
   KeyTable::Revoke(e);
   std::atomic_ref<uint32_t>(e->mr->bound_windows).fetch_sub(1, std::memory_order_acq_rel);
   e->mr = nullptr;
-  e->qp = nullptr;
+  e->qp_serial = 0;
   e->length = 0;
   return true;
 }
@@ -395,7 +395,7 @@ KeyEntry* PinRemote(SoftQp* qp, uint32_t rkey, uint64_t addr, uint64_t length, i
   if (e == nullptr) return nullptr;
   bool ok = e->pd == qp->pd && (e->access & access) && length <= e->length && addr >= e->addr &&
             addr - e->addr <= e->length - length;
-  if (e->kind == KeyKind::kMw2) ok = ok && e->qp == qp;
+  if (e->kind == KeyKind::kMw2) ok = ok && e->qp_serial == qp->serial;
   if (!ok) {
     KeyTable::Unpin(e);
     return nullptr;

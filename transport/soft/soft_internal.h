@@ -53,6 +53,10 @@ inline constexpr uint64_t kMaxMrSize = 1ull << 40;
 
 struct SoftPd : ibv_pd {
   SoftContext* sctx;
+  // MRs, MWs, QPs and SRQs of this PD: ibv_dealloc_pd fails with EBUSY while any exists (as the
+  // kernel's uverbs does). Protection checks compare PD addresses, so a PD freed under its
+  // objects would lend them to the next PD allocated at that address.
+  std::atomic<uint32_t> users{0};
 };
 
 struct SoftMr : ibv_mr {
@@ -308,6 +312,7 @@ struct SoftQp : ibv_qp {
   SoftContext* sctx;
   Hca* hca;
   SoftPd* spd;
+  uint64_t serial = 0;  // unique in the process for its lifetime (type 2 window bindings)
   SoftCq* scq;
   SoftCq* rcq;
   SoftSrq* ssrq;
@@ -334,6 +339,10 @@ struct SoftQp : ibv_qp {
   // A request failed behind others in the send queue: its error completion is owed even if it
   // was unsignaled, so a completion is wanted until the QP enters the error state.
   bool failure_pending = false;
+  // A request at or before sq_tx failed (locally, or NAKed): nothing behind it is transmitted.
+  // It completes in order with its error, and the QP then enters the error state and flushes
+  // the rest, as a real requester stops at its first error (rxe_requester goes to `err`).
+  bool sq_stopped = false;
   std::atomic<uint32_t> sq_released{0};  // written by the CQ poller
   uint32_t next_msn = 0;
   uint32_t rd_atomic_outstanding = 0;
@@ -499,6 +508,9 @@ struct SoftContext {
   AsyncEvents async;  // async_fd is an eventfd in semaphore mode
 
   void RaiseAsyncEvent(const ibv_async_event& event);
+  // Drops the undelivered events that name `object` (a QP or CQ being destroyed), as the kernel
+  // does for a destroyed object's events: the application could not use their pointers.
+  void PurgeAsyncEvents(const void* object);
 };
 
 inline SoftContext* ToSoft(ibv_context* ctx) {

@@ -108,15 +108,21 @@ absl::StatusOr<int> Context::ResolveGidIndex(uint8_t port_num, int requested) {
 }
 
 absl::StatusOr<ibv_event_type> Context::WaitAsyncEvent(absl::Duration timeout) {
+  absl::StatusOr<ibv_async_event> event = NextAsyncEvent(timeout);
+  if (!event.ok()) return event.status();
+  return event->event_type;
+}
+
+absl::StatusOr<ibv_async_event> Context::NextAsyncEvent(absl::Duration timeout) {
   if (int err = WaitReadable(get()->async_fd, timeout); err != 0) {
     if (err == ETIMEDOUT) return absl::DeadlineExceededError("no asynchronous event");
     return VerbsError("poll(async_fd)", err);
   }
   ibv_async_event event;
   if (int err = ops_->GetAsyncEvent(&event); err != 0) return VerbsError("ibv_get_async_event", err);
-  ibv_event_type type = event.event_type;
+  ibv_async_event copy = event;
   ops_->AckAsyncEvent(&event);
-  return type;
+  return copy;
 }
 
 // ---- ProtectionDomain -------------------------------------------------------------------------

@@ -58,6 +58,9 @@ class Context {
   // Waits up to `timeout` for an asynchronous event (IBV_EVENT_*) and acknowledges it.
   // kDeadlineExceeded if none arrived.
   absl::StatusOr<ibv_event_type> WaitAsyncEvent(absl::Duration timeout);
+  // The same, with the whole event: its element (qp, cq, srq or port) identifies the object; the
+  // event is acknowledged, so its pointers are for comparison only.
+  absl::StatusOr<ibv_async_event> NextAsyncEvent(absl::Duration timeout);
 
  private:
   explicit Context(std::unique_ptr<DeviceOps> ops) : ops_(std::move(ops)) {}
