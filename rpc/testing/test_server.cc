@@ -3,6 +3,9 @@
 //   Sleep     (blocking) sleeps the number of milliseconds in the request, stops early when the
 //             caller cancels, returns "done" or "cancelled"
 //   Cancelled returns how many Sleep calls saw a cancellation so far
+//   Gate      (blocking, one-way) waits until the gate opens (at most 20 s, or until cancelled)
+//   GateEntered / GatePassed  how many Gate handlers started / got through so far
+//   OpenGate / CloseGate      open or shut the gate
 //   Fail      fails with the absl::StatusCode number in the request
 //   CallBack  (blocking) calls "test.Client/Ping" on the caller's side of the same connection
 //             and returns its answer (server-to-client calls)
@@ -56,6 +59,7 @@ std::atomic<int> g_cancelled{0};
 // Gate: blocking handlers wait for OpenGate (at most 20 s, or until cancelled); GatePassed
 // counts those through.
 std::atomic<bool> g_gate_open{false};
+std::atomic<int> g_gate_entered{0};
 std::atomic<int> g_gate_passed{0};
 swirl::Server* g_server = nullptr;
 // What the last Sum saw (even when its caller had given up by then).
@@ -104,6 +108,7 @@ class E2E : public swirl::Service {
     AddRawMethod(
         "Gate",
         [](swirl::ServerContext& ctx, absl::string_view, swirl::ResponseWriter&) {
+          g_gate_entered.fetch_add(1);
           const absl::Time until = absl::Now() + absl::Seconds(20);
           while (!g_gate_open.load() && !ctx.IsCancelled() && absl::Now() < until) {
             absl::SleepFor(absl::Milliseconds(1));
@@ -116,9 +121,18 @@ class E2E : public swirl::Service {
       g_gate_open.store(true);
       return absl::OkStatus();
     });
+    AddRawMethod("CloseGate", [](swirl::ServerContext&, absl::string_view, swirl::ResponseWriter&) {
+      g_gate_open.store(false);
+      return absl::OkStatus();
+    });
     AddRawMethod("GatePassed", [](swirl::ServerContext&, absl::string_view,
                                   swirl::ResponseWriter& out) {
       out.Append(std::to_string(g_gate_passed.load()));
+      return absl::OkStatus();
+    });
+    AddRawMethod("GateEntered", [](swirl::ServerContext&, absl::string_view,
+                                   swirl::ResponseWriter& out) {
+      out.Append(std::to_string(g_gate_entered.load()));
       return absl::OkStatus();
     });
     AddRawMethod("Cancelled", [](swirl::ServerContext&, absl::string_view,

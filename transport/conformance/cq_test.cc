@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/time/clock.h"
+#include "absl/cleanup/cleanup.h"
 #include "transport/conformance/conformance.h"
 #include "transport/device.h"
 #include "transport/verbs/verbs.h"
@@ -105,6 +106,10 @@ TEST_P(CqTest, CompletionChannelWakesAWaiterThatDoesNotPoll) {
   SWIRL_ASSERT_OK(b_->recv_cq().RequestNotify());
   absl::StatusOr<ibv_cq*> fired = absl::UnknownError("never waited");
   std::thread waiter([&] { fired = channel_->WaitEvent(kTimeout); });
+  // Joined on every way out: a failed ASSERT must not leave a joinable thread (std::terminate).
+  absl::Cleanup join_waiter = [&] {
+    if (waiter.joinable()) waiter.join();
+  };
 
   FillPattern(a_->data(), 128, 1);
   ASSERT_EQ(SendWr(1, IBV_WR_SEND).Local(*a_, 0, 128).Post(a_->ibqp()), 0);
@@ -138,6 +143,10 @@ TEST_P(CqTest, SolicitedOnlyNotificationWaitsForASolicitedMessage) {
   // A solicited one fires it.
   absl::StatusOr<ibv_cq*> fired = absl::UnknownError("never waited");
   std::thread waiter([&] { fired = channel_->WaitEvent(kTimeout); });
+  // Joined on every way out: a failed ASSERT must not leave a joinable thread (std::terminate).
+  absl::Cleanup join_waiter = [&] {
+    if (waiter.joinable()) waiter.join();
+  };
   ASSERT_EQ(SendWr(2, IBV_WR_SEND, IBV_SEND_SIGNALED | IBV_SEND_SOLICITED)
                 .Local(*a_, 0, 16)
                 .Post(a_->ibqp()),
@@ -264,6 +273,10 @@ TEST_P(CqTest, TwoPollersOfOneCqSeeEachQueueInOrder) {
     }
   };
   std::thread first(poller, 0), second(poller, 1);
+  absl::Cleanup join_pollers = [&] {
+    if (first.joinable()) first.join();
+    if (second.joinable()) second.join();
+  };
   // The sender side: both QPs interleaved, one signaled SEND in kSignalEvery, whose completion
   // is awaited before the next group (it frees the send queue's slots).
   for (uint32_t m = 0; m < kPerQp; ++m) {

@@ -15,15 +15,44 @@ namespace {
 
 class RnrTest : public DeviceTest {
  protected:
-  // a_ with `rnr_retry`; b_ (the responder) asks for 0.01 ms between retries.
-  void ConnectWithRnrRetry(uint8_t rnr_retry) {
+  // a_ with `rnr_retry`; b_ (the responder) asks for `min_rnr_timer` between retries (the IB
+  // encoding: 1 is 0.01 ms, 20 is 10.24 ms).
+  void ConnectWithRnrRetry(uint8_t rnr_retry, uint8_t min_rnr_timer = 1) {
     verbs::ConnectOptions a_connect = DefaultConnectOptions();
     a_connect.rnr_retry = rnr_retry;
     verbs::ConnectOptions b_connect = DefaultConnectOptions();
-    b_connect.min_rnr_timer = 1;
+    b_connect.min_rnr_timer = min_rnr_timer;
     ASSERT_NO_FATAL_FAILURE(Connect({}, {}, a_connect, b_connect));
   }
 };
+
+constexpr uint8_t kRnrTimer10ms = 20;  // 10.24 ms
+constexpr absl::Duration kRnrDelay = absl::Microseconds(10240);
+
+// The retries are real: failing takes at least rnr_retry timer periods (a device that gave up
+// at the first RNR NAK would fail at once), and a receive posted within them saves the SEND.
+TEST_P(RnrTest, FiniteRetriesWaitTheResponderTimerBetweenTries) {
+  constexpr uint8_t kRetries = 3;
+  ASSERT_NO_FATAL_FAILURE(ConnectWithRnrRetry(kRetries, kRnrTimer10ms));
+  const absl::Time start = absl::Now();
+  ASSERT_EQ(SendWr(1, IBV_WR_SEND).Local(*a_, 0, 64).Post(a_->ibqp()), 0);
+  ExpectWc(Poll(a_->send_cq()), {.wr_id = 1, .status = IBV_WC_RNR_RETRY_EXC_ERR, .qp_num = a_->qpn()});
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_GE(took, kRetries * kRnrDelay * 0.9) << "gave up after " << took;
+}
+
+TEST_P(RnrTest, AReceivePostedWithinTheRetriesSavesTheSend) {
+  ASSERT_NO_FATAL_FAILURE(ConnectWithRnrRetry(6, kRnrTimer10ms));  // about 60 ms of retries
+  FillPattern(a_->data(), 64, 3);
+  ASSERT_EQ(SendWr(1, IBV_WR_SEND).Local(*a_, 0, 64).Post(a_->ibqp()), 0);
+  std::vector<ibv_wc> early = Observe(a_->send_cq(), absl::Milliseconds(12));
+  ASSERT_TRUE(early.empty()) << "finished without a receive: " << Describe(early.front());
+  ASSERT_EQ(b_->PostRecv(0xb0, 0, 4096), 0);
+  ExpectWc(Poll(a_->send_cq()), {.wr_id = 1, .qp_num = a_->qpn(), .opcode = IBV_WC_SEND});
+  ExpectWc(Poll(b_->recv_cq()),
+           {.wr_id = 0xb0, .qp_num = b_->qpn(), .opcode = IBV_WC_RECV, .byte_len = 64});
+  EXPECT_EQ(FindPatternMismatch(b_->data(), 64, 3), -1);
+}
 
 TEST_P(RnrTest, RetriesExhaustedForEveryFiniteRnrRetry) {
   for (uint8_t rnr_retry = 0; rnr_retry <= 6; ++rnr_retry) {

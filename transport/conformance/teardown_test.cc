@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/time/clock.h"
+#include "absl/cleanup/cleanup.h"
 #include "transport/conformance/conformance.h"
 #include "transport/verbs/verbs.h"
 
@@ -105,6 +106,11 @@ TEST_P(TeardownTest, QpsComeAndGoWhileAnotherThreadPollsTheirCq) {
       received.insert(received.end(), wcs, wcs + got);
     }
   });
+  // Stopped and joined on every way out: a failed ASSERT must not leave a joinable thread.
+  absl::Cleanup stop_poller = [&] {
+    stop.store(true);
+    if (poller.joinable()) poller.join();
+  };
   auto received_count = [&] {
     std::lock_guard<std::mutex> lock(mu);
     return received.size();
