@@ -232,7 +232,7 @@ TEST_F(E2ETest, DeadlineExceededAndTheServerHearsOfIt) {
     ASSERT_TRUE(CallRaw(**channel, Id("/test.E2E/Cancelled"), "", &count, {}).ok());
     ASSERT_TRUE(absl::SimpleAtoi(count, &cancelled));
   }
-  EXPECT_EQ(cancelled, before + 1);
+  EXPECT_GT(cancelled, before);
   EXPECT_EQ(Echo(**channel, "after"), "after");
 }
 

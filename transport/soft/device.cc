@@ -240,7 +240,8 @@ absl::StatusOr<std::unique_ptr<verbs::DeviceOps>> OpenSoftDevice(absl::string_vi
   std::string error;
   Hca* hca = AcquireHca(std::string(name), &error);
   if (hca == nullptr) return absl::UnavailableError(error);
-  int async_fd = eventfd(0, EFD_SEMAPHORE | EFD_CLOEXEC);
+  // Non-blocking, as DeviceOps::GetAsyncEvent documents: callers poll it to wait.
+  int async_fd = eventfd(0, EFD_SEMAPHORE | EFD_CLOEXEC | EFD_NONBLOCK);
   if (async_fd < 0) {
     ReleaseHca(hca);
     return absl::ResourceExhaustedError(absl::StrCat("eventfd: ", std::strerror(errno)));

@@ -659,11 +659,10 @@ void SoftContext::PurgeAsyncEvents(const void* object) {
     }
   }
   // Each queued event counted one on the semaphore eventfd; take back the purged ones' counts so
-  // that poll() on async_fd does not announce events that are gone. A reader that already took
-  // a count (GetAsyncEvent, before the lock) leaves fewer: never block for one.
+  // that poll() on async_fd does not announce events that are gone. The fd is non-blocking: a
+  // reader that already took a count (GetAsyncEvent, before the lock) leaves fewer, and then a
+  // read here finds none instead of waiting for one under the lock.
   for (; removed > 0; --removed) {
-    pollfd p{vctx.context.async_fd, POLLIN, 0};
-    if (poll(&p, 1, 0) != 1) break;
     uint64_t count;
     if (read(vctx.context.async_fd, &count, sizeof(count)) != sizeof(count)) break;
   }

@@ -47,6 +47,9 @@ int RegMr(SoftContext* sctx, ibv_pd* pd, void* addr, size_t length, int access, 
   if (reinterpret_cast<uintptr_t>(addr) + length < reinterpret_cast<uintptr_t>(addr)) return EINVAL;
   if (!RangeMapped(addr, length)) return EFAULT;
 
+  // Slot metadata changes under the window lock: a bind queued before a deregistration reads it
+  // there to learn whether its region still exists (ExecuteLocalOp).
+  swirl::MutexLock lock(&sctx->hca->mw_mu);
   absl::StatusOr<KeyEntry*> entry = sctx->hca->keys.Allocate(KeyKind::kMr);
   if (!entry.ok()) return ENOMEM;
   KeyEntry* e = *entry;
@@ -92,6 +95,7 @@ ibv_mw* AllocMw(ibv_pd* pd, ibv_mw_type type) {
     errno = EINVAL;
     return nullptr;
   }
+  swirl::MutexLock lock(&sctx->hca->mw_mu);  // slot metadata changes under it (see RegMr)
   absl::StatusOr<KeyEntry*> entry =
       sctx->hca->keys.Allocate(type == IBV_MW_TYPE_1 ? KeyKind::kMw1 : KeyKind::kMw2);
   if (!entry.ok()) {

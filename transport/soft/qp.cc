@@ -393,8 +393,15 @@ void FillWqe(SoftQp* qp, uint32_t index, const ibv_send_wr* wr) {
     w.swap = wr->wr.atomic.swap;
     if (total != 8) FailAtPost(qp, w, IBV_WC_LOC_LEN_ERR);
   } else if (wr->opcode == IBV_WR_BIND_MW) {
-    w.mw = wr->bind_mw.mw;
-    w.bind_mr = wr->bind_mw.bind_info.mr;
+    const auto* mw = static_cast<const SoftMw*>(wr->bind_mw.mw);
+    w.bind_mw_entry = mw->entry;
+    w.bind_mw_index = mw->handle;
+    w.bind_mw_type2 = mw->type == IBV_MW_TYPE_2;
+    w.bind_mw_pd = mw->pd;
+    const auto* mr = static_cast<const SoftMr*>(wr->bind_mw.bind_info.mr);
+    w.bind_mr_entry = mr != nullptr ? mr->entry : nullptr;
+    w.bind_mr_lkey = mr != nullptr ? mr->lkey : 0;
+    w.bind_mr_pd = mr != nullptr ? mr->pd : nullptr;
     w.bind_addr = wr->bind_mw.bind_info.addr;
     w.bind_length = wr->bind_mw.bind_info.length;
     w.bind_access = wr->bind_mw.bind_info.mw_access_flags;

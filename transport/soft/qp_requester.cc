@@ -179,13 +179,16 @@ void ExecuteLocalOp(SoftQp* qp, SendWqe& w) {
   }
 
   // BIND_MW (type 2 through post_send, type 1 through ibv_bind_mw).
-  auto* mw = static_cast<SoftMw*>(w.mw);
-  KeyEntry* e = mw->entry;
-  auto* mr = static_cast<SoftMr*>(w.bind_mr);
-  const bool type2 = mw->type == IBV_MW_TYPE_2;
+  KeyEntry* e = w.bind_mw_entry;
+  const bool type2 = w.bind_mw_type2;
   const unsigned int access = w.bind_access;
   auto bind_error = [&w, qp] { FailWqe(qp, w, IBV_WC_MW_BIND_ERR); };
-  if (mw->pd != qp->pd) return bind_error();
+  // The window (or region) may have been freed since the post, and its slot reused: slot
+  // metadata changes only under mw_mu, which we hold.
+  if (e->kind != (type2 ? KeyKind::kMw2 : KeyKind::kMw1) || e->index != w.bind_mw_index) {
+    return bind_error();
+  }
+  if (w.bind_mw_pd != qp->pd) return bind_error();
   if (type2 && KeyTable::PublishedKey(e) != 0) return bind_error();  // only from the free state
   // Local bits mean nothing for a window and are ignored, as rxe and mlx5 do (applications
   // pass their MR's flags); zero-based and other modes are not supported.
@@ -194,11 +197,13 @@ void ExecuteLocalOp(SoftQp* qp, SendWqe& w) {
                                           IBV_ACCESS_REMOTE_ATOMIC | kIgnored)) {
     return bind_error();
   }
-  const bool unbind = mr == nullptr || w.bind_length == 0;
+  KeyEntry* mre = w.bind_mr_entry;
+  const bool unbind = mre == nullptr || w.bind_length == 0;
   if (type2 && unbind) return bind_error();
   if (!unbind) {
-    KeyEntry* mre = mr->entry;
-    if (mr->pd != qp->pd || KeyTable::PublishedKey(mre) != mr->lkey) return bind_error();
+    if (w.bind_mr_pd != qp->pd || KeyTable::PublishedKey(mre) != w.bind_mr_lkey) {
+      return bind_error();
+    }
     if (!(mre->access & IBV_ACCESS_MW_BIND)) return bind_error();
     if ((access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) &&
         !(mre->access & IBV_ACCESS_LOCAL_WRITE)) {
@@ -220,7 +225,7 @@ void ExecuteLocalOp(SoftQp* qp, SendWqe& w) {
   e->length = unbind ? 0 : w.bind_length;
   e->qp_serial = type2 ? qp->serial : 0;
   if (!unbind) {
-    e->mr = mr->entry;
+    e->mr = mre;
     std::atomic_ref<uint32_t>(e->mr->bound_windows).fetch_add(1, std::memory_order_acq_rel);
   }
   KeyTable::Publish(e, (e->index << 8) | (w.bind_rkey & 0xff));

@@ -215,9 +215,16 @@ struct SendWqe {
   uint64_t compare_add;
   uint64_t swap;
   uint32_t num_sge;
-  // BIND_MW
-  ibv_mw* mw;
-  ibv_mr* bind_mr;
+  // BIND_MW, captured when posted: the application may deallocate the window or deregister the
+  // region before the bind runs, so the WQE holds their key slots (which live as long as the
+  // table) and what those slots stood for, never the objects' pointers.
+  KeyEntry* bind_mw_entry;
+  uint32_t bind_mw_index;  // the window's slot index then (a reused slot answers to another)
+  bool bind_mw_type2;
+  const ibv_pd* bind_mw_pd;
+  KeyEntry* bind_mr_entry;  // null: no region (a type 1 unbind)
+  uint32_t bind_mr_lkey;
+  const ibv_pd* bind_mr_pd;
   uint64_t bind_addr;
   uint64_t bind_length;
   unsigned int bind_access;

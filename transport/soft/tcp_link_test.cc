@@ -511,7 +511,10 @@ TEST(TcpFabric, AQpWhoseOwnLinkCannotConnectFails) {
   PostSend(victim, 11, "nowhere to go");
   ibv_wc wc = Wait({&victim});
   EXPECT_EQ(wc.wr_id, 11u);
-  EXPECT_EQ(wc.status, IBV_WC_RETRY_EXC_ERR) << ibv_wc_status_str(wc.status);
+  // RETRY_EXC_ERR as for a vanished peer, or a flush if the HCA thread (which assists CQs
+  // nobody polls) failed the QP before the SEND was posted.
+  EXPECT_TRUE(wc.status == IBV_WC_RETRY_EXC_ERR || wc.status == IBV_WC_WR_FLUSH_ERR)
+      << ibv_wc_status_str(wc.status);
 }
 
 // Reads what arrives on `fd` for up to 10 s and returns true once `text` has come by.

@@ -71,8 +71,8 @@ class DeviceOps {
                       ibv_qp_init_attr* init_attr) = 0;
   virtual int DestroyQp(ibv_qp* qp) = 0;
 
-  // Asynchronous events (port changes, CQ overflow, QP fatal errors). Blocks unless
-  // context()->async_fd is non-blocking (EAGAIN then).
+  // Asynchronous events (port changes, CQ overflow, QP errors). Never blocks: EAGAIN when none
+  // is queued; poll context()->async_fd to wait (both devices open it non-blocking).
   virtual int GetAsyncEvent(ibv_async_event* event) = 0;
   virtual void AckAsyncEvent(ibv_async_event* event) = 0;
 };

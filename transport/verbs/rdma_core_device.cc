@@ -1,5 +1,7 @@
 #include "transport/verbs/rdma_core_device.h"
 
+#include <fcntl.h>
+
 #include <algorithm>
 #include <cerrno>
 
@@ -166,6 +168,14 @@ absl::StatusOr<std::unique_ptr<DeviceOps>> OpenRdmaCoreDevice(absl::string_view 
     errno = 0;
     ibv_context* context = ibv_open_device(device);
     if (context == nullptr) return VerbsError("ibv_open_device", name, LastErrno());
+    // DeviceOps::GetAsyncEvent never blocks: callers poll async_fd (ibv_get_async_event(3)
+    // allows changing its flags for exactly this).
+    const int flags = fcntl(context->async_fd, F_GETFL);
+    if (flags < 0 || fcntl(context->async_fd, F_SETFL, flags | O_NONBLOCK) != 0) {
+      const int err = errno;
+      ibv_close_device(context);
+      return VerbsError("fcntl(async_fd, O_NONBLOCK)", name, err);
+    }
     return std::unique_ptr<DeviceOps>(new RdmaCoreDeviceOps(std::string(name), context));
   }
   return absl::NotFoundError(absl::StrCat("no rdma-core device named '", name, "'"));

@@ -114,15 +114,26 @@ absl::StatusOr<ibv_event_type> Context::WaitAsyncEvent(absl::Duration timeout) {
 }
 
 absl::StatusOr<ibv_async_event> Context::NextAsyncEvent(absl::Duration timeout) {
-  if (int err = WaitReadable(get()->async_fd, timeout); err != 0) {
-    if (err == ETIMEDOUT) return absl::DeadlineExceededError("no asynchronous event");
-    return VerbsError("poll(async_fd)", err);
+  const absl::Time deadline = absl::Now() + timeout;
+  for (;;) {
+    if (int err = WaitReadable(get()->async_fd, std::max(deadline - absl::Now(),
+                                                         absl::ZeroDuration()));
+        err != 0) {
+      if (err == ETIMEDOUT) return absl::DeadlineExceededError("no asynchronous event");
+      return VerbsError("poll(async_fd)", err);
+    }
+    ibv_async_event event;
+    const int err = ops_->GetAsyncEvent(&event);
+    // EAGAIN: readable, but another reader took the event (or it went with its object).
+    if (err == EAGAIN) {
+      if (absl::Now() >= deadline) return absl::DeadlineExceededError("no asynchronous event");
+      continue;
+    }
+    if (err != 0) return VerbsError("ibv_get_async_event", err);
+    ibv_async_event copy = event;
+    ops_->AckAsyncEvent(&event);
+    return copy;
   }
-  ibv_async_event event;
-  if (int err = ops_->GetAsyncEvent(&event); err != 0) return VerbsError("ibv_get_async_event", err);
-  ibv_async_event copy = event;
-  ops_->AckAsyncEvent(&event);
-  return copy;
 }
 
 // ---- ProtectionDomain -------------------------------------------------------------------------
