@@ -23,7 +23,21 @@ void Nak(SoftQp* qp, uint32_t msn, ibv_wc_status status) {
   qp->pending_nak.msn = msn;
   qp->pending_nak.status = status;
   FlushPendingNak(qp);
+  const bool was_in_error = qp->qstate == IBV_QPS_ERR;
   EnterError(qp);
+  // The responder's own failure has no completion to report it, so it is an affiliated
+  // asynchronous error on its QP (IB spec 11.6.3.1; mlx5 raises these): an access violation, an
+  // invalid request, or a catastrophic error for anything else the responder cannot carry out.
+  // An out-of-sequence request is the soft device's stand-in for a retry failure, not a
+  // responder error, and raises nothing.
+  if (was_in_error || status == IBV_WC_RETRY_EXC_ERR) return;
+  ibv_async_event event;
+  std::memset(&event, 0, sizeof(event));
+  event.event_type = status == IBV_WC_REM_ACCESS_ERR    ? IBV_EVENT_QP_ACCESS_ERR
+                     : status == IBV_WC_REM_INV_REQ_ERR ? IBV_EVENT_QP_REQ_ERR
+                                                        : IBV_EVENT_QP_FATAL;
+  event.element.qp = qp;
+  qp->sctx->RaiseAsyncEvent(event);
 }
 
 // The fields of a receive completion, into a zeroed ibv_wc.
