@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 #include <infiniband/verbs.h>
 
+#include <cstdio>
 #include <cstring>
 #include <memory>
 
@@ -273,25 +274,39 @@ TEST_P(MemoryWindowTest, SendWithInvalidateOfWindowBoundToAnotherQpIsRefused) {
 }
 
 // A type 2 window stays tied to the QP it was bound through: once that QP is destroyed, no
-// other QP can use its key, not even a new one that takes the destroyed QP's place (and, in a
-// userspace device, probably its memory: the new QP is the next one created in this process).
+// other QP can use its key, not even a new one that takes the destroyed QP's place. The new QP
+// is the first object created after the destroy, on b_'s existing CQs, so a userspace device
+// probably gives it the destroyed QP's memory (the soft device once matched windows to QPs by
+// address, and this is how that showed).
 TEST_P(MemoryWindowTest, AWindowOfADestroyedQpAnswersNoOtherQp) {
   std::unique_ptr<MemoryWindow> mw = Allocate(b_->pd(), IBV_MW_TYPE_2);
   ASSERT_NE(mw, nullptr);
   const uint32_t rkey = ibv_inc_rkey(mw->rkey());
   auto a3 = Endpoint::Create(device());
   ASSERT_TRUE(a3.ok()) << a3.status();
+  verbs::QueuePairConfig config;
+  config.send_cq = b_->shared_send_cq();
+  config.recv_cq = b_->shared_recv_cq();
+  const void* destroyed = nullptr;
   {
     std::unique_ptr<Endpoint> a2, b2;
     ASSERT_NO_FATAL_FAILURE(ConnectExtra(b_->pd(), &a2, &b2));
     ASSERT_NO_FATAL_FAILURE(Bind(*mw, rkey, b2.get()));
     ASSERT_NO_FATAL_FAILURE(ExpectStillValid(*a2, rkey, b_->addr(kWindowOffset)));
+    destroyed = b2->ibqp();
     a2.reset();
     b2.reset();  // the bound QP goes last
   }
-  auto b3 = Endpoint::Create(b_->pd());
+  auto b3 = verbs::QueuePair::Create(b_->pd(), config);
   ASSERT_TRUE(b3.ok()) << b3.status();
-  SWIRL_ASSERT_OK(ConnectPair(**a3, **b3));
+  std::printf("the new QP %s the destroyed one's address\n",
+              static_cast<const void*>((*b3)->get()) == destroyed ? "took" : "did not take");
+  const verbs::ConnectOptions options = DefaultConnectOptions();
+  auto a_address = (*a3)->qp().LocalAddress(0x33, options);
+  auto b_address = (*b3)->LocalAddress(0x44, options);
+  ASSERT_TRUE(a_address.ok() && b_address.ok());
+  SWIRL_ASSERT_OK((*b3)->Connect(*a_address, 0x44, options));
+  SWIRL_ASSERT_OK((*a3)->qp().Connect(*b_address, 0x33, options));
   Endpoint& reader = **a3;
   ASSERT_EQ(SendWr(0xdead, IBV_WR_RDMA_READ)
                 .Local(reader, 0, 64)
