@@ -662,6 +662,8 @@ class BulkSecurityTest : public ::testing::Test {
 TEST_F(BulkSecurityTest, DownloadKeyIsDeadAfterTheAcknowledgement) {
   testing::RogueConnection rogue;
   ASSERT_TRUE(rogue.Connect(port_, "e2e").ok());
+  auto before = good_->ServerStats();
+  ASSERT_TRUE(before.ok()) << before.status();
   uint64_t id;
   const BulkDescriptor d = Download(rogue, 65536, &id);
   std::string data;
@@ -674,6 +676,18 @@ TEST_F(BulkSecurityTest, DownloadKeyIsDeadAfterTheAcknowledgement) {
   st = rogue.Read(d.addr, d.rkey, d.length, &data);
   ASSERT_TRUE(st.ok());
   EXPECT_EQ(*st, IBV_WC_REM_ACCESS_ERR);
+  // The server's QP that refused it reports that on the device's asynchronous events, which the
+  // server counts.
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  absl::StatusOr<control::StatsResponse> now;
+  do {
+    absl::SleepFor(absl::Milliseconds(5));
+    now = good_->ServerStats();
+    ASSERT_TRUE(now.ok()) << now.status();
+  } while (now->server().async_qp_errors() == before->server().async_qp_errors() &&
+           absl::Now() < deadline);
+  EXPECT_EQ(now->server().async_qp_errors(), before->server().async_qp_errors() + 1);
+  EXPECT_EQ(now->server().async_device_events(), before->server().async_device_events());
   ExpectHealthy(*good_, 2);
 }
 

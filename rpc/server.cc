@@ -166,6 +166,7 @@ class Server::Impl final : public control::Control::Service {
     }
     accepting_.store(true);
     started_ = true;
+    async_watcher_ = std::thread([this] { WatchAsyncEvents(); });
     SWIRL_LOG(INFO, "swirl server on port %d, device %s, %u worker(s), remote invalidation %s",
               port_, caps_.device, workers_.size(),
               caps_.remote_invalidation() ? "available" : "unavailable");
@@ -211,6 +212,47 @@ class Server::Impl final : public control::Control::Service {
       workers_.clear();
     }
     pool_.reset();
+    watcher_stop_.store(true, std::memory_order_release);
+    if (async_watcher_.joinable()) async_watcher_.join();
+  }
+
+  // Reads the device's asynchronous events until Shutdown, counts them, and logs those that
+  // mean something (rate-limited: a peer can make our QPs raise errors as often as it likes).
+  // Only the event's type is used: the QP or CQ it names may already be destroyed.
+  void WatchAsyncEvents() {
+    while (!watcher_stop_.load(std::memory_order_acquire)) {
+      absl::StatusOr<ibv_async_event> event = context_->NextAsyncEvent(absl::Milliseconds(100));
+      if (!event.ok()) {
+        if (!absl::IsDeadlineExceeded(event.status())) {
+          SWIRL_LOG(WARNING, "swirl server: asynchronous events: %s", event.status().ToString());
+          absl::SleepFor(absl::Milliseconds(100));
+        }
+        continue;
+      }
+      const ibv_event_type type = event->event_type;
+      switch (type) {
+        case IBV_EVENT_QP_LAST_WQE_REACHED:
+        case IBV_EVENT_COMM_EST:
+        case IBV_EVENT_SQ_DRAINED:
+        case IBV_EVENT_SRQ_LIMIT_REACHED:
+          continue;  // routine
+        case IBV_EVENT_QP_FATAL:
+        case IBV_EVENT_QP_REQ_ERR:
+        case IBV_EVENT_QP_ACCESS_ERR:
+        case IBV_EVENT_PATH_MIG_ERR:
+          async_qp_errors_.fetch_add(1, std::memory_order_relaxed);
+          break;
+        default:
+          async_device_events_.fetch_add(1, std::memory_order_relaxed);
+          break;
+      }
+      uint64_t unlogged = 0;
+      if (async_log_.Allow(absl::Now(), &unlogged)) {
+        SWIRL_LOG(WARNING, "swirl server: device %s: asynchronous event %s%s", caps_.device,
+                  ibv_event_type_str(type),
+                  unlogged > 0 ? absl::StrCat(" (", unlogged, " more not logged)") : "");
+      }
+    }
   }
 
   // ---- Control service ----
@@ -410,6 +452,8 @@ class Server::Impl final : public control::Control::Service {
     s->set_connections_refused(refused_.load());
     s->set_connections_closed(closed_.load());
     s->set_connections_failed(failed_.load());
+    s->set_async_qp_errors(async_qp_errors_.load(std::memory_order_relaxed));
+    s->set_async_device_events(async_device_events_.load(std::memory_order_relaxed));
     uint64_t live = 0;
     swirl::ReaderMutexLock lock(&workers_mu_);
     for (auto& w : workers_) {
@@ -527,6 +571,12 @@ class Server::Impl final : public control::Control::Service {
   std::atomic<uint64_t> closed_{0};
   std::atomic<uint64_t> failed_{0};
   LogLimiter refusal_log_;
+  // WatchAsyncEvents: the one reader of the device's asynchronous events.
+  std::thread async_watcher_;
+  std::atomic<bool> watcher_stop_{false};
+  std::atomic<uint64_t> async_qp_errors_{0};
+  std::atomic<uint64_t> async_device_events_{0};
+  LogLimiter async_log_;
 
   mutable swirl::Mutex mu_;
   uint64_t active_ ABSL_GUARDED_BY(mu_) = 0;
