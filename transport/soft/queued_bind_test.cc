@@ -15,51 +15,23 @@
 #include <vector>
 
 #include "absl/time/clock.h"
-#include "transport/soft/soft_device.h"
+#include "transport/soft/test_side.h"
 #include "transport/verbs/verbs.h"
 
 namespace swirl::soft {
 namespace {
 
-using verbs::CompletionQueue;
-using verbs::Context;
 using verbs::MemoryRegion;
 using verbs::MemoryWindow;
-using verbs::ProtectionDomain;
-using verbs::QueuePair;
 
 constexpr int kAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
                         IBV_ACCESS_REMOTE_READ | IBV_ACCESS_MW_BIND;
 
-struct Side {
-  std::shared_ptr<Context> ctx;
-  std::shared_ptr<ProtectionDomain> pd;
-  std::shared_ptr<CompletionQueue> cq;
-  std::unique_ptr<QueuePair> qp;
-  std::vector<char> buf = std::vector<char>(1 << 16);
-  std::unique_ptr<MemoryRegion> mr;
-};
-
-Side MakeSide(const char* name) {
-  Side s;
-  s.ctx = Context::Wrap(*OpenSoftDevice(name));
-  s.pd = *ProtectionDomain::Create(s.ctx);
-  s.cq = *CompletionQueue::Create(s.ctx, 64);
-  verbs::QueuePairConfig config;
-  config.send_cq = s.cq;
-  config.recv_cq = s.cq;
-  s.qp = *QueuePair::Create(s.pd, config);
-  s.mr = *MemoryRegion::Register(s.pd, s.buf.data(), s.buf.size(), kAccess);
-  return s;
+Side MakeBindSide(const char* name) {
+  return MakeSide(name, {.mr_access = kAccess, .max_inline_data = 0, .cq_entries = 64});
 }
 
-void Connect(Side& a, Side& b) {
-  verbs::ConnectOptions options;
-  auto aa = *a.qp->LocalAddress(100, options);
-  auto ba = *b.qp->LocalAddress(200, options);
-  ASSERT_TRUE(a.qp->Connect(ba, 100, options).ok());
-  ASSERT_TRUE(b.qp->Connect(aa, 200, options).ok());
-}
+void Connect(Side& a, Side& b) { ASSERT_TRUE(ConnectSides(a, b).ok()); }
 
 // `n` completions from a's CQ, polling b's meanwhile (which answers the READ).
 std::vector<ibv_wc> Collect(Side& a, Side& b, size_t n) {
@@ -105,8 +77,8 @@ void PostReadThenFencedBind(Side& a, Side& b, ibv_mw* mw, MemoryRegion& region) 
 }
 
 TEST(QueuedBind, AWindowDeallocatedBeforeItsBindRunsFailsTheBind) {
-  Side a = MakeSide("soft0");
-  Side b = MakeSide("soft1");
+  Side a = MakeBindSide("soft0");
+  Side b = MakeBindSide("soft1");
   ASSERT_NO_FATAL_FAILURE(Connect(a, b));
   auto mw = MemoryWindow::Allocate(a.pd, IBV_MW_TYPE_2);
   ASSERT_TRUE(mw.ok()) << mw.status();
@@ -121,8 +93,8 @@ TEST(QueuedBind, AWindowDeallocatedBeforeItsBindRunsFailsTheBind) {
 }
 
 TEST(QueuedBind, ARegionDeregisteredBeforeABindOverItRunsFailsTheBind) {
-  Side a = MakeSide("soft0");
-  Side b = MakeSide("soft1");
+  Side a = MakeBindSide("soft0");
+  Side b = MakeBindSide("soft1");
   ASSERT_NO_FATAL_FAILURE(Connect(a, b));
   std::vector<char> other(1 << 16);
   auto region = MemoryRegion::Register(a.pd, other.data(), other.size(), kAccess);

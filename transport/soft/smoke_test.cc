@@ -8,49 +8,20 @@
 
 #include "absl/time/clock.h"
 #include "transport/soft/soft_device.h"
+#include "transport/soft/test_side.h"
 #include "transport/verbs/verbs.h"
 
 namespace swirl::soft {
 namespace {
 
-using verbs::CompletionQueue;
-using verbs::Context;
-using verbs::MemoryRegion;
-using verbs::ProtectionDomain;
-using verbs::QueuePair;
-
-struct Side {
-  std::shared_ptr<Context> ctx;
-  std::shared_ptr<ProtectionDomain> pd;
-  std::shared_ptr<CompletionQueue> cq;
-  std::unique_ptr<QueuePair> qp;
-  std::vector<char> buf = std::vector<char>(1 << 20);
-  std::unique_ptr<MemoryRegion> mr;
-};
-
-Side MakeSide(const char* name) {
-  Side s;
-  s.ctx = Context::Wrap(*OpenSoftDevice(name));
-  s.pd = *ProtectionDomain::Create(s.ctx);
-  s.cq = *CompletionQueue::Create(s.ctx, 256);
-  verbs::QueuePairConfig config;
-  config.send_cq = s.cq;
-  config.recv_cq = s.cq;
-  config.max_inline_data = 256;
-  s.qp = *QueuePair::Create(s.pd, config);
-  s.mr = *MemoryRegion::Register(s.pd, s.buf.data(), s.buf.size(),
-                                 IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
-                                     IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC);
-  return s;
+// Whole 1 MiB buffers with every remote access, so each opcode has room and rights.
+Side MakeSmokeSide(const char* name) {
+  return MakeSide(name, {.buffer_size = 1 << 20,
+                         .mr_access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+                                      IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC});
 }
 
-void Connect(Side& a, Side& b) {
-  verbs::ConnectOptions options;
-  auto aa = *a.qp->LocalAddress(100, options);
-  auto ba = *b.qp->LocalAddress(200, options);
-  ASSERT_TRUE(a.qp->Connect(ba, 100, options).ok());
-  ASSERT_TRUE(b.qp->Connect(aa, 200, options).ok());
-}
+void Connect(Side& a, Side& b) { ASSERT_TRUE(ConnectSides(a, b).ok()); }
 
 // Polls both CQs until `side`'s CQ yields a completion.
 ibv_wc Wait(Side& side, Side& other) {
@@ -68,8 +39,8 @@ ibv_wc Wait(Side& side, Side& other) {
 }
 
 TEST(SoftSmoke, SendRecvWriteReadAcrossTwoDevices) {
-  Side a = MakeSide("soft0");
-  Side b = MakeSide("soft1");
+  Side a = MakeSmokeSide("soft0");
+  Side b = MakeSmokeSide("soft1");
   Connect(a, b);
 
   ibv_sge rsge{reinterpret_cast<uint64_t>(b.buf.data()), 4096, b.mr->lkey()};

@@ -19,17 +19,12 @@
 
 #include "absl/time/clock.h"
 #include "transport/soft/soft_device.h"
+#include "transport/soft/test_side.h"
 #include "transport/soft/wire.h"
 #include "transport/verbs/verbs.h"
 
 namespace swirl::soft {
 namespace {
-
-using verbs::CompletionQueue;
-using verbs::Context;
-using verbs::MemoryRegion;
-using verbs::ProtectionDomain;
-using verbs::QueuePair;
 
 // The link protocol's structures, written from the document (not shared with tcp_link.cc).
 struct Hello {
@@ -56,29 +51,6 @@ struct Record {
   uint64_t position;
 };
 static_assert(sizeof(Record) == 16);
-
-struct Side {
-  std::shared_ptr<Context> ctx;
-  std::shared_ptr<ProtectionDomain> pd;
-  std::shared_ptr<CompletionQueue> cq;
-  std::unique_ptr<QueuePair> qp;
-  std::vector<char> buf = std::vector<char>(1 << 16);
-  std::unique_ptr<MemoryRegion> mr;
-};
-
-Side MakeSide(const char* name) {
-  Side s;
-  s.ctx = Context::Wrap(*OpenSoftDevice(name));
-  s.pd = *ProtectionDomain::Create(s.ctx);
-  s.cq = *CompletionQueue::Create(s.ctx, 256);
-  verbs::QueuePairConfig config;
-  config.send_cq = s.cq;
-  config.recv_cq = s.cq;
-  config.max_inline_data = 256;
-  s.qp = *QueuePair::Create(s.pd, config);
-  s.mr = *MemoryRegion::Register(s.pd, s.buf.data(), s.buf.size(), IBV_ACCESS_LOCAL_WRITE);
-  return s;
-}
 
 ibv_gid GidOf(Side& side) { return *side.ctx->QueryGid(1, 0); }
 
@@ -133,10 +105,7 @@ struct HealthyPair {
   Side a = MakeSide("soft0");
   Side b = MakeSide("soft1");
   explicit HealthyPair(verbs::ConnectOptions options = {}) {
-    auto aa = *a.qp->LocalAddress(100, options);
-    auto ba = *b.qp->LocalAddress(200, options);
-    EXPECT_TRUE(a.qp->Connect(ba, 100, options).ok());
-    EXPECT_TRUE(b.qp->Connect(aa, 200, options).ok());
+    EXPECT_TRUE(ConnectSides(a, b, options).ok());
   }
   void Check(const char* text) {
     PostRecv(b, 1);

@@ -1,0 +1,31 @@
+#include "transport/soft/test_side.h"
+
+#include "transport/soft/soft_device.h"
+
+namespace swirl::soft {
+
+Side MakeSide(const char* name, const SideOptions& options) {
+  Side s;
+  s.ctx = verbs::Context::Wrap(*OpenSoftDevice(name));
+  s.pd = *verbs::ProtectionDomain::Create(s.ctx);
+  s.cq = *verbs::CompletionQueue::Create(s.ctx, options.cq_entries);
+  verbs::QueuePairConfig config;
+  config.send_cq = s.cq;
+  config.recv_cq = s.cq;
+  config.max_inline_data = options.max_inline_data;
+  s.qp = *verbs::QueuePair::Create(s.pd, config);
+  s.buf.resize(options.buffer_size);
+  s.mr = *verbs::MemoryRegion::Register(s.pd, s.buf.data(), s.buf.size(), options.mr_access);
+  return s;
+}
+
+absl::Status ConnectSides(Side& a, Side& b, const verbs::ConnectOptions& options) {
+  absl::StatusOr<verbs::PeerAddress> aa = a.qp->LocalAddress(100, options);
+  if (!aa.ok()) return aa.status();
+  absl::StatusOr<verbs::PeerAddress> ba = b.qp->LocalAddress(200, options);
+  if (!ba.ok()) return ba.status();
+  if (absl::Status s = a.qp->Connect(*ba, 100, options); !s.ok()) return s;
+  return b.qp->Connect(*aa, 200, options);
+}
+
+}  // namespace swirl::soft
