@@ -55,6 +55,19 @@ class LocalErrorTest : public DeviceTest {
     SWIRL_ASSERT_OK((*mr)->Deregister());
   }
 
+  // a_ reads 64 bytes of pattern `seed`, written at b_'s `offset`, through `rkey`.
+  void ExpectReadable(uint32_t rkey, size_t offset, uint64_t seed, uint64_t wr_id) {
+    FillPattern(b_->data(offset), 64, seed);
+    ASSERT_EQ(SendWr(wr_id, IBV_WR_RDMA_READ)
+                  .Local(*a_, 0, 64)
+                  .Remote(b_->addr(offset), rkey)
+                  .Post(a_->ibqp()),
+              0);
+    ExpectWc(Poll(a_->send_cq()),
+             {.wr_id = wr_id, .qp_num = a_->qpn(), .opcode = IBV_WC_RDMA_READ, .byte_len = 64});
+    EXPECT_EQ(FindPatternMismatch(a_->data(), 64, seed), -1);
+  }
+
   std::unique_ptr<MemoryRegion> RegisterOnB(int access, size_t offset, size_t length) {
     auto mr = MemoryRegion::Register(b_->pd(), b_->data(offset), length, access);
     EXPECT_TRUE(mr.ok()) << mr.status().ToString();
@@ -156,13 +169,7 @@ TEST_P(LocalErrorTest, ABindIgnoresLocalAccessBits) {
   ExpectWc(BindType2(*b_, mw->get(), rkey, mr->get(), b_->addr(65536), 4096,
                      IBV_ACCESS_REMOTE_READ | IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND),
            {.wr_id = 0xb1d, .qp_num = b_->qpn(), .opcode = IBV_WC_BIND_MW});
-  FillPattern(b_->data(65536), 64, 5);
-  ASSERT_EQ(
-      SendWr(1, IBV_WR_RDMA_READ).Local(*a_, 0, 64).Remote(b_->addr(65536), rkey).Post(a_->ibqp()),
-      0);
-  ExpectWc(Poll(a_->send_cq()),
-           {.wr_id = 1, .qp_num = a_->qpn(), .opcode = IBV_WC_RDMA_READ, .byte_len = 64});
-  EXPECT_EQ(FindPatternMismatch(a_->data(), 64, 5), -1);
+  ASSERT_NO_FATAL_FAILURE(ExpectReadable(rkey, 65536, 5, 1));
   // Still a window: remote write was not granted.
   ASSERT_EQ(
       SendWr(2, IBV_WR_RDMA_WRITE).Local(*a_, 0, 64).Remote(b_->addr(65536), rkey).Post(a_->ibqp()),
@@ -271,13 +278,7 @@ TEST_P(LocalErrorTest, DeregisterRegionWithBoundWindowFailsUntilInvalidated) {
   ASSERT_NE(mr->get(), nullptr) << "a failed deregistration leaves the region registered";
 
   // The region and the window still work.
-  FillPattern(b_->data(65536), 64, 2);
-  ASSERT_EQ(
-      SendWr(1, IBV_WR_RDMA_READ).Local(*a_, 0, 64).Remote(b_->addr(65536), rkey).Post(a_->ibqp()),
-      0);
-  ExpectWc(Poll(a_->send_cq()),
-           {.wr_id = 1, .qp_num = a_->qpn(), .opcode = IBV_WC_RDMA_READ, .byte_len = 64});
-  EXPECT_EQ(FindPatternMismatch(a_->data(), 64, 2), -1);
+  ASSERT_NO_FATAL_FAILURE(ExpectReadable(rkey, 65536, 2, 1));
 
   ASSERT_EQ(SendWr(0x1a, IBV_WR_LOCAL_INV).Invalidate(rkey).Post(b_->ibqp()), 0);
   ExpectWc(Poll(b_->send_cq()), {.wr_id = 0x1a, .qp_num = b_->qpn(), .opcode = IBV_WC_LOCAL_INV});

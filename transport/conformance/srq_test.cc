@@ -22,6 +22,20 @@ constexpr uint32_t kSlot = 4096;
 
 class SrqTest : public DeviceTest {};
 
+// Posts `count` receives of kSlot bytes to `srq`, slot i at offset i * kSlot of `pool`'s region,
+// with wr_id 0x5000 + i.
+void PostSrqReceives(verbs::SharedReceiveQueue& srq, Endpoint& pool, int count) {
+  for (int slot = 0; slot < count; ++slot) {
+    ibv_sge sge{pool.addr(slot * kSlot), kSlot, pool.lkey()};
+    ibv_recv_wr wr{};
+    wr.wr_id = 0x5000 + slot;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    ibv_recv_wr* bad = nullptr;
+    ASSERT_EQ(ibv_post_srq_recv(srq.get(), &wr, &bad), 0) << slot;
+  }
+}
+
 TEST_P(SrqTest, SeveralQpsShareOneSrq) {
   std::shared_ptr<verbs::ProtectionDomain> pd;
   EndpointOptions shared;
@@ -37,15 +51,7 @@ TEST_P(SrqTest, SeveralQpsShareOneSrq) {
   // The SRQ's buffers all live in the first receiver's region (same PD as the SRQ).
   Endpoint& pool = *receivers[0];
   const int total = kQps * kMessagesPerQp;
-  for (int slot = 0; slot < total + 2; ++slot) {
-    ibv_sge sge{pool.addr(slot * kSlot), kSlot, pool.lkey()};
-    ibv_recv_wr wr{};
-    wr.wr_id = 0x5000 + slot;
-    wr.sg_list = &sge;
-    wr.num_sge = 1;
-    ibv_recv_wr* bad = nullptr;
-    ASSERT_EQ(ibv_post_srq_recv((*srq)->get(), &wr, &bad), 0) << slot;
-  }
+  ASSERT_NO_FATAL_FAILURE(PostSrqReceives(**srq, pool, total + 2));
 
   // Message m from sender i: 100 + 10 * i + m bytes of pattern 16 * i + m.
   for (int m = 0; m < kMessagesPerQp; ++m) {
@@ -107,15 +113,7 @@ TEST_P(SrqTest, AnAttachedQpEnteringErrorRaisesLastWqeReached) {
   ASSERT_NO_FATAL_FAILURE(ConnectReceivers(pd, shared, 2, &senders, &receivers));
   Track(shared.recv_cq);
   Endpoint& pool = *receivers[0];
-  for (int slot = 0; slot < 4; ++slot) {
-    ibv_sge sge{pool.addr(slot * kSlot), kSlot, pool.lkey()};
-    ibv_recv_wr wr{};
-    wr.wr_id = 0x5000 + slot;
-    wr.sg_list = &sge;
-    wr.num_sge = 1;
-    ibv_recv_wr* bad = nullptr;
-    ASSERT_EQ(ibv_post_srq_recv((*srq)->get(), &wr, &bad), 0) << slot;
-  }
+  ASSERT_NO_FATAL_FAILURE(PostSrqReceives(**srq, pool, 4));
   verbs::Context& context = pd->context();
   SWIRL_ASSERT_OK(receivers[0]->qp().ToError());
   absl::StatusOr<ibv_async_event> event = context.NextAsyncEvent(kTimeout);
