@@ -668,6 +668,14 @@ void SoftContext::PurgeAsyncEvents(const void* object) {
   }
 }
 
+void SoftContext::RaiseQpEvent(ibv_event_type type, ibv_qp* qp) {
+  ibv_async_event event;
+  std::memset(&event, 0, sizeof(event));
+  event.event_type = type;
+  event.element.qp = qp;
+  RaiseAsyncEvent(event);
+}
+
 void SoftContext::RaiseAsyncEvent(const ibv_async_event& event) {
   {
     swirl::MutexLock lock(&async.mu);

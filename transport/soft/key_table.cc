@@ -71,6 +71,16 @@ void KeyTable::Revoke(KeyEntry* e) {
   while (std::atomic_ref<uint32_t>(e->users).load(std::memory_order_seq_cst) != 0) CpuRelax();
 }
 
+void KeyTable::Unbind(KeyEntry* window) {
+  Revoke(window);
+  if (window->mr != nullptr) {
+    std::atomic_ref<uint32_t>(window->mr->bound_windows).fetch_sub(1, std::memory_order_acq_rel);
+    window->mr = nullptr;
+  }
+  window->qp_serial = 0;
+  window->length = 0;
+}
+
 uint32_t KeyTable::live() const {
   swirl::MutexLock lock(&mu_);
   return live_;

@@ -86,6 +86,10 @@ class KeyTable {
     std::atomic_ref<uint32_t>(e->key).store(key, std::memory_order_release);
   }
   static void Revoke(KeyEntry* e);
+  // A window's whole invalidation (the caller serializes window changes: Hca::mw_mu): Revoke,
+  // then unbound from its region (which may be deregistered once no window is bound over it)
+  // and from its QP.
+  static void Unbind(KeyEntry* window);
   static uint32_t PublishedKey(KeyEntry* e) {
     return std::atomic_ref<uint32_t>(e->key).load(std::memory_order_acquire);
   }

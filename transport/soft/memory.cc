@@ -126,11 +126,7 @@ int DeallocMw(ibv_mw* ibmw) {
     // Under the window lock, like every other change of a window: a remote invalidation of
     // this window racing the dealloc either finished first or finds the key gone.
     swirl::MutexLock lock(&sctx->hca->mw_mu);
-    KeyTable::Revoke(e);
-    if (e->mr != nullptr) {
-      std::atomic_ref<uint32_t>(e->mr->bound_windows).fetch_sub(1, std::memory_order_acq_rel);
-      e->mr = nullptr;
-    }
+    KeyTable::Unbind(e);
     sctx->hca->keys.Release(e);
   }
   static_cast<SoftPd*>(mw->pd)->users.fetch_sub(1, std::memory_order_release);

@@ -525,11 +525,7 @@ void EnterError(SoftQp* qp) {
   } else {
     // Nothing more is taken from the SRQ for this QP: applications wait for this event before
     // destroying an SRQ-attached QP (IB spec 11.6.3.2; mlx5 raises it, rxe does not).
-    ibv_async_event event;
-    std::memset(&event, 0, sizeof(event));
-    event.event_type = IBV_EVENT_QP_LAST_WQE_REACHED;
-    event.element.qp = qp;
-    qp->sctx->RaiseAsyncEvent(event);
+    qp->sctx->RaiseQpEvent(IBV_EVENT_QP_LAST_WQE_REACHED, qp);
   }
 }
 

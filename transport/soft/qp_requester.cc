@@ -169,11 +169,7 @@ void ExecuteLocalOp(SoftQp* qp, SendWqe& w) {
       FailWqe(qp, w, IBV_WC_LOC_QP_OP_ERR);
       return;
     }
-    KeyTable::Revoke(e);
-    std::atomic_ref<uint32_t>(e->mr->bound_windows).fetch_sub(1, std::memory_order_acq_rel);
-    e->mr = nullptr;
-    e->qp_serial = 0;
-    e->length = 0;
+    KeyTable::Unbind(e);
     FailWqe(qp, w, IBV_WC_SUCCESS);
     return;
   }
@@ -215,11 +211,7 @@ void ExecuteLocalOp(SoftQp* qp, SendWqe& w) {
     }
   }
   // Retire the old binding (type 1 rebinds), then publish the new one.
-  KeyTable::Revoke(e);
-  if (e->mr != nullptr) {
-    std::atomic_ref<uint32_t>(e->mr->bound_windows).fetch_sub(1, std::memory_order_acq_rel);
-    e->mr = nullptr;
-  }
+  KeyTable::Unbind(e);
   e->access = static_cast<int>(access & ~kIgnored);
   e->addr = unbind ? 0 : w.bind_addr;
   e->length = unbind ? 0 : w.bind_length;

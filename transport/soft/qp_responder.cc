@@ -31,13 +31,10 @@ void Nak(SoftQp* qp, uint32_t msn, ibv_wc_status status) {
   // An out-of-sequence request is the soft device's stand-in for a retry failure, not a
   // responder error, and raises nothing.
   if (was_in_error || status == IBV_WC_RETRY_EXC_ERR) return;
-  ibv_async_event event;
-  std::memset(&event, 0, sizeof(event));
-  event.event_type = status == IBV_WC_REM_ACCESS_ERR    ? IBV_EVENT_QP_ACCESS_ERR
-                     : status == IBV_WC_REM_INV_REQ_ERR ? IBV_EVENT_QP_REQ_ERR
-                                                        : IBV_EVENT_QP_FATAL;
-  event.element.qp = qp;
-  qp->sctx->RaiseAsyncEvent(event);
+  qp->sctx->RaiseQpEvent(status == IBV_WC_REM_ACCESS_ERR    ? IBV_EVENT_QP_ACCESS_ERR
+                         : status == IBV_WC_REM_INV_REQ_ERR ? IBV_EVENT_QP_REQ_ERR
+                                                            : IBV_EVENT_QP_FATAL,
+                         qp);
 }
 
 // The fields of a receive completion, into a zeroed ibv_wc.
@@ -165,11 +162,7 @@ Outcome ReceiverNotReady(SoftQp* qp, const wire::FrameHeader& h) {
       e->pd != qp->pd || e->qp_serial != qp->serial) {
     return false;
   }
-  KeyTable::Revoke(e);
-  std::atomic_ref<uint32_t>(e->mr->bound_windows).fetch_sub(1, std::memory_order_acq_rel);
-  e->mr = nullptr;
-  e->qp_serial = 0;
-  e->length = 0;
+  KeyTable::Unbind(e);
   return true;
 }
 

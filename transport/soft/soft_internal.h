@@ -515,6 +515,8 @@ struct SoftContext {
   AsyncEvents async;  // async_fd is an eventfd in semaphore mode
 
   void RaiseAsyncEvent(const ibv_async_event& event);
+  // An event affiliated with `qp`.
+  void RaiseQpEvent(ibv_event_type type, ibv_qp* qp);
   // Drops the undelivered events that name `object` (a QP or CQ being destroyed), as the kernel
   // does for a destroyed object's events: the application could not use their pointers.
   void PurgeAsyncEvents(const void* object);
