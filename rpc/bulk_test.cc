@@ -63,6 +63,18 @@ void ExpectHealthy(Channel& channel, int seed) {
   EXPECT_TRUE(response == request) << "echo of " << request.size() << " bytes came back wrong";
 }
 
+// The server's control-plane stats once `done(stats)` holds, or as they stand after 10 s; a
+// failed fetch ends the wait with its error.
+template <typename Done>
+absl::StatusOr<control::StatsResponse> ServerStatsWhen(Channel& channel, Done done) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  for (;;) {
+    absl::SleepFor(absl::Milliseconds(5));  // leave the server the CPU
+    absl::StatusOr<control::StatsResponse> now = channel.ServerStats();
+    if (!now.ok() || done(*now) || absl::Now() >= deadline) return now;
+  }
+}
+
 // Each size's payload comes back whole from `method` (an echo).
 void ExpectEchoes(Channel& channel, const char* method, std::initializer_list<size_t> sizes) {
   for (size_t size : sizes) {
@@ -678,14 +690,10 @@ TEST_F(BulkSecurityTest, DownloadKeyIsDeadAfterTheAcknowledgement) {
   EXPECT_EQ(*st, IBV_WC_REM_ACCESS_ERR);
   // The server's QP that refused it reports that on the device's asynchronous events, which the
   // server counts.
-  const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  absl::StatusOr<control::StatsResponse> now;
-  do {
-    absl::SleepFor(absl::Milliseconds(5));
-    now = good_->ServerStats();
-    ASSERT_TRUE(now.ok()) << now.status();
-  } while (now->server().async_qp_errors() == before->server().async_qp_errors() &&
-           absl::Now() < deadline);
+  auto now = ServerStatsWhen(*good_, [&](const control::StatsResponse& st) {
+    return st.server().async_qp_errors() != before->server().async_qp_errors();
+  });
+  ASSERT_TRUE(now.ok()) << now.status();
   EXPECT_EQ(now->server().async_qp_errors(), before->server().async_qp_errors() + 1);
   EXPECT_EQ(now->server().async_device_events(), before->server().async_device_events());
   ExpectHealthy(*good_, 2);
@@ -951,14 +959,10 @@ TEST_F(BulkPerClientTest, OneClientsConnectionsShareOneBulkBudget) {
   ASSERT_TRUE(before.ok()) << before.status();
   first.reset();
   second.reset();
-  const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  absl::StatusOr<control::StatsResponse> now;
-  do {
-    absl::SleepFor(absl::Milliseconds(5));  // leave the server the CPU
-    now = good_->ServerStats();
-    ASSERT_TRUE(now.ok()) << now.status();
-  } while (now->server().connections_active() + 2 > before->server().connections_active() &&
-           absl::Now() < deadline);
+  auto now = ServerStatsWhen(*good_, [&](const control::StatsResponse& st) {
+    return st.server().connections_active() + 2 <= before->server().connections_active();
+  });
+  ASSERT_TRUE(now.ok()) << now.status();
   ASSERT_EQ(now->server().connections_active() + 2, before->server().connections_active());
   ASSERT_GT(held_first + held_second + (16u << 20), uint64_t{40} << 20)
       << "the upload below must not fit beside what the two held";
@@ -1040,14 +1044,10 @@ TEST_F(BulkSecurityTest, APeerThatHoldsBackCreditsCannotParkUnboundedResponses) 
   EXPECT_LT(sent, 1000) << "the server kept parking responses for a peer returning no credits";
   EXPECT_TRUE(rogue.CutOff(absl::Seconds(10)));
   // The server finishes closing it (and counts it) once the QP has flushed.
-  absl::StatusOr<control::StatsResponse> after;
-  const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  do {
-    absl::SleepFor(absl::Milliseconds(5));  // leave the server the CPU
-    after = good_->ServerStats();
-    ASSERT_TRUE(after.ok()) << after.status();
-  } while (after->server().connections_closed() == before->server().connections_closed() &&
-           absl::Now() < deadline);
+  auto after = ServerStatsWhen(*good_, [&](const control::StatsResponse& st) {
+    return st.server().connections_closed() != before->server().connections_closed();
+  });
+  ASSERT_TRUE(after.ok()) << after.status();
   EXPECT_EQ(after->server().connections_closed(), before->server().connections_closed() + 1);
   EXPECT_EQ(after->server().protocol_errors(), before->server().protocol_errors())
       << "a peer slow to return credits is shed, not called a protocol violator";
