@@ -1,114 +1,367 @@
 #!/usr/bin/env python3
-"""Counts test cases from Bazel's test.xml files and prints swirl's summary line.
+"""swirl's test summary: what `./swirl test` ran, read from Bazel's Build Event Protocol.
 
-Usage: test_summary.py BAZEL_OUTPUT_FILE TESTLOGS_DIR [--extra RESULTS_FILE]
+Usage:
+  test_summary.py --bep FILE --bazel-exit N [--log FILE]
+                  [--extra FILE --extra-exit N --require-extra NAME,NAME...]
+                  [--expected-skips FILE [--enforce-skips]]
 
-Every gtest case counts once. A test target that failed without a usable XML (it crashed, timed
-out, failed to build, or a sanitizer failed it after its cases passed) counts as one failure of
-its own, so a red target can never hide behind green cases. Skipped cases are listed with the
-reason their test gave. The last line printed is "N passed, N failed[, N skipped]".
+It prints the skipped and failed cases, then one last line, "N passed, N failed[, N skipped]",
+and exits 1 unless the run is a success: nothing failed, nothing is unaccounted for.
 
-RESULTS_FILE holds results of checks that run outside Bazel (tools/embedding_check.sh), one per
-line: "PASSED name" or "FAILED name"; each counts once, like a test case. A missing or empty file
-adds nothing.
+Why the build event file and not Bazel's console: the console lists only test targets, so a
+non-test target that failed to build (a benchmark, a tool, the generated-code check) or a BUILD
+file that failed to load left no trace there; it cannot tell this run's test.xml from one an
+earlier run left behind; and its status words are free text. The event file names every target
+with its outcome, every test attempt, shard and run with the exact test.xml it wrote, and the
+exit code Bazel ended with.
+
+Rules (each has a fixture case in tools/test_summary_test.py):
+  * Bazel's exit code must be 0, or 3 ("some tests failed") with a failed test to show for it;
+    it must agree with the event file's buildFinished; a file without buildFinished (Bazel
+    crashed or was killed) is a failure.
+  * Every configured target must complete; a failed one counts as a failure of its own, test
+    target or not. A test target without a test result (it failed to build, or the build
+    halted first) counts as one failure. So do aborted events (loading, analysis).
+  * Only PASSED and FLAKY are successes among Bazel's test statuses; any other status,
+    including one this script does not know, fails the target.
+  * Every case in each result's test.xml counts: failures and errors fail, skips are listed
+    with their reason, DISABLED_ cases count as not run (skipped, with that reason). A test.xml
+    older than its attempt (not written by it) fails the target, and so does one with no case
+    at all (a gtest binary with zero tests), or none where one was promised. A target whose
+    status failed while all its cases passed (it crashed at exit, a sanitizer failed it, it
+    timed out) counts as one failure of its own.
+  * FLAKY results are counted by their passing attempt and listed as flaky.
+  * Results of checks outside Bazel (--extra; tools/embedding_check.sh writes them) are lines
+    "PASSED name", "FAILED name" or "SKIPPED name reason" (a skip the user asked for, listed
+    with its reason and not judged by the expected skips). Each --require-extra name must have
+    a line; the script that wrote them must have exited 0 unless it reported a failure.
+  * --expected-skips lists the skips this kind of host may have: lines "TEST<TAB>REASON", TEST
+    the label and case ("//pkg:target Suite.Case") and REASON a regular expression the skip's
+    reason must match. With --enforce-skips (`./swirl test` passes it where the only RDMA
+    device is soft0) a skip that no line allows is a failure: a test that quietly decided it
+    could not run is not a pass.
 """
 
+import argparse
+import json
 import os
 import re
 import sys
+import urllib.parse
 import xml.etree.ElementTree as ET
 
-STATUS_RE = re.compile(
-    r"^(//\S+)\s+(?:\(cached\)\s+)?(PASSED|FAILED|TIMEOUT|FLAKY|NO STATUS|FAILED TO BUILD|"
-    r"SKIPPED|INCOMPLETE)\b")
+SUCCESS_EXIT_CODES = (0, 3)  # 3: the build succeeded and some tests failed
+PASSING_STATUSES = ("PASSED", "FLAKY")
+XML_SLACK_SECONDS = 2.0  # file system timestamps against Bazel's clock
 
 
-def target_dir(testlogs, label):
-    pkg, name = label[2:].split(":", 1)
-    return os.path.join(testlogs, pkg, name)
+class Summary:
+    def __init__(self):
+        self.passed = 0
+        self.failed = 0
+        self.skipped = 0
+        self.failures = []  # text for each failure line
+        self.skips = []  # (test name, reason)
+        self.chosen_skips = set()  # names the user chose to skip (not judged by the list)
+        self.notes = []  # flaky results and other lines worth reading
+
+    def fail(self, text):
+        self.failed += 1
+        self.failures.append(text)
 
 
-def read_extra(path):
-    """[(name, passed)] from a RESULTS_FILE; a malformed line counts as a failure of its own."""
-    results = []
-    if not path or not os.path.exists(path):
-        return results
-    with open(path, errors="replace") as f:
-        for line in f:
-            parts = line.split(None, 1)
-            if not parts:
-                continue
-            if len(parts) == 2 and parts[0] in ("PASSED", "FAILED"):
-                results.append((parts[1].strip(), parts[0] == "PASSED"))
-            else:
-                results.append(("%s (malformed result line: %r)" % (path, line.strip()), False))
-    return results
+def uri_path(uri):
+    parsed = urllib.parse.urlparse(uri)
+    if parsed.scheme not in ("", "file"):
+        return None
+    return urllib.parse.unquote(parsed.path)
 
 
-def main():
-    args = sys.argv[1:]
-    extra_file = None
-    if "--extra" in args:
-        i = args.index("--extra")
-        if i + 1 >= len(args):
-            sys.exit("test_summary.py: --extra needs a file")
-        extra_file = args[i + 1]
-        del args[i:i + 2]
-    output_file, testlogs = args[0], args[1]
-    statuses = {}
-    with open(output_file, errors="replace") as f:
-        for line in f:
-            m = STATUS_RE.match(line.strip())
-            if m:
-                statuses[m.group(1)] = m.group(2)
-    passed = failed = skipped = 0
-    failures, skips = [], []
-    for label, status in sorted(statuses.items()):
-        xml_path = os.path.join(target_dir(testlogs, label), "test.xml")
-        cases_failed = 0
-        counted = False
-        if status in ("PASSED", "FAILED", "FLAKY") and os.path.exists(xml_path):
-            try:
-                root = ET.parse(xml_path).getroot()
-            except ET.ParseError:
-                root = None
-            if root is not None:
-                for case in root.iter("testcase"):
-                    counted = True
-                    name = "%s %s.%s" % (label, case.get("classname"), case.get("name"))
-                    if case.find("failure") is not None or case.find("error") is not None:
-                        failed += 1
-                        cases_failed += 1
-                        failures.append(name)
-                    elif case.get("result") == "skipped" or case.find("skipped") is not None:
-                        skipped += 1
-                        node = case.find("skipped")
-                        reason = (node.get("message") or "").strip() if node is not None else ""
-                        reason = reason.splitlines()[-1] if reason else "(no reason given)"
-                        skips.append("%s: %s" % (name, reason))
-                    else:
-                        passed += 1
-        if status in ("PASSED", "FLAKY") and not counted:
-            passed += 1  # a test target that is not gtest (a shell test)
-        elif status not in ("PASSED", "FLAKY") and cases_failed == 0:
+def read_bep(path, summary):
+    """The event file's events, or None (and a failure) if it cannot be read."""
+    events = []
+    try:
+        with open(path, errors="replace") as f:
+            for n, line in enumerate(f, 1):
+                line = line.strip()
+                if not line:
+                    continue
+                try:
+                    events.append(json.loads(line))
+                except ValueError:
+                    summary.fail("build event file %s: line %d is not JSON (truncated?)" %
+                                 (path, n))
+    except OSError as e:
+        summary.fail("build event file %s: %s (Bazel wrote no events)" % (path, e.strerror))
+        return None
+    return events
+
+
+def case_name(label, case, suffix):
+    classname = case.get("classname")
+    name = case.get("name") or "(unnamed)"
+    full = "%s.%s" % (classname, name) if classname else name
+    return "%s %s%s" % (label, full, suffix)
+
+
+def skip_reason(case):
+    node = case.find("skipped")
+    reason = ""
+    if node is not None:
+        reason = (node.get("message") or node.text or "").strip()
+    # gtest puts the source location first and the streamed message last.
+    return reason.splitlines()[-1].strip() if reason else "(no reason given)"
+
+
+def count_xml(summary, label, xml_path, suffix):
+    """Counts the cases of one test.xml. Returns (cases, failed cases), or None if unreadable."""
+    try:
+        root = ET.parse(xml_path).getroot()
+    except (ET.ParseError, OSError) as e:
+        summary.fail("%s%s (test.xml unreadable: %s)" % (label, suffix, e))
+        return None
+    cases = failed = 0
+    for case in root.iter("testcase"):
+        cases += 1
+        name = case_name(label, case, suffix)
+        if case.find("failure") is not None or case.find("error") is not None:
             failed += 1
-            failures.append("%s (%s)" % (label, status.lower()))
-    for name, ok in read_extra(extra_file):
-        if ok:
-            passed += 1
+            summary.fail(name)
+        elif case.get("status") == "notrun" or case.get("result") == "suppressed":
+            summary.skipped += 1
+            summary.skips.append((name, "not run: disabled (DISABLED_ prefix)"))
+        elif case.get("result") == "skipped" or case.find("skipped") is not None:
+            summary.skipped += 1
+            summary.skips.append((name, skip_reason(case)))
         else:
-            failed += 1
-            failures.append(name)
-    for s in skips:
-        print("skipped: " + s)
-    for f in failures:
+            summary.passed += 1
+    return cases, failed
+
+
+def output_file(result, name):
+    for out in result.get("testActionOutput", []):
+        if out.get("name") == name:
+            return uri_path(out.get("uri", ""))
+    return None
+
+
+def count_result(summary, label, key, result, suffix):
+    """One test attempt (a run of a shard): its status and its test.xml."""
+    status = result.get("status", "NO_STATUS")
+    xml_path = output_file(result, "test.xml")
+    where = "%s%s" % (label, suffix)
+    counted = None
+    if xml_path is None or not os.path.exists(xml_path):
+        if status in PASSING_STATUSES:
+            summary.fail("%s (%s, but it wrote no test.xml)" % (where, status.lower()))
+            return
+    else:
+        start_ms = int(result.get("testAttemptStartMillisEpoch", "0") or 0)
+        fresh = (result.get("cachedLocally") or start_ms == 0 or
+                 os.path.getmtime(xml_path) >= start_ms / 1000.0 - XML_SLACK_SECONDS)
+        if not fresh:
+            summary.fail("%s (%s; its test.xml is older than the test: an earlier run's, not "
+                         "counted)" % (where, status.lower()))
+            return
+        counted = count_xml(summary, label, xml_path, suffix)
+        if counted is None:
+            return
+        if counted[0] == 0:
+            summary.fail("%s (its test.xml holds no test case: a test binary with no tests)" %
+                         where)
+            return
+    if status not in PASSING_STATUSES and (counted is None or counted[1] == 0):
+        summary.fail("%s (%s)" % (where, status.lower().replace("_", " ")))
+
+
+def run_suffix(key, shards, runs):
+    parts = []
+    if runs.get(key[0], 1) > 1:
+        parts.append("run %d of %d" % (key[1], runs[key[0]]))
+    if shards.get(key[0], 1) > 1:
+        parts.append("shard %d of %d" % (key[2], shards[key[0]]))
+    return " (%s)" % ", ".join(parts) if parts else ""
+
+
+def summarize_bazel(summary, events, bazel_exit, log_path):
+    kinds = {}  # label -> target kind, from targetConfigured
+    completed = {}  # label -> (success, failure message)
+    attempts = {}  # (label, run, shard) -> [(attempt, result)]
+    overall = {}  # label -> testSummary's overallStatus
+    finished_code = None
+    for e in events:
+        eid = e.get("id", {})
+        if "targetConfigured" in eid and "configured" in e:
+            kinds[eid["targetConfigured"]["label"]] = e["configured"].get("targetKind", "")
+        elif "targetCompleted" in eid and "completed" in e:
+            done = e["completed"]
+            message = (done.get("failureDetail") or {}).get("message", "")
+            completed[eid["targetCompleted"]["label"]] = (bool(done.get("success")), message)
+        elif "testResult" in eid and "testResult" in e:
+            t = eid["testResult"]
+            key = (t["label"], int(t.get("run", 1)), int(t.get("shard", 1)))
+            attempts.setdefault(key, []).append((int(t.get("attempt", 1)), e["testResult"]))
+        elif "testSummary" in eid and "testSummary" in e:
+            overall[eid["testSummary"]["label"]] = e["testSummary"].get("overallStatus", "")
+        elif "buildFinished" in eid and "finished" in e:
+            finished_code = int(e["finished"].get("exitCode", {}).get("code", 0))
+        if "aborted" in e:
+            a = e["aborted"]
+            summary.fail("bazel aborted %s: %s %s" % (json.dumps(eid, sort_keys=True),
+                                                      a.get("reason", ""),
+                                                      a.get("description", "")))
+
+    if finished_code is None:
+        summary.fail("bazel did not finish (no buildFinished event): it crashed or was killed")
+    elif finished_code != bazel_exit:
+        summary.fail("bazel exited %d but its build event file says %d" %
+                     (bazel_exit, finished_code))
+    if bazel_exit not in SUCCESS_EXIT_CODES:
+        errors = []
+        if log_path and os.path.exists(log_path):
+            with open(log_path, errors="replace") as f:
+                errors = [l.rstrip() for l in f if l.startswith("ERROR: ")]
+        summary.fail("bazel exited %d (a build, loading or command failure; only 0, or 3 for "
+                     "failed tests, are results)%s" %
+                     (bazel_exit, "".join("\n    " + l for l in errors[:20])))
+
+    test_labels = sorted(l for l, k in kinds.items() if k.endswith("_test rule") or
+                         k == "test_suite rule")
+    for label in sorted(set(kinds) | set(completed)):
+        success, message = completed.get(label, (None, ""))
+        if success is None:
+            summary.fail("%s (never completed: the build stopped first)" % label)
+        elif not success and label not in test_labels:
+            summary.fail("%s (failed to build%s)" % (label, ": " + message.splitlines()[0]
+                                                     if message else ""))
+
+    shards, runs = {}, {}
+    for (label, run, shard) in attempts:
+        shards[label] = max(shards.get(label, 1), shard)
+        runs[label] = max(runs.get(label, 1), run)
+    with_results = {key[0] for key in attempts}
+    for label in test_labels:
+        if label not in with_results:
+            success, message = completed.get(label, (None, ""))
+            why = "failed to build" if success is False else "no status: it never ran"
+            summary.fail("%s (%s)" % (label, why))
+    for key in sorted(attempts):
+        tries = sorted(attempts[key], key=lambda a: a[0])
+        suffix = run_suffix(key, shards, runs)
+        if len(tries) > 1:
+            summary.notes.append("flaky: %s%s passed on attempt %d of %d (earlier attempts "
+                                 "failed)" % (key[0], suffix, tries[-1][0], len(tries)))
+        count_result(summary, key[0], key, tries[-1][1], suffix)
+    for label, status in sorted(overall.items()):
+        if status == "FLAKY" and not any(n.startswith("flaky: " + label) for n in summary.notes):
+            summary.notes.append("flaky: %s" % label)
+
+    if bazel_exit == 3 and summary.failed == 0:
+        summary.fail("bazel exited 3 (tests failed) but no failed test was found in its events")
+
+
+def summarize_extra(summary, path, exit_code, required):
+    """Results of checks outside Bazel."""
+    seen = set()
+    reported_failure = False
+    lines = []
+    if path and os.path.exists(path):
+        with open(path, errors="replace") as f:
+            lines = f.readlines()
+    for line in lines:
+        parts = line.split(None, 2)
+        if not parts:
+            continue
+        if len(parts) >= 2 and parts[0] in ("PASSED", "FAILED"):
+            name = parts[1].strip()
+            seen.add(name)
+            if parts[0] == "PASSED":
+                summary.passed += 1
+            else:
+                reported_failure = True
+                summary.fail(name)
+        elif len(parts) == 3 and parts[0] == "SKIPPED":
+            seen.add(parts[1])
+            summary.chosen_skips.add(parts[1])
+            summary.skipped += 1
+            summary.skips.append((parts[1], parts[2].strip()))
+        else:
+            reported_failure = True
+            summary.fail("%s: malformed result line %r" % (path, line.strip()))
+    for name in required:
+        if name not in seen:
+            summary.fail("%s (no result: the check did not report one)" % name)
+    if exit_code not in (None, 0) and not reported_failure:
+        summary.fail("the checks outside Bazel exited %d without reporting a failure" %
+                     exit_code)
+
+
+def read_expected_skips(path, summary):
+    allowed = []
+    with open(path, errors="replace") as f:
+        for n, line in enumerate(f, 1):
+            line = line.rstrip("\n")
+            if not line.strip() or line.lstrip().startswith("#"):
+                continue
+            test, sep, reason = line.partition("\t")
+            if not sep:
+                summary.fail("%s:%d: not TEST<TAB>REASON" % (path, n))
+                continue
+            try:
+                allowed.append((test.strip(), re.compile(reason.strip())))
+            except re.error as e:
+                summary.fail("%s:%d: bad reason pattern: %s" % (path, n, e))
+    return allowed
+
+
+def check_skips(summary, allowed, enforce):
+    for name, reason in summary.skips:
+        if name in summary.chosen_skips:
+            continue  # e.g. SWIRL_SKIP_EMBEDDING=1: the user's choice, printed with its reason
+        ok = any(test == name and pattern.search(reason) for test, pattern in allowed)
+        if enforce and not ok:
+            summary.fail("%s (skipped, and no line of the expected skips allows it: %s)" %
+                         (name, reason))
+
+
+def main(argv):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--bep", required=True, help="Bazel's --build_event_json_file")
+    p.add_argument("--bazel-exit", type=int, required=True, help="Bazel's exit code")
+    p.add_argument("--log", help="Bazel's console output, for its ERROR lines")
+    p.add_argument("--extra", help="results of checks outside Bazel")
+    p.add_argument("--extra-exit", type=int, help="exit code of the script that wrote --extra")
+    p.add_argument("--require-extra", default="", help="comma-separated names --extra must hold")
+    p.add_argument("--expected-skips", help="TEST<TAB>REASON lines")
+    p.add_argument("--enforce-skips", action="store_true",
+                   help="fail on a skip no expected-skips line allows")
+    args = p.parse_args(argv)
+
+    summary = Summary()
+    events = read_bep(args.bep, summary)
+    if events is not None:
+        summarize_bazel(summary, events, args.bazel_exit, args.log)
+    required = [n for n in args.require_extra.split(",") if n]
+    if args.extra or required:
+        summarize_extra(summary, args.extra, args.extra_exit, required)
+    allowed = read_expected_skips(args.expected_skips, summary) if args.expected_skips else []
+    check_skips(summary, allowed, args.enforce_skips)
+    if summary.passed == 0 and summary.failed == 0:
+        summary.fail("no test ran")
+
+    for name, reason in summary.skips:
+        print("skipped: %s: %s" % (name, reason))
+    for note in summary.notes:
+        print(note)
+    for f in summary.failures:
         print("FAILED: " + f)
-    line = "%d passed, %d failed" % (passed, failed)
-    if skipped:
-        line += ", %d skipped" % skipped
+    line = "%d passed, %d failed" % (summary.passed, summary.failed)
+    if summary.skipped:
+        line += ", %d skipped" % summary.skipped
     print(line)
-    return 1 if failed or not statuses else 0
+    return 1 if summary.failed else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))
