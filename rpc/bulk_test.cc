@@ -3,6 +3,7 @@
 // against a client that misbehaves on purpose (rpc/testing/rogue.h).
 
 #include <gtest/gtest.h>
+#include <signal.h>
 
 #include <optional>
 #include <string>
@@ -520,7 +521,10 @@ TEST(BulkWindows, AMaximumBulkSizeThatIsNoPowerOfTwo) {
 TEST(BulkUpload, AGivenUpUploadReturnsItsBufferOnlyOnceTheWriteIsDone) {
   // A 16 MiB upload whose deadline passes while its RDMA WRITE is still reading the buffer:
   // the call may complete only once the WRITE is done, so that overwriting the buffer right
-  // after cannot change what the server receives.
+  // after cannot change what the server receives. The WRITE is made slow on purpose, whatever
+  // the machine's speed: the server process is stopped (SIGSTOP) while the call runs, and on
+  // the soft device the responder that places a WRITE runs in the server's process, so the
+  // WRITE cannot finish before SIGCONT.
   auto server = testing::SpawnServer(kServer, {});
   ASSERT_TRUE(server.ok()) << server.status();
   ChannelOptions options;
@@ -541,10 +545,22 @@ TEST(BulkUpload, AGivenUpUploadReturnsItsBufferOnlyOnceTheWriteIsDone) {
   ASSERT_TRUE(s.ok()) << s;
   for (size_t i = 0; i < kSize; ++i) data->data()[i] = static_cast<char>(i * 7 + 1);
   const std::string expected = absl::StrCat(kSize, ":", Fnv(data->view()));
-  call_options.timeout = absl::Milliseconds(1);
-  s = CallRaw(**channel, Id("/test.E2E/Sum"), "", &response, call_options);
-  ASSERT_FALSE(s.ok()) << "finished within 1 ms: nothing was tested";
-  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+
+  server->first.Signal(SIGSTOP);
+  call_options.timeout = absl::Milliseconds(20);
+  ClientCall call;
+  call.SetMethod(Id("/test.E2E/Sum"));
+  call.SetRequestBytes("");
+  call.SetResponseBytes(&response);
+  call.SetOptions(call_options);
+  (*channel)->Start(&call);
+  // Well past the deadline, with the WRITE held up: the call must still be running.
+  const absl::Time until = absl::Now() + absl::Milliseconds(300);
+  while (absl::Now() < until && !call.done()) (*channel)->Poll();
+  const bool done_while_stopped = call.done();
+  server->first.Signal(SIGCONT);
+  EXPECT_FALSE(done_while_stopped) << "the call completed while its WRITE could not have";
+  EXPECT_EQ(call.Wait().code(), absl::StatusCode::kDeadlineExceeded) << call.status();
   std::memset(data->data(), 0, kSize);  // the caller's buffer is its own again
   // The server saw the whole upload as it was when the call started.
   std::string last;

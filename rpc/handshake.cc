@@ -226,4 +226,17 @@ std::string ClientKey(absl::string_view peer) {
   return std::string(peer);
 }
 
+std::string DialableAddress(absl::string_view listen_address, int port) {
+  absl::string_view host = listen_address;
+  if (size_t colon = host.rfind(':'); colon != absl::string_view::npos &&
+                                      host.find(']', colon) == absl::string_view::npos) {
+    host = host.substr(0, colon);  // the port (an IPv6 literal keeps its colons inside [])
+  }
+  if (host.empty() || host == "0.0.0.0") return absl::StrCat("127.0.0.1:", port);
+  if (host == "[::]" || host == "[::0]" || host == "[0:0:0:0:0:0:0:0]") {
+    return absl::StrCat("[::1]:", port);
+  }
+  return absl::StrCat(host, ":", port);
+}
+
 }  // namespace swirl::internal

@@ -70,6 +70,11 @@ bool SecretMatches(absl::string_view presented, absl::string_view secret);
 // The client identity limits are counted by: the peer address without its port.
 std::string ClientKey(absl::string_view grpc_peer);
 
+// What Server::address() returns for a server listening on `listen_address` ("host:port",
+// "[v6]:port") that got `port`: that host with `port`, or for a wildcard host (empty, 0.0.0.0,
+// [::]) the loopback literal of its family.
+std::string DialableAddress(absl::string_view listen_address, int port);
+
 }  // namespace swirl::internal
 
 #endif  // SWIRL_RPC_HANDSHAKE_H_

@@ -548,6 +548,7 @@ class Server::Impl final : public control::Control::Service {
   }
 
   int port() const { return port_; }
+  const std::string& listen_address() const { return options_.address; }
   const verbs::Capabilities& caps() const { return caps_; }
 
  private:
@@ -594,7 +595,9 @@ Server::~Server() = default;
 absl::Status Server::RegisterService(Service* service) { return impl_->RegisterService(service); }
 absl::Status Server::Start() { return impl_->Start(); }
 int Server::port() const { return impl_->port(); }
-std::string Server::address() const { return absl::StrCat("localhost:", impl_->port()); }
+std::string Server::address() const {
+  return internal::DialableAddress(impl_->listen_address(), impl_->port());
+}
 void Server::Shutdown(absl::Duration deadline) { impl_->Shutdown(deadline); }
 control::StatsResponse Server::Stats() const { return impl_->CollectStats(0); }
 const verbs::Capabilities& Server::capabilities() const { return impl_->caps(); }

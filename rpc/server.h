@@ -109,6 +109,10 @@ class Server {
   absl::Status Start();
   // The control-plane port (after Start).
   int port() const;
+  // An address a client on this host can dial (after Start): the host the server bound, as a
+  // literal, with the port it got; for a wildcard bind (0.0.0.0, [::], empty host) the
+  // loopback address of that family. Never a name: a name needs a resolver (and a hosts file)
+  // that a minimal system may not have.
   std::string address() const;
 
   // Stops accepting connections and new requests (refused with UNAVAILABLE), lets requests

@@ -13,6 +13,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "base/stop_signals.h"
 #include "examples/echo/echo.swirl.h"
 #include "examples/echo/echo_service.h"
 #include "rpc/server.h"
@@ -26,13 +27,12 @@ ABSL_FLAG(bool, busy_poll, false, "never sleep on the completion channel when id
 
 namespace {
 
-std::atomic<bool> g_stop{false};
-
 using EchoImpl = swirl::examples::EchoServiceImpl;
 
 }  // namespace
 
 int main(int argc, char** argv) {
+  swirl::StopSignals stop_signals;  // before any thread starts: none is lost, none kills us
   absl::ParseCommandLine(argc, argv);
   swirl::ServerOptions options;
   options.address = absl::GetFlag(FLAGS_address);
@@ -70,11 +70,7 @@ int main(int argc, char** argv) {
     std::ofstream(path + ".tmp") << server.port() << "\n";
     std::rename((path + ".tmp").c_str(), path.c_str());
   }
-  struct sigaction sa {};
-  sa.sa_handler = [](int) { g_stop.store(true); };
-  sigaction(SIGINT, &sa, nullptr);
-  sigaction(SIGTERM, &sa, nullptr);
-  while (!g_stop.load()) pause();
+  stop_signals.Wait();
 
   swirl::control::StatsResponse stats = server.Stats();
   server.Shutdown(absl::Seconds(5));

@@ -9,6 +9,8 @@
 #include <cstdio>
 #include <fstream>
 
+#include "gtest/gtest.h"
+
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 
@@ -24,19 +26,44 @@ absl::StatusOr<ChildProcess> ChildProcess::Spawn(const std::vector<std::string>&
   if (int err = posix_spawn(&pid, argv[0], nullptr, nullptr, argv.data(), environ); err != 0) {
     return absl::InternalError(absl::StrCat("posix_spawn ", args[0], ": errno ", err));
   }
-  return ChildProcess(pid);
+  return ChildProcess(pid, args[0]);
 }
 
 ChildProcess& ChildProcess::operator=(ChildProcess&& other) noexcept {
   std::swap(pid_, other.pid_);
+  std::swap(name_, other.name_);
+  std::swap(stop_timeout_, other.stop_timeout_);
   return *this;
 }
 
 ChildProcess::~ChildProcess() {
-  if (pid_ > 0) {
-    kill(pid_, SIGKILL);
-    waitpid(pid_, nullptr, 0);
+  if (pid_ <= 0) return;
+  const pid_t pid = pid_;
+  absl::StatusOr<int> exit_code = Stop(stop_timeout_);
+  if (!exit_code.ok()) {
+    ADD_FAILURE() << name_ << " (pid " << pid << ") did not exit within "
+                  << absl::FormatDuration(stop_timeout_) << " of SIGTERM and was killed";
+  } else if (*exit_code != 0) {
+    ADD_FAILURE() << name_ << " (pid " << pid << ") ended abnormally: "
+                  << (*exit_code > 128 ? absl::StrCat("signal ", *exit_code - 128)
+                                       : absl::StrCat("exit status ", *exit_code))
+                  << " (its output is in this test's log)";
   }
+}
+
+absl::StatusOr<int> ChildProcess::Stop(absl::Duration timeout) {
+  if (pid_ <= 0) return absl::FailedPreconditionError("no child");
+  kill(pid_, SIGTERM);
+  absl::StatusOr<int> exit_code = Wait(timeout);
+  if (!exit_code.ok()) Kill();
+  return exit_code;
+}
+
+void ChildProcess::Kill() {
+  if (pid_ <= 0) return;
+  kill(pid_, SIGKILL);
+  waitpid(pid_, nullptr, 0);
+  pid_ = -1;
 }
 
 void ChildProcess::Signal(int signal) {

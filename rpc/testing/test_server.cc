@@ -31,6 +31,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "base/mutex.h"
+#include "base/stop_signals.h"
 #include "proto/control.pb.h"
 #include "rpc/call.h"
 #include "rpc/server.h"
@@ -54,7 +55,6 @@ ABSL_FLAG(bool, no_local_fallback, false, "refuse clients without remote invalid
 
 namespace {
 
-std::atomic<bool> g_stop{false};
 std::atomic<int> g_cancelled{0};
 // Gate: blocking handlers wait for OpenGate (at most 20 s, or until cancelled); GatePassed
 // counts those through.
@@ -250,6 +250,7 @@ class E2E : public swirl::Service {
 }  // namespace
 
 int main(int argc, char** argv) {
+  swirl::StopSignals stop_signals;  // before any thread starts: none is lost, none kills us
   absl::ParseCommandLine(argc, argv);
   swirl::ServerOptions options;
   options.address = "127.0.0.1:0";
@@ -273,11 +274,7 @@ int main(int argc, char** argv) {
     std::ofstream(path + ".tmp") << server.port() << "\n";
     std::rename((path + ".tmp").c_str(), path.c_str());
   }
-  struct sigaction sa {};
-  sa.sa_handler = [](int) { g_stop.store(true); };
-  sigaction(SIGTERM, &sa, nullptr);
-  sigaction(SIGINT, &sa, nullptr);
-  while (!g_stop.load()) pause();
+  stop_signals.Wait();
   server.Shutdown(absl::Milliseconds(absl::GetFlag(FLAGS_shutdown_ms)));
   return 0;
 }

@@ -62,6 +62,7 @@ struct DeviceFacts {
   bool mw_type1 = false;
   bool mw_type2 = false;
 };
+// A failed query fails the current test (ADD_FAILURE): it is never a reason to skip.
 DeviceFacts QueryFacts(verbs::Context& ctx);
 
 // ---- Memory ------------------------------------------------------------------------------------

@@ -1,0 +1,14 @@
+"""Environments for swirl's test targets."""
+
+# Tests of the RPC layer, the examples and the benchmarks open the default device. They are
+# soft-device tests (their expectations, skips and the TCP variants are written for soft0), so
+# they name it: on a host with a NIC they would otherwise run half on hardware while claiming a
+# soft device. The servers they start inherit it. The conformance suite and
+# rdma_core_device_test choose their devices themselves (SWIRL_CONFORMANCE_DEVICES).
+SOFT0_TEST_ENV = {"SWIRL_DEVICE": "soft0"}
+
+def soft0_test_env(extra = {}):
+    """SOFT0_TEST_ENV with `extra` (e.g. SWIRL_SOFT_TCP for a TCP-fabric variant)."""
+    env = dict(SOFT0_TEST_ENV)
+    env.update(extra)
+    return env
