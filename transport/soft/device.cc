@@ -202,19 +202,7 @@ class SoftDeviceOps final : public verbs::DeviceOps {
     return soft::QueryQp(qp, attr, attr_mask, init);
   }
   int DestroyQp(ibv_qp* qp) override { return soft::DestroyQp(qp); }
-  int GetAsyncEvent(ibv_async_event* event) override {
-    for (;;) {
-      uint64_t count;
-      if (read(sctx_->vctx.context.async_fd, &count, sizeof(count)) != sizeof(count)) {
-        return errno == 0 ? EIO : errno;
-      }
-      swirl::MutexLock lock(&sctx_->async.mu);
-      if (sctx_->async.queue.empty()) continue;
-      *event = sctx_->async.queue.front();
-      sctx_->async.queue.pop_front();
-      return 0;
-    }
-  }
+  int GetAsyncEvent(ibv_async_event* event) override { return sctx_->TakeAsyncEvent(event); }
   void AckAsyncEvent(ibv_async_event*) override {}
 
  private:
@@ -241,7 +229,7 @@ absl::StatusOr<std::unique_ptr<verbs::DeviceOps>> OpenSoftDevice(absl::string_vi
   Hca* hca = AcquireHca(std::string(name), &error);
   if (hca == nullptr) return absl::UnavailableError(error);
   // Non-blocking, as DeviceOps::GetAsyncEvent documents: callers poll it to wait.
-  int async_fd = eventfd(0, EFD_SEMAPHORE | EFD_CLOEXEC | EFD_NONBLOCK);
+  int async_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (async_fd < 0) {
     ReleaseHca(hca);
     return absl::ResourceExhaustedError(absl::StrCat("eventfd: ", std::strerror(errno)));

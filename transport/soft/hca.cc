@@ -648,24 +648,37 @@ void SoftChannel::Notify(SoftCq* cq) {
 
 void SoftContext::PurgeAsyncEvents(const void* object) {
   swirl::MutexLock lock(&async.mu);
-  size_t removed = 0;
   for (auto it = async.queue.begin(); it != async.queue.end();) {
     // element is a union of pointers (and a port number): compare the pointer form.
     if (static_cast<const void*>(it->element.qp) == object) {
       it = async.queue.erase(it);
-      ++removed;
     } else {
       ++it;
     }
   }
-  // Each queued event counted one on the semaphore eventfd; take back the purged ones' counts so
-  // that poll() on async_fd does not announce events that are gone. The fd is non-blocking: a
-  // reader that already took a count (GetAsyncEvent, before the lock) leaves fewer, and then a
-  // read here finds none instead of waiting for one under the lock.
-  for (; removed > 0; --removed) {
-    uint64_t count;
-    if (read(vctx.context.async_fd, &count, sizeof(count)) != sizeof(count)) break;
+  UnsignalIfEmptyLocked();  // poll() on async_fd must not announce events that are gone
+}
+
+int SoftContext::TakeAsyncEvent(ibv_async_event* event) {
+  swirl::MutexLock lock(&async.mu);
+  if (async.queue.empty()) return EAGAIN;
+  *event = async.queue.front();
+  async.queue.pop_front();
+  UnsignalIfEmptyLocked();
+  return 0;
+}
+
+void SoftContext::UnsignalIfEmptyLocked() {
+  if (!async.queue.empty() || !async.signalled) return;
+  // The fd holds the 1 RaiseAsyncEvent wrote, unless the application read it itself (it has
+  // no reason to): look before reading, so a blocking fd never blocks us under the lock.
+  pollfd ready{vctx.context.async_fd, POLLIN, 0};
+  uint64_t value;
+  if (poll(&ready, 1, 0) == 1) {
+    ssize_t ignored = read(vctx.context.async_fd, &value, sizeof(value));
+    (void)ignored;
   }
+  async.signalled = false;
 }
 
 void SoftContext::RaiseQpEvent(ibv_event_type type, ibv_qp* qp) {
@@ -677,13 +690,13 @@ void SoftContext::RaiseQpEvent(ibv_event_type type, ibv_qp* qp) {
 }
 
 void SoftContext::RaiseAsyncEvent(const ibv_async_event& event) {
-  {
-    swirl::MutexLock lock(&async.mu);
-    async.queue.push_back(event);
-  }
+  swirl::MutexLock lock(&async.mu);
+  async.queue.push_back(event);
+  if (async.signalled) return;
   uint64_t one = 1;
   ssize_t ignored = write(vctx.context.async_fd, &one, sizeof(one));
   (void)ignored;
+  async.signalled = true;
 }
 
 }  // namespace swirl::soft

@@ -502,9 +502,15 @@ struct Hca {
   void Kick();
 };
 
+// Asynchronous events. async_fd is an eventfd used level-triggered: it holds 1 exactly while
+// the queue is not empty (`signalled`), so poll() on it says whether an event waits, and the
+// device reads it only when it knows it holds 1 (under mu), never waiting whatever the fd's
+// O_NONBLOCK flag, which thereby belongs to the application (libibverbs' ibv_get_async_event
+// blocks by default; swirl's DeviceOps opens it non-blocking and polls).
 struct AsyncEvents {
   swirl::Mutex mu;
   std::deque<ibv_async_event> queue ABSL_GUARDED_BY(mu);
+  bool signalled ABSL_GUARDED_BY(mu) = false;
 };
 
 // The context. verbs_context must be first so ibv_context* maps back to it.
@@ -512,14 +518,20 @@ struct SoftContext {
   verbs_context vctx;
   Hca* hca = nullptr;
   ibv_device* device = nullptr;
-  AsyncEvents async;  // async_fd is an eventfd in semaphore mode
+  AsyncEvents async;
 
   void RaiseAsyncEvent(const ibv_async_event& event);
+  // The oldest queued event, or EAGAIN if there is none. Never blocks.
+  int TakeAsyncEvent(ibv_async_event* event);
   // An event affiliated with `qp`.
   void RaiseQpEvent(ibv_event_type type, ibv_qp* qp);
   // Drops the undelivered events that name `object` (a QP or CQ being destroyed), as the kernel
   // does for a destroyed object's events: the application could not use their pointers.
   void PurgeAsyncEvents(const void* object);
+
+ private:
+  // Clears async_fd once the queue is empty.
+  void UnsignalIfEmptyLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(async.mu);
 };
 
 inline SoftContext* ToSoft(ibv_context* ctx) {
