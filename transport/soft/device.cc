@@ -4,7 +4,9 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
+#include <new>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/strip.h"
@@ -36,8 +38,8 @@ void FillDeviceAttr(const Hca* hca, ibv_device_attr_ex* attr) {
   a.sys_image_guid = hca->guid;
   a.max_mr_size = kMaxMrSize;
   a.page_size_cap = 4096;
-  a.vendor_id = 0;
-  a.vendor_part_id = 0;
+  a.vendor_id = kSoftVendorId;
+  a.vendor_part_id = kSoftVendorPartId;
   a.hw_ver = 1;
   a.max_qp = kMaxQp;
   a.max_qp_wr = kMaxQpWr;
@@ -96,12 +98,13 @@ int OpQueryDeviceEx(ibv_context* ctx, const ibv_query_device_ex_input*, ibv_devi
 
 class SoftDeviceOps final : public verbs::DeviceOps {
  public:
-  SoftDeviceOps(std::string name, SoftContext* sctx) : name_(std::move(name)), sctx_(sctx) {}
+  SoftDeviceOps(std::string name, SoftContext* sctx, bool owns_device)
+      : name_(std::move(name)), sctx_(sctx), owns_device_(owns_device) {}
   ~SoftDeviceOps() override {
     close(sctx_->vctx.context.async_fd);
     pthread_mutex_destroy(&sctx_->vctx.context.mutex);
     ReleaseHca(sctx_->hca);
-    delete sctx_->device;
+    if (owns_device_) FreeSoftDeviceBlock(sctx_->device);
     delete sctx_;
   }
 
@@ -208,7 +211,10 @@ class SoftDeviceOps final : public verbs::DeviceOps {
  private:
   const std::string name_;
   SoftContext* const sctx_;
+  const bool owns_device_;
 };
+
+constexpr size_t kDeviceBlockBytes = 4096;
 
 }  // namespace
 
@@ -220,7 +226,37 @@ bool IsSoftDeviceName(absl::string_view name) {
   return true;
 }
 
+ibv_device* NewSoftDeviceBlock(absl::string_view name) {
+  static_assert(sizeof(ibv_device) < kDeviceBlockBytes);
+  void* block = std::calloc(1, kDeviceBlockBytes);
+  if (block == nullptr) return nullptr;
+  auto* device = new (block) ibv_device;
+  device->node_type = IBV_NODE_CA;
+  device->transport_type = IBV_TRANSPORT_IB;
+  const std::string n(name);
+  std::snprintf(device->name, sizeof(device->name), "%s", n.c_str());
+  std::snprintf(device->dev_name, sizeof(device->dev_name), "%s", n.c_str());
+  // Paths where sysfs would have them, though nothing is there: a program reading files below
+  // them (ibv_devinfo's board_id) finds none, as for a device without those attributes.
+  std::snprintf(device->dev_path, sizeof(device->dev_path), "/sys/class/infiniband_verbs/%s",
+                n.c_str());
+  std::snprintf(device->ibdev_path, sizeof(device->ibdev_path), "/sys/class/infiniband/%s",
+                n.c_str());
+  return device;
+}
+
+void FreeSoftDeviceBlock(ibv_device* device) {
+  if (device == nullptr) return;
+  device->~ibv_device();
+  std::free(device);
+}
+
 absl::StatusOr<std::unique_ptr<verbs::DeviceOps>> OpenSoftDevice(absl::string_view name) {
+  return OpenSoftDeviceAs(name, nullptr);
+}
+
+absl::StatusOr<std::unique_ptr<verbs::DeviceOps>> OpenSoftDeviceAs(absl::string_view name,
+                                                                   ibv_device* device) {
   if (!IsSoftDeviceName(name)) {
     return absl::InvalidArgumentError(
         absl::StrCat("'", name, "' is not a soft device name (soft0, soft1, ...)"));
@@ -234,14 +270,16 @@ absl::StatusOr<std::unique_ptr<verbs::DeviceOps>> OpenSoftDevice(absl::string_vi
     ReleaseHca(hca);
     return absl::ResourceExhaustedError(absl::StrCat("eventfd: ", std::strerror(errno)));
   }
+  const bool owns_device = device == nullptr;
+  if (owns_device) device = NewSoftDeviceBlock(name);
+  if (device == nullptr) {
+    close(async_fd);
+    ReleaseHca(hca);
+    return absl::ResourceExhaustedError("out of memory for the device");
+  }
   auto* sctx = new SoftContext();
   sctx->hca = hca;
-  sctx->device = new ibv_device();
-  std::memset(sctx->device, 0, sizeof(ibv_device));
-  sctx->device->node_type = IBV_NODE_CA;
-  sctx->device->transport_type = IBV_TRANSPORT_IB;
-  std::snprintf(sctx->device->name, sizeof(sctx->device->name), "%s", hca->name.c_str());
-  std::snprintf(sctx->device->dev_name, sizeof(sctx->device->dev_name), "%s", hca->name.c_str());
+  sctx->device = device;
 
   verbs_context& v = sctx->vctx;
   std::memset(&v, 0, sizeof(v));
@@ -263,7 +301,8 @@ absl::StatusOr<std::unique_ptr<verbs::DeviceOps>> OpenSoftDevice(absl::string_vi
   c.ops.post_send = OpPostSend;
   c.ops.post_recv = OpPostRecv;
   c.ops.post_srq_recv = OpPostSrqRecv;
-  return std::unique_ptr<verbs::DeviceOps>(new SoftDeviceOps(std::string(name), sctx));
+  return std::unique_ptr<verbs::DeviceOps>(
+      new SoftDeviceOps(std::string(name), sctx, owns_device));
 }
 
 }  // namespace swirl::soft

@@ -23,6 +23,7 @@
 #include <cstring>
 #include <map>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/random/distributions.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -420,6 +421,21 @@ void HcaLoop(Hca* hca) {
   }
 }
 
+// A device's GUID names it for the life of the process, as a NIC's does, even when the
+// device is closed and opened again (ibv_get_device_guid opens it to read the GUID, and the
+// program opens it afterwards): drawn once per name.
+uint64_t DeviceGuid(const std::string& name) {
+  static swirl::Mutex mu;
+  static auto* guids = new absl::flat_hash_map<std::string, uint64_t>();
+  swirl::MutexLock lock(&mu);
+  auto [it, inserted] = guids->try_emplace(name, 0);
+  if (inserted) {
+    absl::BitGen gen;
+    while (it->second == 0) it->second = absl::Uniform<uint64_t>(gen);
+  }
+  return it->second;
+}
+
 Hca* CreateHca(const std::string& name, std::string* error) {
   auto hca = std::make_unique<Hca>();
   hca->name = name;
@@ -428,7 +444,7 @@ Hca* CreateHca(const std::string& name, std::string* error) {
     hca->gid.raw[0] = 0xfe;
     hca->gid.raw[1] = 0x80;
     for (int i = 8; i < 16; ++i) hca->gid.raw[i] = absl::Uniform<uint8_t>(gen);
-    hca->guid = absl::Uniform<uint64_t>(gen);
+    hca->guid = DeviceGuid(name);
   }
   if (const char* env = std::getenv("SWIRL_SOFT_PROGRESS")) {
     hca->assist = std::strcmp(env, "off") != 0;

@@ -21,6 +21,7 @@
 #ifndef SWIRL_TRANSPORT_SOFT_SOFT_DEVICE_H_
 #define SWIRL_TRANSPORT_SOFT_SOFT_DEVICE_H_
 
+#include <cstdint>
 #include <memory>
 
 #include "absl/status/statusor.h"
@@ -40,6 +41,25 @@ bool IsTcpFabricGid(const ibv_gid& gid);
 
 // Opens a context on the named soft device (created on first open in this process).
 absl::StatusOr<std::unique_ptr<verbs::DeviceOps>> OpenSoftDevice(absl::string_view name);
+
+// The soft device's vendor id, as ibv_query_device reports it: a locally administered
+// identifier (the IEEE U/L bit of its first octet set), which the IEEE never assigns, so no
+// program takes soft0 for some vendor's hardware; nonzero, as verbs programs expect.
+inline constexpr uint32_t kSoftVendorId = 0x5a5357;
+inline constexpr uint32_t kSoftVendorPartId = 1;
+
+// An ibv_device describing soft device `name`, in a zeroed block as large as libibverbs' own
+// device structure and then some (4 KiB), so that provider probes that read past ibv_device
+// (mlx5dv_is_supported reads the provider's ops pointer) read zeros, not another allocation.
+// Free with FreeSoftDeviceBlock.
+ibv_device* NewSoftDeviceBlock(absl::string_view name);
+void FreeSoftDeviceBlock(ibv_device* device);
+
+// As OpenSoftDevice, with `device` (from NewSoftDeviceBlock, kept alive by the caller past the
+// context) as the context's device: the LD_PRELOAD interposer (transport/soft_verbs) opens the
+// device a program found in ibv_get_device_list, and programs compare the two.
+absl::StatusOr<std::unique_ptr<verbs::DeviceOps>> OpenSoftDeviceAs(absl::string_view name,
+                                                                   ibv_device* device);
 
 }  // namespace swirl::soft
 

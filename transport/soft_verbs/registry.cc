@@ -1,0 +1,117 @@
+#include "transport/soft_verbs/registry.h"
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "transport/soft/soft_device.h"
+
+namespace swirl::soft_verbs {
+
+Registry& Registry::Get() {
+  static Registry* registry = new Registry();  // never destroyed: programs exit holding objects
+  return *registry;
+}
+
+Registry::Registry() {
+  const char* env = std::getenv("SWIRL_SOFT_VERBS_DEVICES");
+  std::vector<std::string> wanted;
+  if (env != nullptr && *env != '\0') {
+    for (absl::string_view name : absl::StrSplit(env, ',', absl::SkipWhitespace())) {
+      name = absl::StripAsciiWhitespace(name);
+      if (!soft::IsSoftDeviceName(name)) {
+        std::fprintf(stderr, "swirl soft verbs: SWIRL_SOFT_VERBS_DEVICES: '%.*s' is not a soft "
+                     "device name (soft0, soft1, ...); left out\n",
+                     static_cast<int>(name.size()), name.data());
+        continue;
+      }
+      bool seen = false;
+      for (const std::string& w : wanted) seen |= w == name;
+      if (!seen) wanted.emplace_back(name);
+    }
+  } else {
+    wanted.emplace_back(soft::kDefaultSoftDeviceName);
+  }
+  for (const std::string& name : wanted) {
+    ibv_device* device = soft::NewSoftDeviceBlock(name);
+    if (device == nullptr) continue;
+    devices_.push_back(device);
+    names_.push_back(name);
+  }
+}
+
+const std::string* Registry::SoftDeviceName(const ibv_device* device) const {
+  for (size_t i = 0; i < devices_.size(); ++i) {
+    if (devices_[i] == device) return &names_[i];
+  }
+  return nullptr;
+}
+
+ibv_context* Registry::Open(ibv_device* device) {
+  const std::string* name = SoftDeviceName(device);
+  if (name == nullptr) {
+    errno = ENODEV;
+    return nullptr;
+  }
+  auto ops = soft::OpenSoftDeviceAs(*name, device);
+  if (!ops.ok()) {
+    std::fprintf(stderr, "swirl soft verbs: cannot open %s: %s\n", name->c_str(),
+                 std::string(ops.status().message()).c_str());
+    errno = ops.status().code() == absl::StatusCode::kResourceExhausted ? ENOMEM : ENODEV;
+    return nullptr;
+  }
+  ibv_context* context = (*ops)->context();
+  absl::MutexLock lock(&mu_);
+  contexts_[context].ops = std::move(*ops);
+  return context;
+}
+
+int Registry::Close(ibv_context* context) {
+  std::unique_ptr<verbs::DeviceOps> ops;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = contexts_.find(context);
+    if (it == contexts_.end()) return ENODEV;
+    if (it->second.live_objects > 0) return EBUSY;
+    ops = std::move(it->second.ops);
+    contexts_.erase(it);
+  }
+  return 0;  // ops closes the context here, outside the lock
+}
+
+verbs::DeviceOps* Registry::Ops(const ibv_context* context) const {
+  if (context == nullptr) return nullptr;
+  absl::ReaderMutexLock lock(&mu_);
+  auto it = contexts_.find(context);
+  return it == contexts_.end() ? nullptr : it->second.ops.get();
+}
+
+void Registry::Created(const ibv_context* context) {
+  absl::MutexLock lock(&mu_);
+  auto it = contexts_.find(context);
+  if (it != contexts_.end()) ++it->second.live_objects;
+}
+
+void Registry::Destroyed(const ibv_context* context) {
+  absl::MutexLock lock(&mu_);
+  auto it = contexts_.find(context);
+  if (it != contexts_.end()) --it->second.live_objects;
+}
+
+void Registry::AddList(ibv_device** ours, ibv_device** real) {
+  absl::MutexLock lock(&mu_);
+  lists_[ours] = real;
+}
+
+bool Registry::TakeList(ibv_device** ours, ibv_device*** real) {
+  absl::MutexLock lock(&mu_);
+  auto it = lists_.find(ours);
+  if (it == lists_.end()) return false;
+  *real = it->second;
+  lists_.erase(it);
+  return true;
+}
+
+}  // namespace swirl::soft_verbs

@@ -1,0 +1,72 @@
+// Which libibverbs objects are the soft device's, for the interposer.
+//
+// Soft devices are presented after the real ones in every device list, one zeroed 4 KiB
+// ibv_device block per name, created once and never freed (programs may keep them). A context
+// opened on one is the soft device's own (transport/soft), owned here until ibv_close_device;
+// every other object a program holds names its context, so "is this soft?" is always "is its
+// context one of ours?". Everything here is the control path: a mutex and a hash lookup per
+// call. The data path (post, poll, bind) never comes here: it is libibverbs' inline dispatch
+// through the context's tables, which the soft device fills.
+
+#ifndef SWIRL_TRANSPORT_SOFT_VERBS_REGISTRY_H_
+#define SWIRL_TRANSPORT_SOFT_VERBS_REGISTRY_H_
+
+#include <infiniband/verbs.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "transport/verbs/device_ops.h"
+
+namespace swirl::soft_verbs {
+
+class Registry {
+ public:
+  static Registry& Get();
+
+  // The soft devices this process presents: SWIRL_SOFT_VERBS_DEVICES (comma-separated names,
+  // soft0 .. soft9999; malformed names are left out with a warning), or soft0.
+  const std::vector<ibv_device*>& devices() const { return devices_; }
+  // The soft device's name, or null for any other device.
+  const std::string* SoftDeviceName(const ibv_device* device) const;
+
+  // A context on soft device `device` (one of devices()), or null with errno set.
+  ibv_context* Open(ibv_device* device);
+  // Closes a soft context: 0, or EBUSY while objects made on it are alive (libibverbs would let
+  // the kernel tear them down; here they would be freed under the program's feet).
+  int Close(ibv_context* context);
+
+  // The soft device behind `context`, or null if it is not a soft context.
+  verbs::DeviceOps* Ops(const ibv_context* context) const;
+
+  // Objects alive on a soft context (PDs, MRs, CQs, QPs, SRQs, channels), for Close.
+  void Created(const ibv_context* context);
+  void Destroyed(const ibv_context* context);
+
+  // The device lists handed out: ours, with the real list they extend (null if none).
+  void AddList(ibv_device** ours, ibv_device** real);
+  // Forgets `ours`; true and the real list if it was one of ours.
+  bool TakeList(ibv_device** ours, ibv_device*** real);
+
+ private:
+  Registry();
+
+  struct OpenContext {
+    std::unique_ptr<verbs::DeviceOps> ops;
+    int live_objects = 0;
+  };
+
+  std::vector<ibv_device*> devices_;  // fixed after construction
+  std::vector<std::string> names_;    // devices_[i]'s name
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<const ibv_context*, OpenContext> contexts_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<ibv_device**, ibv_device**> lists_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace swirl::soft_verbs
+
+#endif  // SWIRL_TRANSPORT_SOFT_VERBS_REGISTRY_H_
