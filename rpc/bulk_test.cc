@@ -15,6 +15,7 @@
 #include "rpc/channel.h"
 #include "rpc/testing/process.h"
 #include "rpc/testing/rogue.h"
+#include "rpc/testing/server_stats.h"
 #include "rpc/testing/test_data.h"
 #include "rpc/wire.h"
 
@@ -29,6 +30,7 @@ uint32_t Id(const char* m) { return rpc_wire::MethodId(m); }
 
 using swirl::testing::Fnv;
 using swirl::testing::Pattern;
+using swirl::testing::ServerStatsWhen;
 
 std::string Payload(size_t n, int seed) {
   std::string s(n, '\0');
@@ -62,18 +64,6 @@ void ExpectHealthy(Channel& channel, int seed) {
   absl::Status s = CallRaw(channel, Id("/test.E2E/Echo"), request, &response, {});
   ASSERT_TRUE(s.ok()) << s;
   EXPECT_TRUE(response == request) << "echo of " << request.size() << " bytes came back wrong";
-}
-
-// The server's control-plane stats once `done(stats)` holds, or as they stand after 10 s; a
-// failed fetch ends the wait with its error.
-template <typename Done>
-absl::StatusOr<control::StatsResponse> ServerStatsWhen(Channel& channel, Done done) {
-  const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  for (;;) {
-    absl::SleepFor(absl::Milliseconds(5));  // leave the server the CPU
-    absl::StatusOr<control::StatsResponse> now = channel.ServerStats();
-    if (!now.ok() || done(*now) || absl::Now() >= deadline) return now;
-  }
 }
 
 // Each size's payload comes back whole from `method` (an echo).
@@ -639,16 +629,11 @@ class BulkSecurityTest : public ::testing::Test {
 
   // Asks for a download of `size` bytes and returns the server's descriptor.
   BulkDescriptor Download(testing::RogueConnection& rogue, size_t size, uint64_t* request_id) {
-    EXPECT_TRUE(rogue.Call("/test.E2E/Fill", std::to_string(size), 0, 0, request_id).ok());
-    auto response = rogue.Receive(rpc_wire::kResponse);
-    EXPECT_TRUE(response.ok()) << response.status();
-    BulkDescriptor d{};
-    if (!response.ok()) return d;
-    EXPECT_TRUE(response->header.flags & rpc_wire::kFlagBulk);
-    EXPECT_GE(response->payload.size(), sizeof(d));
-    std::memcpy(&d, response->payload.data(), sizeof(d));
-    EXPECT_EQ(d.length, size);
-    return d;
+    auto d = rogue.CallForDownload("/test.E2E/Fill", std::to_string(size), request_id);
+    EXPECT_TRUE(d.ok()) << d.status();
+    if (!d.ok()) return {};
+    EXPECT_EQ(d->length, size);
+    return *d;
   }
 
   // A bulk acknowledgement naming the window `named_rkey` (default: the one invalidated) and
@@ -663,19 +648,9 @@ class BulkSecurityTest : public ::testing::Test {
   // Upload windows granted to this rogue.
   std::vector<BulkDescriptor> Grants(testing::RogueConnection& rogue, uint32_t size,
                                      uint32_t count = 2) {
-    MessageHeader h{rpc_wire::kProtocolVersion, rpc_wire::kWindowGrant, 0, 0, size, 0, 0, 0,
-                    count};
-    EXPECT_TRUE(rogue.Send(h).ok());
-    auto grant = rogue.Receive(rpc_wire::kWindowGrant);
-    EXPECT_TRUE(grant.ok()) << grant.status();
-    std::vector<BulkDescriptor> out;
-    if (!grant.ok()) return out;
-    for (size_t i = 0; i + sizeof(BulkDescriptor) <= grant->payload.size(); i += 16) {
-      BulkDescriptor d;
-      std::memcpy(&d, grant->payload.data() + i, sizeof(d));
-      out.push_back(d);
-    }
-    return out;
+    auto grants = rogue.RequestWindows(size, count);
+    EXPECT_TRUE(grants.ok()) << grants.status();
+    return grants.ok() ? *std::move(grants) : std::vector<BulkDescriptor>();
   }
 
   void TearDown() override {

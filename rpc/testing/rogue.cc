@@ -78,7 +78,8 @@ absl::Status RogueConnection::Connect(int port, const std::string& token,
   *request.mutable_address() = internal::ToProto(*local);
   control::Capabilities* caps = request.mutable_capabilities();
   caps->set_device_kind(verbs::DeviceKindName(ctx_->kind()));
-  caps->set_recv_credits(kRecvs);
+  caps->set_recv_credits(offered_credits_ != 0 ? std::min<uint32_t>(offered_credits_, kRecvs)
+                                               : kRecvs);
   caps->set_recv_buffer_size(kRecvSize);
   caps->set_max_message_size(kRecvSize - sizeof(rpc_wire::MessageHeader));
   caps->set_remote_invalidation(remote_invalidation);
@@ -215,6 +216,34 @@ absl::StatusOr<Received> RogueConnection::Receive(uint8_t type, absl::Duration t
     }
   }
   return absl::DeadlineExceededError(absl::StrCat("no message of type ", type));
+}
+
+absl::StatusOr<rpc_wire::BulkDescriptor> RogueConnection::CallForDownload(
+    const char* method, absl::string_view payload, uint64_t* request_id) {
+  if (auto s = Call(method, payload, 0, 0, request_id); !s.ok()) return s;
+  auto response = Receive(rpc_wire::kResponse);
+  if (!response.ok()) return response.status();
+  rpc_wire::BulkDescriptor d;
+  if (!(response->header.flags & rpc_wire::kFlagBulk) || response->payload.size() < sizeof(d)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the response (status ", response->header.status, ") has no bulk data: ",
+        response->payload));
+  }
+  std::memcpy(&d, response->payload.data(), sizeof(d));
+  return d;
+}
+
+absl::StatusOr<std::vector<rpc_wire::BulkDescriptor>> RogueConnection::RequestWindows(
+    uint32_t size, uint32_t count) {
+  const rpc_wire::MessageHeader request{
+      rpc_wire::kProtocolVersion, rpc_wire::kWindowGrant, 0, 0, size, 0, 0, 0, count};
+  if (auto s = Send(request); !s.ok()) return s;
+  auto grant = Receive(rpc_wire::kWindowGrant);
+  if (!grant.ok()) return grant.status();
+  std::vector<rpc_wire::BulkDescriptor> out(grant->payload.size() /
+                                            sizeof(rpc_wire::BulkDescriptor));
+  if (!out.empty()) std::memcpy(out.data(), grant->payload.data(), out.size() * sizeof(out[0]));
+  return out;
 }
 
 absl::StatusOr<ibv_wc_status> RogueConnection::Read(uint64_t addr, uint32_t rkey,

@@ -11,6 +11,7 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
@@ -31,6 +32,9 @@ struct Received {
 
 class RogueConnection {
  public:
+  // How many receive credits Connect offers the server (at most the 64 receives we post, which
+  // is the default). Fewer bound what the server may send us before we return credits.
+  void OfferCredits(uint32_t n) { offered_credits_ = n; }
   // Completes Control.Connect with `token` and moves our QP to RTS.
   // `remote_invalidation` is what we declare: false negotiates the explicit local fallback.
   absl::Status Connect(int port, const std::string& token,
@@ -49,6 +53,16 @@ class RogueConnection {
 
   // The next message of `type` (others are kept aside for later), within `timeout`.
   absl::StatusOr<Received> Receive(uint8_t type, absl::Duration timeout = absl::Seconds(10));
+
+  // Calls `method` with `payload` and returns the bulk descriptor of its response: a download
+  // the server exposes, neither read nor acknowledged. An error if the response has no bulk data.
+  absl::StatusOr<rpc_wire::BulkDescriptor> CallForDownload(const char* method,
+                                                           absl::string_view payload,
+                                                           uint64_t* request_id);
+  // Asks for `count` upload windows of `size` bytes (a window request) and returns the grant's
+  // descriptors: none if the server granted none.
+  absl::StatusOr<std::vector<rpc_wire::BulkDescriptor>> RequestWindows(uint32_t size,
+                                                                      uint32_t count);
 
   // One-sided operations against the server through our registered scratch buffer. They return
   // the completion status (IBV_WC_SUCCESS or the error).
@@ -91,6 +105,7 @@ class RogueConnection {
   std::unique_ptr<verbs::MemoryRegion> scratch_mr_;
   std::string exposed_;
   std::unique_ptr<verbs::MemoryRegion> exposed_mr_;
+  uint32_t offered_credits_ = 0;  // 0: as many as we post receives
   uint32_t credits_received_ = 0;
   uint32_t credits_owed_ = 0;  // receives re-posted since we last returned credits (CutOff)
   control::Negotiated negotiated_;
