@@ -12,3 +12,15 @@ def soft0_test_env(extra = {}):
     env = dict(SOFT0_TEST_ENV)
     env.update(extra)
     return env
+
+# The interposer that makes soft0 an rdma-core device (docs/SOFT_VERBS.md), for *_rdma_core
+# test variants: put SOFT_VERBS in the target's data.
+SOFT_VERBS = "//transport/soft_verbs:libswirl_soft_verbs.so"
+
+# A test variant that runs the code path a NIC user's process takes (RdmaCoreDevice,
+# libibverbs' exports, ibv_get_device_list) on soft0, through the interposer. The servers and
+# peers the test starts inherit both variables.
+RDMA_CORE_SOFT0_TEST_ENV = {
+    "LD_PRELOAD": "$(rootpath %s)" % SOFT_VERBS,
+    "SWIRL_DEVICE": "rdma-core:soft0",
+}

@@ -4,6 +4,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/match.h"
+#include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
 #include "transport/soft/soft_device.h"
 #include "transport/verbs/rdma_core_device.h"
@@ -63,12 +64,14 @@ absl::StatusOr<std::shared_ptr<verbs::Context>> OpenDevice(absl::string_view nam
     if (!selected.ok()) return selected.status();
     chosen = selected->first;
   }
-  if (IsSoftName(chosen)) {
-    auto ops = soft::OpenSoftDevice(chosen);
+  absl::string_view device = chosen;
+  const bool through_rdma_core = absl::ConsumePrefix(&device, "rdma-core:");
+  if (IsSoftName(device) && !through_rdma_core) {
+    auto ops = soft::OpenSoftDevice(device);
     if (!ops.ok()) return ops.status();
     return verbs::Context::Wrap(std::move(*ops));
   }
-  auto ops = verbs::OpenRdmaCoreDevice(chosen);
+  auto ops = verbs::OpenRdmaCoreDevice(std::string(device));
   if (!ops.ok()) return ops.status();
   return verbs::Context::Wrap(std::move(*ops));
 }

@@ -3,6 +3,9 @@
 // Selection order for OpenDevice(""): the --swirl_device flag, then the SWIRL_DEVICE environment
 // variable, then automatic: the first rdma-core device whose port 1 is ACTIVE, else the soft
 // device "soft0". A name can be any rdma-core device name (mlx5_0, rxe0, ...) or softN.
+// "rdma-core:NAME" opens NAME through libibverbs even if it is a soft device's name: with
+// libswirl_soft_verbs.so preloaded (docs/SOFT_VERBS.md), "rdma-core:soft0" runs the code path a
+// NIC takes (RdmaCoreDevice, libibverbs' exports) on the soft device.
 
 #ifndef SWIRL_TRANSPORT_DEVICE_H_
 #define SWIRL_TRANSPORT_DEVICE_H_

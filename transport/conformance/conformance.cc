@@ -449,9 +449,14 @@ void DeviceTest::Connect(const EndpointOptions& a_options, const EndpointOptions
   b_ = std::move(*b);
   SWIRL_ASSERT_OK(ConnectPair(*a_, *b_, a_connect, b_connect));
   WarmUp(*a_, *b_);
+  // The *_rdma_core targets open soft0 through libibverbs: make sure they did, so they cannot
+  // pass on the soft device's own path by mistake.
+  if (absl::StartsWith(device(), "rdma-core:")) {
+    ASSERT_EQ(a_->context().kind(), verbs::DeviceKind::kRdmaCore) << device();
+  }
   // The *_tcp targets run this suite with the soft device on its TCP fabric: make sure it is,
   // so they cannot pass over shared memory by mistake (the GID would be fe80::/64 there).
-  if (std::getenv("SWIRL_SOFT_TCP") != nullptr && absl::StartsWith(device(), "soft")) {
+  if (std::getenv("SWIRL_SOFT_TCP") != nullptr && absl::StartsWith(device_name(), "soft")) {
     auto ctx = OpenDevice(device());
     ASSERT_TRUE(ctx.ok()) << ctx.status().ToString();
     absl::StatusOr<ibv_gid> gid = (*ctx)->QueryGid(1, 0);

@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/strip.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -258,6 +259,13 @@ std::string Describe(const ibv_wc& wc);
 class DeviceTest : public ::testing::TestWithParam<std::string> {
  protected:
   const std::string& device() const { return GetParam(); }
+  // The device's own name: device() without an "rdma-core:" prefix (transport/device.h), for
+  // tests that know a device by its name (soft0, mlx5_0, rxe0).
+  std::string device_name() const {
+    absl::string_view name = device();
+    absl::ConsumePrefix(&name, "rdma-core:");
+    return std::string(name);
+  }
 
   // Call as ASSERT_NO_FATAL_FAILURE(Connect(...)).
   void Connect(const EndpointOptions& a_options = {}, const EndpointOptions& b_options = {},

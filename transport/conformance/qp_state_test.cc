@@ -238,6 +238,40 @@ TEST_P(QpStateTest, ReceivesPostedInInitAreKept) {
   EXPECT_EQ(FindPatternMismatch(b_->data(), 16, 1), -1);
 }
 
+// A QP that only receives need never leave RTR (perftest's ib_send_bw leaves its server
+// there): it takes SENDs and WRITEs and acknowledges them, though its own send side, and so
+// the PSN the peer's acknowledgements of it are relative to, does not exist yet.
+TEST_P(QpStateTest, AQpLeftInRtrReceivesAndAcknowledges) {
+  SWIRL_ASSERT_OK(b_->qp().ToInit(options_));
+  ASSERT_EQ(b_->PostRecv(0xb0, 0, 64), 0);
+  SWIRL_ASSERT_OK(b_->qp().ToRtr(a_address_, options_));
+  SWIRL_ASSERT_OK(a_->qp().Connect(b_address_, 1, options_));
+  FillPattern(a_->data(), 64, 4);
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_EQ(SendWr(10 + i, IBV_WR_RDMA_WRITE)
+                  .Local(*a_, 0, 64)
+                  .Remote(b_->addr(4096 + 64 * i), b_->rkey())
+                  .Post(a_->ibqp()),
+              0);
+  }
+  ASSERT_EQ(SendWr(1, IBV_WR_SEND).Local(*a_, 0, 16).Post(a_->ibqp()), 0);
+  std::vector<ibv_wc> sends = PollN(a_->send_cq(), 4);
+  ASSERT_EQ(sends.size(), 4u);
+  for (int i = 0; i < 3; ++i) {
+    ExpectWc(sends[i], {.wr_id = static_cast<uint64_t>(10 + i), .qp_num = a_->qpn(),
+                        .opcode = IBV_WC_RDMA_WRITE});
+  }
+  ExpectWc(sends[3], {.wr_id = 1, .qp_num = a_->qpn(), .opcode = IBV_WC_SEND});
+  ExpectWc(Poll(b_->recv_cq()), {.wr_id = 0xb0,
+                                 .qp_num = b_->qpn(),
+                                 .opcode = IBV_WC_RECV,
+                                 .byte_len = 16,
+                                 .src_qp = a_->qpn()});
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(FindPatternMismatch(b_->data(4096 + 64 * i), 64, 4), -1);
+  EXPECT_EQ(StateOf(b_->qp()), IBV_QPS_RTR);
+  EXPECT_EQ(StateOf(a_->qp()), IBV_QPS_RTS);
+}
+
 TEST_P(QpStateTest, PostingToErrorQpFlushes) {
   ASSERT_NO_FATAL_FAILURE(ConnectBoth());
   SWIRL_ASSERT_OK(a_->qp().ToError());

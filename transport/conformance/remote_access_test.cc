@@ -123,7 +123,7 @@ TEST_P(RemoteAccessTest, WrongKeyByte) {
 // access violation work queue error"), as mlx5 does. rxe does not raise it, and other devices'
 // behaviour is unknown here: they are skipped with that reason rather than judged.
 TEST_P(RemoteAccessTest, TheRefusingResponderRaisesAnAccessError) {
-  if (device().rfind("soft", 0) != 0 && device().rfind("mlx5", 0) != 0) {
+  if (device_name().rfind("soft", 0) != 0 && device_name().rfind("mlx5", 0) != 0) {
     GTEST_SKIP() << device() << ": not known to raise IBV_EVENT_QP_ACCESS_ERR (rxe does not)";
   }
   ASSERT_NO_FATAL_FAILURE(Connect());

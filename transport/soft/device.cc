@@ -66,6 +66,7 @@ void FillDeviceAttr(const Hca* hca, ibv_device_attr_ex* attr) {
   a.local_ca_ack_delay = 0;
   a.phys_port_cnt = 1;
   attr->device_cap_flags_ex = a.device_cap_flags;
+  attr->phys_port_cnt_ex = a.phys_port_cnt;
 }
 
 void FillPortAttr(ibv_port_attr* attr) {

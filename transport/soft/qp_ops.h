@@ -169,6 +169,10 @@ void ProtocolError(SoftQp* qp, const char* what);
 // A piggybacked or published ack from the peer: the next MSN it expects.
 inline void NoteAck(SoftQp* qp, uint32_t ack) {
   if (ack == qp->peer_acked) return;
+  // Before RTS our send side does not exist: the peer acknowledges relative to the sq_psn we
+  // have not been given yet (a receive-only QP may stay in RTR for good). Nothing to complete,
+  // and nothing to check it against; RTS starts from sq_psn.
+  if (qp->qstate == IBV_QPS_RTR) return;
   // Acks ride on both of the peer's rings and in its control block; those are not ordered with
   // each other, so an older one can arrive after a newer one: keep the newest. But a peer may
   // never acknowledge what was not sent.

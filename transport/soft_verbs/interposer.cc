@@ -81,12 +81,13 @@ T* FailNull(int err) {
 void Created(const ibv_context* context) { Registry::Get().Created(context); }
 void Destroyed(const ibv_context* context) { Registry::Get().Destroyed(context); }
 
-// The soft port's GID table entry `index`, or an errno value (ENODATA past the table, as an
-// empty entry of a real table).
+// The soft port's GID table entry `index`, or an errno value. The table has gid_tbl_len
+// entries, all of them valid: an index past it is EINVAL, as libibverbs answers for an entry
+// sysfs does not have (never ENODATA, its answer for an empty entry inside the table).
 int SoftGidEntry(verbs::DeviceOps* ops, uint32_t port, uint32_t index, ibv_gid_entry* entry) {
   std::vector<ibv_gid_entry> table;
   if (int err = ops->QueryGidTable(static_cast<uint8_t>(port), &table)) return err;
-  if (index >= table.size()) return port == 1 ? ENODATA : EINVAL;
+  if (index >= table.size()) return EINVAL;
   *entry = table[index];
   entry->gid_index = index;
   return 0;

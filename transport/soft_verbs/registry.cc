@@ -73,8 +73,11 @@ int Registry::Close(ibv_context* context) {
   {
     absl::MutexLock lock(&mu_);
     auto it = contexts_.find(context);
-    if (it == contexts_.end()) return ENODEV;
-    if (it->second.live_objects > 0) return EBUSY;
+    if (it == contexts_.end() || it->second.closed) return ENODEV;
+    if (it->second.live_objects > 0) {
+      it->second.closed = true;
+      return 0;
+    }
     ops = std::move(it->second.ops);
     contexts_.erase(it);
   }
@@ -95,9 +98,15 @@ void Registry::Created(const ibv_context* context) {
 }
 
 void Registry::Destroyed(const ibv_context* context) {
-  absl::MutexLock lock(&mu_);
-  auto it = contexts_.find(context);
-  if (it != contexts_.end()) --it->second.live_objects;
+  std::unique_ptr<verbs::DeviceOps> ops;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = contexts_.find(context);
+    if (it == contexts_.end()) return;
+    if (--it->second.live_objects > 0 || !it->second.closed) return;
+    ops = std::move(it->second.ops);  // the last object of a closed context
+    contexts_.erase(it);
+  }
 }
 
 void Registry::AddList(ibv_device** ours, ibv_device** real) {

@@ -36,8 +36,10 @@ class Registry {
 
   // A context on soft device `device` (one of devices()), or null with errno set.
   ibv_context* Open(ibv_device* device);
-  // Closes a soft context: 0, or EBUSY while objects made on it are alive (libibverbs would let
-  // the kernel tear them down; here they would be freed under the program's feet).
+  // Closes a soft context (0), as libibverbs always does. With objects made on it still alive
+  // (programs often exit without destroying everything), the context stays open, unreachable
+  // by a program that follows the API, until the last of them is destroyed: freeing it under
+  // them would turn a sloppy program's later destroy into a use after free.
   int Close(ibv_context* context);
 
   // The soft device behind `context`, or null if it is not a soft context.
@@ -58,6 +60,7 @@ class Registry {
   struct OpenContext {
     std::unique_ptr<verbs::DeviceOps> ops;
     int live_objects = 0;
+    bool closed = false;  // ibv_close_device ran; freed once live_objects reaches 0
   };
 
   std::vector<ibv_device*> devices_;  // fixed after construction

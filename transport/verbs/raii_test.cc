@@ -61,6 +61,8 @@ int FakeDeallocMw(ibv_mw* mw) {
   return 0;
 }
 
+constexpr int kEmptyGidIndex = 5;
+
 class FakeDeviceOps final : public DeviceOps {
  public:
   explicit FakeDeviceOps(Journal* journal) : journal_(journal) {
@@ -106,6 +108,10 @@ class FakeDeviceOps final : public DeviceOps {
     return table;
   }
   int QueryGid(uint8_t, int index, ibv_gid* gid) override {
+    if (index == kEmptyGidIndex) {  // libibverbs reads an empty entry as zeros, successfully
+      std::memset(gid, 0, sizeof(*gid));
+      return journal_->Enter("query_gid");
+    }
     if (index < 0 || index >= 4) return EINVAL;
     *gid = Table()[index].gid;
     return journal_->Enter("query_gid");
@@ -370,6 +376,19 @@ TEST_F(RaiiTest, RtrUsesTheAdvertisedGidEntryAndRefusesImpossibleIndexes) {
   absl::StatusOr<PeerAddress> refused = other->LocalAddress(0x55, options);
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+}
+
+// An empty GID entry is not an address: a peer given zeros would have nothing to answer to.
+TEST_F(RaiiTest, AnEmptyGidEntryIsRefusedNamingIt) {
+  auto [pd, cq, config] = NewQpParts();
+  std::unique_ptr<QueuePair> qp = *QueuePair::Create(pd, config);
+  ConnectOptions options;
+  options.gid_index = kEmptyGidIndex;
+  absl::StatusOr<PeerAddress> refused = qp->LocalAddress(0x55, options);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+  EXPECT_NE(refused.status().message().find("GID index 5 is empty"), std::string::npos)
+      << refused.status();
 }
 
 TEST(ChooseGidIndex, PrefersRoceV2ThenIpv4ThenGlobalAddresses) {

@@ -436,6 +436,14 @@ absl::StatusOr<PeerAddress> QueuePair::LocalAddress(uint32_t sq_psn,
     if (!gid_index.ok()) return gid_index.status();
     absl::StatusOr<ibv_gid> gid = ctx.QueryGid(options.port_num, *gid_index);
     if (!gid.ok()) return gid.status();
+    // libibverbs reads an empty entry of the table as zeros, successfully: a peer would then
+    // be given a GID nothing answers to, and the connection would fail far from its cause.
+    static const ibv_gid kZeroGid{};
+    if (std::memcmp(gid->raw, kZeroGid.raw, sizeof(kZeroGid.raw)) == 0) {
+      return absl::FailedPreconditionError(absl::StrCat(ctx.name(), " port ", options.port_num,
+                                                        ": GID index ", *gid_index,
+                                                        " is empty"));
+    }
     advertised_gid_index_ = *gid_index;
     advertised_port_ = options.port_num;
     address.gid = *gid;
