@@ -418,6 +418,35 @@ TEST_F(HostileResponse, ReadResponseToTheWrongRequest) {
   }
 }
 
+// A responder executes requests in order and streams all of a READ's data before it takes the
+// next request, so a response for a later request while a READ or atomic still waits for its
+// own means responses were skipped (rxe: check_psn, COMPST_ERROR_RETRY; nothing to retry on the
+// soft link). Nothing of it is placed.
+TEST_F(HostileResponse, ResponsesOutOfOrder) {
+  struct Case {
+    const char* name;
+    ibv_wr_opcode second;  // behind a READ of 64 bytes
+    uint32_t answered;     // bytes of the READ already answered
+  };
+  for (const Case& c : {Case{"a READ's before the READ ahead of it", IBV_WR_RDMA_READ, 0},
+                        Case{"an atomic's before the READ ahead of it",
+                             IBV_WR_ATOMIC_FETCH_AND_ADD, 0},
+                        Case{"a READ's inside the READ ahead of it", IBV_WR_RDMA_READ, 32}}) {
+    SCOPED_TRACE(c.name);
+    auto p = NewPair();
+    ASSERT_NE(p, nullptr);
+    Post(*p, 1, IBV_WR_RDMA_READ, 0, 64);
+    const bool atomic = c.second == IBV_WR_ATOMIC_FETCH_AND_ADD;
+    Post(*p, 2, c.second, 4096, atomic ? 8 : 64);
+    const uint32_t m = MsnOf(*p, 1);
+    if (c.answered != 0) Respond(*p, ReadResponse(m, 0, c.answered, m + 2));
+    Respond(*p, atomic ? AtomicResponse(m + 1, m + 2) : ReadResponse(m + 1, 0, 64, m + 2));
+    std::vector<char> region = Untouched();
+    Place(region, 0, c.answered);
+    ExpectBadResponse(*p, 1, {2}, region);
+  }
+}
+
 // ---- (4) Atomic responses --------------------------------------------------------------------
 
 TEST_F(HostileResponse, AtomicResponseToANonAtomicRequest) {
@@ -516,6 +545,55 @@ TEST_F(HostileResponse, NakWithAnUnknownStatus) {
     Respond(*p, NakFrame(m, status, m));
     ExpectBadResponse(*p, 1, {2}, Untouched());
   }
+}
+
+// After a request has failed, what follows on the response ring changes nothing: the failed
+// request keeps its status and the rest flush, as on a real requester, whose QP is in the error
+// state from its first error on.
+TEST_F(HostileResponse, NothingAfterAFailureChangesTheOutcome) {
+  enum Then { kSameNak, kNakForTheNext, kMsnNeverSent };
+  for (Then then : {kSameNak, kNakForTheNext, kMsnNeverSent}) {
+    SCOPED_TRACE(then == kSameNak        ? "the same NAK again"
+                 : then == kNakForTheNext ? "a NAK for the next request"
+                                          : "a NAK for an MSN never sent");
+    auto p = NewPair();
+    ASSERT_NE(p, nullptr);
+    Post(*p, 1, IBV_WR_SEND, 0, 16);
+    Post(*p, 2, IBV_WR_SEND, 4096, 16);
+    Post(*p, 3, IBV_WR_SEND, 8192, 16);
+    const uint32_t m = MsnOf(*p, 1);
+    Respond(*p, NakFrame(m, IBV_WC_REM_ACCESS_ERR, m));
+    const uint32_t next = then == kSameNak ? m : then == kNakForTheNext ? m + 1 : m + 7;
+    Respond(*p, NakFrame(next & wire::kMsnMask, IBV_WC_REM_OP_ERR, m));
+    ExpectOutcome(*p,
+                  {{1, IBV_WC_REM_ACCESS_ERR}, {2, IBV_WC_WR_FLUSH_ERR}, {3, IBV_WC_WR_FLUSH_ERR}},
+                  /*failed=*/true, Untouched());
+  }
+}
+
+// Not hostile: a READ fails here (its destination's lkey is dead) while the responder, which
+// cannot know, streams the next READ's data. That data is not placed and the next READ flushes:
+// nothing completes successfully after a failure.
+TEST_F(HostileResponse, ReadBehindALocallyFailedReadIsFlushed) {
+  auto p = NewPair();
+  ASSERT_NE(p, nullptr);
+  uint32_t dead_lkey;
+  {
+    auto mr = verbs::MemoryRegion::Register(p->a_pd, p->a_region(), 4096, IBV_ACCESS_LOCAL_WRITE);
+    ASSERT_TRUE(mr.ok()) << mr.status();
+    dead_lkey = (*mr)->lkey();
+  }
+  Post(*p, 1, IBV_WR_SEND, 8192, 16);
+  Post(*p, 2, IBV_WR_RDMA_READ, 0, 64, dead_lkey);
+  Post(*p, 3, IBV_WR_RDMA_READ, 4096, 64);
+  const uint32_t m = MsnOf(*p, 1);
+  // What a correct responder writes: both READs answered in order, each frame acknowledging
+  // everything it had taken.
+  Respond(*p, ReadResponse(m + 1, 0, 64, m + 3));
+  Respond(*p, ReadResponse(m + 2, 0, 64, m + 3));
+  ExpectOutcome(*p,
+                {{1, IBV_WC_SUCCESS}, {2, IBV_WC_LOC_PROT_ERR}, {3, IBV_WC_WR_FLUSH_ERR}},
+                /*failed=*/true, Untouched());
 }
 
 // ---- (7) Frame lengths ----------------------------------------------------------------------

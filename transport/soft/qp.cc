@@ -535,6 +535,9 @@ void ProtocolError(SoftQp* qp, const char* what) {
             qp->qp_num, qp->attr.dest_qp_num, what);
   for (uint32_t i = qp->sq_head; i != qp->sq_tail; ++i) {
     SendWqe& w = qp->sq[i & qp->sq_mask];
+    // A request that failed before this one is the QP's first error: it keeps its status and
+    // everything behind it flushes, as on a requester already in the error state.
+    if (w.state == SendWqe::kDone && w.status != IBV_WC_SUCCESS) break;
     if (w.state != SendWqe::kDone) {
       w.state = SendWqe::kDone;
       w.status = IBV_WC_BAD_RESP_ERR;
