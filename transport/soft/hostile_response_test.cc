@@ -632,5 +632,169 @@ TEST_F(HostileResponse, ResponseRunningPastTheRingEnd) {
   ExpectBadResponse(*p, 1, {}, region);
 }
 
+// ---- (8) Consumer indices B publishes for A's rings ---------------------------------------------
+//
+// A writes a frame into its ring only once B's published consumer index says there is room. A
+// value beyond what A wrote, or behind one B published before, is no position a consumer can
+// be at: trusting it would let A overwrite frames B has not read.
+
+enum class Lie { kBeyond, kBackwards };
+
+// Polls A until `done()` under A's lock, for at most 3 s.
+template <typename Done>
+bool PollAUntil(Pair& p, Done done) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(3);
+  for (;;) {
+    {
+      std::lock_guard<QpLock> lock(p.a()->lock);
+      if (done(p.a())) return true;
+    }
+    if (absl::Now() > deadline) return false;
+    PollA(p);
+  }
+}
+
+TEST_F(HostileResponse, RequestRingConsumerIndexThatCannotBe) {
+  struct Case {
+    const char* name;
+    ibv_wr_opcode waiting;  // the request that waits for room
+    Lie lie;
+  };
+  for (const Case& c : {Case{"a WRITE waits, index beyond", IBV_WR_RDMA_WRITE, Lie::kBeyond},
+                        Case{"a WRITE waits, index going backwards", IBV_WR_RDMA_WRITE,
+                             Lie::kBackwards},
+                        Case{"a READ waits, index beyond", IBV_WR_RDMA_READ, Lie::kBeyond}}) {
+    SCOPED_TRACE(c.name);
+    auto p = NewPair();
+    ASSERT_NE(p, nullptr);
+    auto written = [](uint64_t head) {
+      return [head](SoftQp* a) { return a->req_tx.head() == head; };
+    };
+    // WRITEs that fill A's request ring exactly: three of a full chunk, one for the rest.
+    uint64_t wr_id = 0;
+    for (int i = 0; i < 3; ++i) Post(*p, ++wr_id, IBV_WR_RDMA_WRITE, 0, wire::kMaxChunk);
+    const uint32_t rest = kRingBytes - 3 * kChunkFrame - sizeof(wire::FrameHeader) -
+                          sizeof(wire::RemoteExtension);
+    static_assert(wire::FrameBytes(wire::kOpWrite, kRingBytes - 3 * kChunkFrame -
+                                                       sizeof(wire::FrameHeader) -
+                                                       sizeof(wire::RemoteExtension)) ==
+                  kRingBytes - 3 * kChunkFrame);
+    Post(*p, ++wr_id, IBV_WR_RDMA_WRITE, 0, rest);
+    uint64_t head = kRingBytes;
+    ASSERT_TRUE(PollAUntil(*p, written(head)));
+    if (c.lie == Lie::kBackwards) {
+      // B consumes the first frame, truthfully: one more WRITE goes out.
+      Publish(*p, &wire::SegmentControl::request_consumed, kChunkFrame);
+      Post(*p, ++wr_id, IBV_WR_RDMA_WRITE, 0, wire::kMaxChunk);
+      head += kChunkFrame;
+      ASSERT_TRUE(PollAUntil(*p, written(head)));
+    }
+    Post(*p, ++wr_id, c.waiting, 0, c.waiting == IBV_WR_RDMA_READ ? 64 : wire::kMaxChunk);
+    PollA(*p);
+    {
+      std::lock_guard<QpLock> lock(p->a()->lock);
+      ASSERT_EQ(p->a()->req_tx.head(), head) << "the last request did not wait for room";
+      ASSERT_EQ(p->a()->qstate, IBV_QPS_RTS);
+    }
+    Publish(*p, &wire::SegmentControl::request_consumed,
+            c.lie == Lie::kBeyond ? head + wire::kFrameAlign : 0);
+    std::vector<uint64_t> flushed;
+    for (uint64_t i = 2; i <= wr_id; ++i) flushed.push_back(i);
+    ExpectBadResponse(*p, 1, flushed, Untouched());
+    std::lock_guard<QpLock> lock(p->a()->lock);
+    EXPECT_EQ(p->a()->req_tx.head(), head)
+        << "A wrote into its ring on the strength of the bad index";
+  }
+}
+
+// The same for A's response ring, where A as a responder streams READ data, atomic results and
+// NAKs for B's requests (crafted into B's request ring). A has no request of its own to fail: it
+// enters the error state and says so to B.
+TEST_F(HostileResponse, ResponseRingConsumerIndexThatCannotBe) {
+  enum Stalled { kReadData, kAtomic, kNak };
+  struct Case {
+    const char* name;
+    Stalled stalled;  // what waits for room in A's response ring
+    Lie lie;
+  };
+  for (const Case& c : {Case{"READ data, index beyond", kReadData, Lie::kBeyond},
+                        Case{"READ data, index going backwards", kReadData, Lie::kBackwards},
+                        Case{"an atomic, index beyond", kAtomic, Lie::kBeyond},
+                        Case{"a NAK, index beyond", kNak, Lie::kBeyond}}) {
+    SCOPED_TRACE(c.name);
+    auto p = NewPair();
+    ASSERT_NE(p, nullptr);
+    uint32_t msn;
+    {
+      std::lock_guard<QpLock> lock(p->a()->lock);
+      msn = p->a()->expected_msn;
+    }
+    // B's requests, as its requester would write them: READs of A's region, a FETCH_ADD on it,
+    // a READ with a wrong key (NAKed).
+    auto request = [&](uint8_t op, uint32_t length, uint32_t rkey) {
+      Frame f;
+      f.op = op;
+      f.msn = msn;
+      msn = wire::NextMsn(msn);
+      f.total_length = length;
+      f.ext.remote_addr = p->a_addr(0);
+      f.ext.rkey = rkey;
+      f.ext.length = length;
+      f.ext.compare_add = 1;
+      Inject(p->b(), f, Ring::kRequest);
+    };
+    auto written = [](uint64_t bytes) {
+      return [bytes](SoftQp* a) { return a->resp_tx.head() == bytes; };
+    };
+    // Three full chunks and one that fills the rest of the ring exactly.
+    const uint32_t rest = kRingBytes - 3 * kChunkFrame - sizeof(wire::FrameHeader);
+    static_assert(wire::FrameBytes(wire::kOpReadResponse, kRingBytes - 3 * kChunkFrame -
+                                                              sizeof(wire::FrameHeader)) ==
+                  kRingBytes - 3 * kChunkFrame);
+    for (int i = 0; i < 3; ++i) request(wire::kOpReadRequest, wire::kMaxChunk, p->a_rkey());
+    request(wire::kOpReadRequest, rest, p->a_rkey());
+    ASSERT_TRUE(PollAUntil(*p, written(kRingBytes)));
+    uint64_t head = kRingBytes;
+    if (c.lie == Lie::kBackwards) {
+      // B reads the first frame, truthfully: one more READ's data goes out.
+      Publish(*p, &wire::SegmentControl::response_consumed, kChunkFrame);
+      request(wire::kOpReadRequest, wire::kMaxChunk, p->a_rkey());
+      head += kChunkFrame;
+      ASSERT_TRUE(PollAUntil(*p, written(head)));
+    }
+    switch (c.stalled) {
+      case kReadData:
+        request(wire::kOpReadRequest, wire::kMaxChunk, p->a_rkey());
+        break;
+      case kAtomic:
+        request(wire::kOpFetchAdd, 0, p->a_rkey());
+        break;
+      case kNak:
+        request(wire::kOpReadRequest, 64, p->a_rkey() ^ 1);
+        break;
+    }
+    // A takes the request and waits for room: nothing written, nothing failed yet (the NAK's
+    // QP is in the error state already, but has not said so: its NAK comes first). An atomic
+    // leaves no trace while it waits: it runs only once there is room for its answer.
+    ASSERT_TRUE(PollAUntil(*p, [&](SoftQp* a) {
+      return c.stalled == kReadData ? a->cur_read.active
+             : c.stalled == kNak    ? a->pending_nak.active
+                                    : true;
+    }));
+    PollA(*p);  // once more over the waiting request
+    {
+      std::lock_guard<QpLock> lock(p->a()->lock);
+      ASSERT_EQ(p->a()->resp_tx.head(), head);
+    }
+    ASSERT_EQ(PublishedState(*p), wire::kLinkActive);
+    Publish(*p, &wire::SegmentControl::response_consumed,
+            c.lie == Lie::kBeyond ? head + wire::kFrameAlign : 0);
+    ExpectOutcome(*p, {}, /*failed=*/true, Untouched());  // the atomic never ran
+    std::lock_guard<QpLock> lock(p->a()->lock);
+    EXPECT_EQ(p->a()->resp_tx.head(), head)
+        << "A wrote into its ring on the strength of the bad index";
+  }
+}
+
 }  // namespace
 }  // namespace swirl::soft::hostile

@@ -547,6 +547,12 @@ void ProtocolError(SoftQp* qp, const char* what) {
   EnterError(qp);
 }
 
+bool ConsumerLied(SoftQp* qp, const RingWriter& ring) {
+  if (!ring.consumer_lied()) return false;
+  ProtocolError(qp, "consumer index beyond what was written, or moving backwards");
+  return true;
+}
+
 void PublishAndWake(SoftQp* qp, bool wrote) {
   if (qp->own_ctrl == nullptr) return;
   bool published = wrote;

@@ -264,12 +264,18 @@ bool Transmit(SoftQp* qp) {
       ++qp->sq_tx;
       continue;
     }
+    // A request that does not fit waits for the responder to read further, unless the
+    // responder's published consumer index is one it cannot have (ConsumerLied).
     if (IsReadOrAtomic(w.opcode)) {
       if (qp->rd_atomic_outstanding >= std::max<uint32_t>(qp->attr.max_rd_atomic, 1)) break;
-      if (!TransmitReadOrAtomic(qp, w)) break;
+      if (!TransmitReadOrAtomic(qp, w)) {
+        ConsumerLied(qp, qp->req_tx);
+        break;
+      }
     } else {
       if (!TransmitData(qp, w, index)) {
         wrote = true;  // some chunks may have gone
+        ConsumerLied(qp, qp->req_tx);
         break;
       }
     }
