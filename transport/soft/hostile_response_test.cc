@@ -178,6 +178,7 @@ class HostileResponse : public ::testing::Test {
   std::unique_ptr<Pair> NewPair() {
     std::unique_ptr<Pair> p = MakePair(/*post_recvs=*/false);
     if (p == nullptr) return nullptr;
+    EXPECT_EQ(p->a()->req_tx.size(), kRingBytes) << "SWIRL_SOFT_RING_KB (BUILD) changed";
     ibv_sge sge{p->a_addr(0), 64, p->a_lkey()};
     ibv_recv_wr wr{kRecvWrId, nullptr, &sge, 1};
     ibv_recv_wr* bad = nullptr;
@@ -228,6 +229,9 @@ class HostileResponse : public ::testing::Test {
         << "A's region differs at offset " << (diff.first - region.begin());
     EXPECT_TRUE(BystanderRoundTrip(*bystander_, ++bystander_round_))
         << "the bystander pair stopped working";
+    // The premise: B is the test's puppet; its QP never read a frame of A's.
+    std::lock_guard<QpLock> lock(p.b()->lock);
+    EXPECT_EQ(p.b()->req_rx.tail(), 0u) << "B's QP ran";
   }
 
   // The common outcome: the first outstanding request fails with BAD_RESP_ERR, the others
