@@ -27,7 +27,14 @@ uint64_t RingSize() {
     }
     uint64_t bytes = 1;
     while (bytes < kb * 1024) bytes <<= 1;
-    return std::clamp<uint64_t>(bytes, wire::kMinRingSize, wire::kMaxRingSize);
+    // Our own rings hold two of the largest frames (a peer's are accepted from kMinRingSize:
+    // reading one needs no room). A frame never wraps: one that does not fit before the ring's
+    // end goes behind a PAD that can take almost as much again (RingWriter::Reserve), so in a
+    // smaller ring a full chunk would wait for room for ever.
+    constexpr uint64_t kMinOwnRing =
+        std::bit_ceil(2 * wire::FrameBytes(wire::kOpWrite, wire::kMaxChunk));
+    static_assert(kMinOwnRing >= wire::kMinRingSize && kMinOwnRing <= wire::kMaxRingSize);
+    return std::clamp<uint64_t>(bytes, kMinOwnRing, wire::kMaxRingSize);
   }();
   return size;
 }
