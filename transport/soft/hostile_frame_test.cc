@@ -1,10 +1,11 @@
 // Hostile frames: a soft QP's peer writes the request ring it reads, so every frame is untrusted
-// (docs/SOFT_WIRE.md, "Validation"). Each test connects a fresh QP pair A <-> B in this process,
-// writes crafted frames straight into A's request ring the way qp_requester.cc writes real ones,
-// drives B by polling its CQs, and checks that B answers exactly as the responder code says it
-// must (a protocol error, or a NAK with the right status), that A completes its request with the
-// matching status, that B's receives are flushed, and that nothing outside what the frames were
-// entitled to touch changed (B's buffer has guard bytes around its registered region).
+// (docs/SOFT_WIRE.md, "Validation"). Each test connects a fresh QP pair A <-> B in this process
+// (hostile_peer.h), writes crafted frames straight into A's request ring the way qp_requester.cc
+// writes real ones, drives B by polling its CQs, and checks that B answers exactly as the
+// responder code says it must (a protocol error, or a NAK with the right status), that A
+// completes its request with the matching status, that B's receives are flushed, and that nothing
+// outside what the frames were entitled to touch changed (B's buffer has guard bytes around its
+// registered region). hostile_response_test does the same for the other direction.
 //
 // A protocol error puts B in the error state without a response frame; A then sees B's link
 // state go to error and fails its outstanding request with RETRY_EXC_ERR (qp.cc, ProgressLocked).
@@ -26,133 +27,23 @@
 #include <vector>
 
 #include "absl/time/clock.h"
+#include "transport/soft/hostile_peer.h"
 #include "transport/soft/qp_ops.h"
-#include "transport/soft/soft_device.h"
 #include "transport/soft/soft_internal.h"
 #include "transport/soft/wire.h"
 #include "transport/verbs/verbs.h"
 
-namespace swirl::soft {
+namespace swirl::soft::hostile {
 namespace {
 
-using verbs::CompletionQueue;
-using verbs::Context;
-using verbs::MemoryRegion;
 using verbs::MemoryWindow;
-using verbs::ProtectionDomain;
-using verbs::QueuePair;
 
-// B's buffer: a guard, the registered region, a guard.
-constexpr size_t kGuard = 4096;
-constexpr size_t kRegion = 128 * 1024;
-constexpr char kGuardByte = '\xee';
-constexpr char kFillByte = '\x5a';     // the region's initial contents
-constexpr char kPayloadByte = '\xab';  // what crafted frames carry
-// B's two receives: a large one (so that a SEND is never refused for its length) and a small one.
-constexpr uint64_t kRecv1Offset = 0, kRecv1Length = 64 * 1024;
-constexpr uint64_t kRecv2Offset = 64 * 1024, kRecv2Length = 4096;
-constexpr uint64_t kRecvWrId1 = 0x101, kRecvWrId2 = 0x102;
 // Where crafted WRITEs aim (32 KiB, clear of the receives).
 constexpr uint64_t kTarget = 96 * 1024;
 // A's send-queue entry for the crafted request.
 constexpr uint64_t kRequestWrId = 0xa1;
 
-constexpr uint8_t kFirstLast = wire::kFlagFirst | wire::kFlagLast;
-
-// Two soft devices in this process, one RC QP on each, connected (as smoke_test.cc does).
-struct Pair {
-  std::shared_ptr<Context> a_ctx, b_ctx;
-  std::shared_ptr<ProtectionDomain> a_pd, b_pd;
-  std::shared_ptr<CompletionQueue> a_cq, b_send_cq, b_recv_cq;
-  std::unique_ptr<QueuePair> a_qp, b_qp;
-  std::vector<char> b_mem = std::vector<char>(kGuard + kRegion + kGuard, kGuardByte);
-  std::unique_ptr<MemoryRegion> b_mr;
-
-  // What polling collected.
-  std::vector<ibv_wc> a_wcs, b_send_wcs, b_recv_wcs;
-
-  SoftQp* a() const { return AsSoft(a_qp->get()); }
-  SoftQp* b() const { return AsSoft(b_qp->get()); }
-  char* region() { return b_mem.data() + kGuard; }
-  uint64_t addr(int64_t offset) { return reinterpret_cast<uint64_t>(region()) + offset; }
-  uint32_t rkey() const { return b_mr->rkey(); }
-};
-
-bool Linked(SoftQp* qp) {
-  std::lock_guard<QpLock> lock(qp->lock);
-  return qp->linked;
-}
-
-// A fresh pair; B's region filled with kFillByte, both receives posted unless `post_recvs` is
-// false. Null on failure.
-std::unique_ptr<Pair> MakePair(bool post_recvs = true) {
-  auto p = std::make_unique<Pair>();
-  p->a_ctx = Context::Wrap(*OpenSoftDevice("soft0"));
-  p->b_ctx = Context::Wrap(*OpenSoftDevice("soft1"));
-  p->a_pd = *ProtectionDomain::Create(p->a_ctx);
-  p->b_pd = *ProtectionDomain::Create(p->b_ctx);
-  p->a_cq = *CompletionQueue::Create(p->a_ctx, 64);
-  p->b_send_cq = *CompletionQueue::Create(p->b_ctx, 64);
-  p->b_recv_cq = *CompletionQueue::Create(p->b_ctx, 64);
-  verbs::QueuePairConfig a_config;
-  a_config.send_cq = a_config.recv_cq = p->a_cq;
-  p->a_qp = *QueuePair::Create(p->a_pd, a_config);
-  verbs::QueuePairConfig b_config;
-  b_config.send_cq = p->b_send_cq;
-  b_config.recv_cq = p->b_recv_cq;
-  p->b_qp = *QueuePair::Create(p->b_pd, b_config);
-  std::memset(p->region(), kFillByte, kRegion);
-  p->b_mr = *MemoryRegion::Register(p->b_pd, p->region(), kRegion,
-                                    IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
-                                        IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC |
-                                        IBV_ACCESS_MW_BIND);
-
-  verbs::ConnectOptions options;
-  auto aa = *p->a_qp->LocalAddress(100, options);
-  auto ba = *p->b_qp->LocalAddress(200, options);
-  if (!p->a_qp->Connect(ba, 100, options).ok() || !p->b_qp->Connect(aa, 200, options).ok()) {
-    ADD_FAILURE() << "connect failed";
-    return nullptr;
-  }
-  // The segments are exchanged by the HCA threads; polling adopts them.
-  const absl::Time deadline = absl::Now() + absl::Seconds(3);
-  while (!(Linked(p->a()) && Linked(p->b()))) {
-    if (absl::Now() > deadline) {
-      ADD_FAILURE() << "QPs not linked within 3 s";
-      return nullptr;
-    }
-    p->a_cq->Poll(0, nullptr);
-    p->b_recv_cq->Poll(0, nullptr);
-  }
-
-  if (!post_recvs) return p;
-  ibv_sge s1{p->addr(kRecv1Offset), kRecv1Length, p->b_mr->lkey()};
-  ibv_sge s2{p->addr(kRecv2Offset), kRecv2Length, p->b_mr->lkey()};
-  ibv_recv_wr r2{kRecvWrId2, nullptr, &s2, 1};
-  ibv_recv_wr r1{kRecvWrId1, &r2, &s1, 1};
-  ibv_recv_wr* bad = nullptr;
-  if (ibv_post_recv(p->b_qp->get(), &r1, &bad) != 0) {
-    ADD_FAILURE() << "post_recv failed";
-    return nullptr;
-  }
-  return p;
-}
-
 // ---- Writing crafted frames as A -----------------------------------------------------------
-
-struct Frame {
-  uint8_t op = wire::kOpSend;
-  uint8_t flags = kFirstLast;
-  uint32_t length = 0;  // the header's claim
-  uint32_t total_length = 0;
-  uint32_t msn = 0;
-  uint32_t imm_or_inv = 0;
-  std::optional<uint32_t> ack;  // default: A's expected_msn, as the requester writes it
-  bool extension = false;       // write `ext` even for an op that has none
-  wire::RemoteExtension ext{};
-  char fill = kPayloadByte;  // payload byte
-  uint64_t reserve = 0;      // ring bytes to take; default FrameBytes(op, length)
-};
 
 // A's next MSN for a crafted message, taken as AssignMsn does (A must never see an ack for an
 // MSN it did not hand out: that is itself a protocol error).
@@ -187,42 +78,6 @@ void Outstanding(SoftQp* a, uint32_t msn, ibv_wr_opcode opcode, uint32_t length)
   ++a->sq_tx;
 }
 
-// Writes `f` into A's request ring as TransmitData does: under A's lock, Reserve (which pads a
-// too-short ring tail), everything but the stamp, Commit (which stamps it), then A's doorbell.
-// Returns the frame's ring position.
-uint64_t Inject(SoftQp* a, const Frame& f) {
-  std::lock_guard<QpLock> lock(a->lock);
-  const bool with_ext = f.extension || wire::HasRemoteExtension(f.op);
-  const uint64_t bytes = f.reserve != 0 ? f.reserve : wire::FrameBytes(f.op, f.length);
-  uint64_t pos = 0;
-  char* frame = a->req_tx.Reserve(bytes, &pos, a->expected_msn);
-  if (frame == nullptr) {
-    ADD_FAILURE() << "no room for " << bytes << " bytes in A's request ring";
-    return ~uint64_t{0};
-  }
-  auto* h = reinterpret_cast<wire::FrameHeader*>(frame);
-  h->op = f.op;
-  h->flags = f.flags;
-  h->rnr_retry = a->attr.rnr_retry;
-  h->reserved = 0;
-  h->length = f.length;
-  h->msn = f.msn;
-  h->ack = f.ack.value_or(a->expected_msn);
-  h->imm_or_inv = f.imm_or_inv;
-  h->total_length = f.total_length;
-  char* p = frame + sizeof(wire::FrameHeader);
-  if (with_ext) {
-    std::memcpy(p, &f.ext, sizeof(f.ext));
-    p += sizeof(f.ext);
-  }
-  // The payload, as far as the frame reaches (a frame may claim more than it holds).
-  const uint64_t room = bytes - static_cast<uint64_t>(p - frame);
-  std::memset(p, f.fill, std::min<uint64_t>(f.length, room));
-  a->req_tx.Commit(frame, pos, bytes);
-  PublishAndWake(a, true);
-  return pos;
-}
-
 Frame Send(uint32_t msn, uint8_t flags, uint32_t length, uint32_t total) {
   Frame f;
   f.op = wire::kOpSend;
@@ -248,24 +103,6 @@ Frame Write(uint32_t msn, uint8_t flags, uint32_t length, uint32_t total, uint64
 }
 
 // ---- Driving B and checking the outcome -----------------------------------------------------
-
-ibv_qp_state State(QueuePair& qp) {
-  absl::StatusOr<ibv_qp_state> s = qp.QueryState();  // the device's query_qp
-  return s.ok() ? *s : IBV_QPS_UNKNOWN;
-}
-
-void PollAll(Pair& p) {
-  ibv_wc wc[8];
-  for (int n = p.b_recv_cq->Poll(8, wc); n > 0; n = p.b_recv_cq->Poll(8, wc)) {
-    p.b_recv_wcs.insert(p.b_recv_wcs.end(), wc, wc + n);
-  }
-  for (int n = p.b_send_cq->Poll(8, wc); n > 0; n = p.b_send_cq->Poll(8, wc)) {
-    p.b_send_wcs.insert(p.b_send_wcs.end(), wc, wc + n);
-  }
-  for (int n = p.a_cq->Poll(8, wc); n > 0; n = p.a_cq->Poll(8, wc)) {
-    p.a_wcs.insert(p.a_wcs.end(), wc, wc + n);
-  }
-}
 
 // Polls every CQ until B and A are in the error state and A has `a_wcs` completions and B
 // `recv_wcs` receive completions, or for at most 3 s.
@@ -330,13 +167,6 @@ Expect NakExpected(uint32_t msn, ibv_wc_status status) {
   return e;
 }
 
-size_t FirstMismatch(const char* p, size_t n, char want) {
-  for (size_t i = 0; i < n; ++i) {
-    if (p[i] != want) return i;
-  }
-  return n;
-}
-
 void DriveAndCheck(Pair& p, const Expect& e) {
   Drive(p, e.a_status ? 1 : 0, e.recv.size());
 
@@ -380,7 +210,7 @@ void DriveAndCheck(Pair& p, const Expect& e) {
   EXPECT_TRUE(p.b_send_wcs.empty() || p.b_send_wcs.back().opcode == IBV_WC_BIND_MW);
 
   // Memory: the guards untouched, the region exactly as expected.
-  EXPECT_EQ(FirstMismatch(p.b_mem.data(), kGuard, kGuardByte), kGuard) << "leading guard written";
+  EXPECT_EQ(FirstMismatch(p.b_mem.mem.data(), kGuard, kGuardByte), kGuard) << "leading guard written";
   EXPECT_EQ(FirstMismatch(p.region() + kRegion, kGuard, kGuardByte), kGuard)
       << "trailing guard written";
   ASSERT_EQ(e.region.size(), kRegion);
@@ -836,7 +666,7 @@ void BindWindow(Pair& p, uint64_t offset, uint64_t length, unsigned int access,
   bind.send_flags = IBV_SEND_SIGNALED;
   bind.bind_mw.mw = (*mw)->get();
   bind.bind_mw.rkey = *rkey;
-  bind.bind_mw.bind_info.mr = p.b_mr->get();
+  bind.bind_mw.bind_info.mr = p.b_mem.mr->get();
   bind.bind_mw.bind_info.addr = p.addr(static_cast<int64_t>(offset));
   bind.bind_mw.bind_info.length = length;
   bind.bind_mw.bind_info.mw_access_flags = access;
@@ -945,28 +775,6 @@ Frame RandomFrame(std::mt19937_64& rng, Pair& p, uint32_t next_msn, uint64_t odd
   return f;
 }
 
-// A valid SEND from the bystander's A to its B, received: the devices still work.
-bool BystanderRoundTrip(Pair& by, uint64_t i) {
-  ibv_sge rs{by.addr(0), 64, by.b_mr->lkey()};
-  ibv_recv_wr rwr{i, nullptr, &rs, 1};
-  ibv_recv_wr* rbad = nullptr;
-  if (ibv_post_recv(by.b_qp->get(), &rwr, &rbad) != 0) return false;
-  ibv_send_wr swr{};  // zero-length, with an immediate: A has no memory registered
-  swr.wr_id = i;
-  swr.opcode = IBV_WR_SEND_WITH_IMM;
-  swr.imm_data = static_cast<uint32_t>(i);
-  swr.send_flags = IBV_SEND_SIGNALED;
-  ibv_send_wr* sbad = nullptr;
-  if (ibv_post_send(by.a_qp->get(), &swr, &sbad) != 0) return false;
-  const absl::Time deadline = absl::Now() + absl::Seconds(3);
-  by.a_wcs.clear();
-  by.b_recv_wcs.clear();
-  while ((by.a_wcs.empty() || by.b_recv_wcs.empty()) && absl::Now() < deadline) PollAll(by);
-  return by.a_wcs.size() == 1 && by.a_wcs[0].status == IBV_WC_SUCCESS &&
-         by.b_recv_wcs.size() == 1 && by.b_recv_wcs[0].status == IBV_WC_SUCCESS &&
-         by.b_recv_wcs[0].wr_id == i && by.b_recv_wcs[0].imm_data == static_cast<uint32_t>(i);
-}
-
 TEST(HostileFrame, RandomFramesStayInsideTheRegion) {
   int iterations = 60;
   if (const char* env = std::getenv("SWIRL_FUZZ_ITERATIONS")) iterations = std::atoi(env);
@@ -1007,7 +815,7 @@ TEST(HostileFrame, RandomFramesStayInsideTheRegion) {
     const ibv_qp_state b_state = State(*p->b_qp);
     EXPECT_TRUE(b_state == IBV_QPS_ERR || b_state == IBV_QPS_RTS) << "B in state " << b_state;
     (b_state == IBV_QPS_ERR ? errors : survived) += 1;
-    EXPECT_EQ(FirstMismatch(p->b_mem.data(), kGuard, kGuardByte), kGuard)
+    EXPECT_EQ(FirstMismatch(p->b_mem.mem.data(), kGuard, kGuardByte), kGuard)
         << "leading guard written";
     EXPECT_EQ(FirstMismatch(p->region() + kRegion, kGuard, kGuardByte), kGuard)
         << "trailing guard written";
@@ -1023,4 +831,4 @@ TEST(HostileFrame, RandomFramesStayInsideTheRegion) {
 }
 
 }  // namespace
-}  // namespace swirl::soft
+}  // namespace swirl::soft::hostile

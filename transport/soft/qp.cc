@@ -27,7 +27,14 @@ uint64_t RingSize() {
     }
     uint64_t bytes = 1;
     while (bytes < kb * 1024) bytes <<= 1;
-    return std::clamp<uint64_t>(bytes, wire::kMinRingSize, wire::kMaxRingSize);
+    // Our own rings hold two of the largest frames (a peer's are accepted from kMinRingSize:
+    // reading one needs no room). A frame never wraps: one that does not fit before the ring's
+    // end goes behind a PAD that can take almost as much again (RingWriter::Reserve), so in a
+    // smaller ring a full chunk would wait for room for ever.
+    constexpr uint64_t kMinOwnRing =
+        std::bit_ceil(2 * wire::FrameBytes(wire::kOpWrite, wire::kMaxChunk));
+    static_assert(kMinOwnRing >= wire::kMinRingSize && kMinOwnRing <= wire::kMaxRingSize);
+    return std::clamp<uint64_t>(bytes, kMinOwnRing, wire::kMaxRingSize);
   }();
   return size;
 }
@@ -535,6 +542,9 @@ void ProtocolError(SoftQp* qp, const char* what) {
             qp->qp_num, qp->attr.dest_qp_num, what);
   for (uint32_t i = qp->sq_head; i != qp->sq_tail; ++i) {
     SendWqe& w = qp->sq[i & qp->sq_mask];
+    // A request that failed before this one is the QP's first error: it keeps its status and
+    // everything behind it flushes, as on a requester already in the error state.
+    if (w.state == SendWqe::kDone && w.status != IBV_WC_SUCCESS) break;
     if (w.state != SendWqe::kDone) {
       w.state = SendWqe::kDone;
       w.status = IBV_WC_BAD_RESP_ERR;
@@ -542,6 +552,12 @@ void ProtocolError(SoftQp* qp, const char* what) {
     }
   }
   EnterError(qp);
+}
+
+bool ConsumerLied(SoftQp* qp, const RingWriter& ring) {
+  if (!ring.consumer_lied()) return false;
+  ProtocolError(qp, "consumer index beyond what was written, or moving backwards");
+  return true;
 }
 
 void PublishAndWake(SoftQp* qp, bool wrote) {

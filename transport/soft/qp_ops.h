@@ -166,6 +166,10 @@ bool FlushPendingNak(SoftQp* qp);
 void EnterError(SoftQp* qp);
 // The peer broke the wire protocol (a bad frame): fail the QP as a requester would.
 void ProtocolError(SoftQp* qp, const char* what);
+// A Reserve on `ring`, one of the QP's, failed. True if that is because the peer published an
+// impossible consumer index for it (RingWriter::consumer_lied): the QP then fails as for a bad
+// frame. False if the peer simply has not read far enough yet: the caller waits for room.
+bool ConsumerLied(SoftQp* qp, const RingWriter& ring);
 // A piggybacked or published ack from the peer: the next MSN it expects.
 inline void NoteAck(SoftQp* qp, uint32_t ack) {
   if (ack == qp->peer_acked) return;

@@ -139,13 +139,33 @@ bool TransmitReadOrAtomic(SoftQp* qp, SendWqe& w) {
   return true;
 }
 
-// The transmitted request a response names, whatever its state, or nullptr.
-SendWqe* FindTransmitted(SoftQp* qp, uint32_t msn) {
+// What a response names: the transmitted request with its MSN, whatever its state (nullptr:
+// none), and what lies before that request in the send queue.
+struct Named {
+  SendWqe* w = nullptr;
+  // A request before it already failed: this QP is on its way to the error state, and what
+  // arrives for the requests behind that one is dropped, as a NIC drops what arrives for a QP in
+  // error. They flush; nothing completes successfully after a failure. (A correct responder
+  // still sends it: it cannot know that a READ's data could not be placed here.)
+  bool behind_failure = false;
+  // A READ or atomic before it still waits for its own response. Responders execute requests in
+  // order and stream all of a READ's data before they take the next request, so the responses
+  // come in request order; one that skips a READ or atomic is one no responder sends.
+  bool skips_response = false;
+};
+
+Named FindTransmitted(SoftQp* qp, uint32_t msn) {
+  Named named;
   for (uint32_t i = qp->sq_head; i != qp->sq_tx; ++i) {
     SendWqe& w = qp->sq[i & qp->sq_mask];
-    if (w.has_msn && w.msn == msn) return &w;
+    if (w.has_msn && w.msn == msn) {
+      named.w = &w;
+      return named;
+    }
+    if (w.state == SendWqe::kDone && w.status != IBV_WC_SUCCESS) named.behind_failure = true;
+    if (w.state == SendWqe::kAwaiting && IsReadOrAtomic(w.opcode)) named.skips_response = true;
   }
-  return nullptr;
+  return named;
 }
 
 bool IsNakStatus(uint32_t status) {
@@ -244,12 +264,18 @@ bool Transmit(SoftQp* qp) {
       ++qp->sq_tx;
       continue;
     }
+    // A request that does not fit waits for the responder to read further, unless the
+    // responder's published consumer index is one it cannot have (ConsumerLied).
     if (IsReadOrAtomic(w.opcode)) {
       if (qp->rd_atomic_outstanding >= std::max<uint32_t>(qp->attr.max_rd_atomic, 1)) break;
-      if (!TransmitReadOrAtomic(qp, w)) break;
+      if (!TransmitReadOrAtomic(qp, w)) {
+        ConsumerLied(qp, qp->req_tx);
+        break;
+      }
     } else {
       if (!TransmitData(qp, w, index)) {
         wrote = true;  // some chunks may have gone
+        ConsumerLied(qp, qp->req_tx);
         break;
       }
     }
@@ -279,16 +305,24 @@ bool ProcessResponses(SoftQp* qp) {
     NoteAck(qp, h.ack);
     if (qp->qstate == IBV_QPS_ERR) return true;
     const char* payload = qp->resp_rx.frame() + sizeof(wire::FrameHeader);
-    SendWqe* w = FindTransmitted(qp, h.msn);
-    if (w != nullptr && w->state == SendWqe::kDone && w->status != IBV_WC_SUCCESS &&
-        w->opcode == IBV_WR_RDMA_READ && h.op == wire::kOpReadResponse) {
-      // The rest of a READ that already failed here (a chunk could not be placed): dropped, as
-      // a NIC drops the responses of a request it completed in error.
+    const Named named = FindTransmitted(qp, h.msn);
+    SendWqe* w = named.w;
+    if (w != nullptr &&
+        (named.behind_failure ||
+         (w->state == SendWqe::kDone && w->status != IBV_WC_SUCCESS &&
+          w->opcode == IBV_WR_RDMA_READ && h.op == wire::kOpReadResponse))) {
+      // For a request behind one that failed, or the rest of a READ that already failed here (a
+      // chunk could not be placed): dropped, as a NIC drops the responses of a request it
+      // completed in error and everything that arrives for a QP in error.
       qp->resp_rx.Consume(wire::FrameBytes(h.op, h.length));
       continue;
     }
     if (w == nullptr || w->state != SendWqe::kAwaiting) {
       ProtocolError(qp, "response for no outstanding request");
+      return true;
+    }
+    if (named.skips_response) {
+      ProtocolError(qp, "response out of order");
       return true;
     }
     if (h.op == wire::kOpReadResponse) {

@@ -293,7 +293,8 @@ bool ContinueRead(SoftQp* qp) {
     const uint64_t bytes = wire::FrameBytes(wire::kOpReadResponse, chunk);
     uint64_t pos;
     char* frame = qp->resp_tx.Reserve(bytes, &pos, qp->expected_msn);
-    if (frame == nullptr) return false;
+    // No room: the rest streams later, unless the peer lied about its reads (the QP failed).
+    if (frame == nullptr) return ConsumerLied(qp, qp->resp_tx);
     if (chunk > 0) {
       // Checked again per chunk: a local invalidation may have revoked the key meanwhile.
       KeyEntry* e = PinRemote(qp, r.rkey, r.addr + r.offset, chunk, IBV_ACCESS_REMOTE_READ);
@@ -363,7 +364,9 @@ Outcome HandleAtomic(SoftQp* qp, const wire::FrameHeader& h, const wire::RemoteE
   const uint64_t bytes = wire::FrameBytes(wire::kOpAtomicResponse, 8);
   uint64_t pos;
   char* frame = qp->resp_tx.Reserve(bytes, &pos, qp->expected_msn);
-  if (frame == nullptr) return Outcome::kStall;  // execute only once there is room to answer
+  if (frame == nullptr) {  // execute only once there is room to answer
+    return ConsumerLied(qp, qp->resp_tx) ? Outcome::kFailed : Outcome::kStall;
+  }
   KeyEntry* e = PinRemote(qp, ext.rkey, ext.remote_addr, 8, IBV_ACCESS_REMOTE_ATOMIC);
   if (e == nullptr) {
     Nak(qp, h.msn, IBV_WC_REM_ACCESS_ERR);
@@ -415,23 +418,29 @@ bool FlushPendingNak(SoftQp* qp) {
   const uint64_t bytes = wire::FrameBytes(wire::kOpNak, 0);
   uint64_t pos;
   char* frame = qp->resp_tx.Reserve(bytes, &pos, qp->expected_msn);
-  if (frame == nullptr) return false;
-  auto* h = reinterpret_cast<wire::FrameHeader*>(frame);
-  h->op = wire::kOpNak;
-  h->flags = 0;
-  h->rnr_retry = 0;
-  h->reserved = 0;
-  h->length = 0;
-  h->msn = qp->pending_nak.msn;
-  h->ack = qp->expected_msn;
-  h->imm_or_inv = qp->pending_nak.status;
-  h->total_length = 0;
-  qp->resp_tx.Commit(frame, pos, bytes);
+  // A peer that published an impossible consumer index for the ring will never make room for
+  // the NAK: it is dropped, so that the error state it was to precede is published now.
+  const bool dropped = frame == nullptr && qp->resp_tx.consumer_lied();
+  if (frame == nullptr && !dropped) return false;
+  if (!dropped) {
+    auto* h = reinterpret_cast<wire::FrameHeader*>(frame);
+    h->op = wire::kOpNak;
+    h->flags = 0;
+    h->rnr_retry = 0;
+    h->reserved = 0;
+    h->length = 0;
+    h->msn = qp->pending_nak.msn;
+    h->ack = qp->expected_msn;
+    h->imm_or_inv = qp->pending_nak.status;
+    h->total_length = 0;
+    qp->resp_tx.Commit(frame, pos, bytes);
+  }
   qp->pending_nak.active = false;
   if (qp->qstate == IBV_QPS_ERR && qp->own_ctrl != nullptr) {
     wire::SharedRelease();
     qp->own_ctrl->state.value.store(wire::kLinkError, std::memory_order_release);
   }
+  if (dropped) ConsumerLied(qp, qp->resp_tx);  // an RNR NAK's QP is not in error yet
   return true;
 }
 

@@ -24,6 +24,7 @@ class RingWriter {
     head_ = 0;
     consumed_cache_ = 0;
     consumed_ = nullptr;
+    consumer_lied_ = false;
   }
   // Where the consumer publishes how far it has read (in the peer's segment). Until it is
   // known, nothing counts as consumed, so at most one ring's worth is written ahead.
@@ -58,6 +59,12 @@ class RingWriter {
   uint64_t size() const { return size_; }
   // Bytes written but not yet consumed, as last seen.
   uint64_t InFlight() const { return head_ - consumed_cache_; }
+  // The consumer published a position it cannot be at: beyond what was written, or behind one
+  // it published before. Such a value is never taken (it would free space the consumer may
+  // still read, and the next frames would overwrite frames it has not read), and a correct
+  // consumer never publishes one, so the writer's QP fails on it (qp.cc, ConsumerLied) rather
+  // than wait for room that will not come. Sticky until Init.
+  bool consumer_lied() const { return consumer_lied_; }
 
  private:
   bool HasSpace(uint64_t bytes) {
@@ -66,7 +73,10 @@ class RingWriter {
     uint64_t consumed = consumed_->load(std::memory_order_acquire);
     wire::SharedAcquire();
     // A peer may publish anything; never trust a value that would over-release space.
-    if (consumed > head_ || consumed < consumed_cache_) return false;
+    if (consumed > head_ || consumed < consumed_cache_) {
+      consumer_lied_ = true;
+      return false;
+    }
     consumed_cache_ = consumed;
     return head_ + bytes - consumed_cache_ <= size_;
   }
@@ -80,6 +90,7 @@ class RingWriter {
   uint64_t head_ = 0;
   uint64_t consumed_cache_ = 0;
   const std::atomic<uint64_t>* consumed_ = nullptr;
+  bool consumer_lied_ = false;
 };
 
 class RingReader {

@@ -11,7 +11,8 @@
 // for CQs nobody is polling: a CQ armed with ibv_req_notify_cq, or one not polled for 10 ms (a
 // passive target of RDMA reads and writes). SWIRL_SOFT_PROGRESS=off disables that help.
 //
-// Environment: SWIRL_SOFT_RING_KB (size of each of a QP's two rings, default 1024),
+// Environment: SWIRL_SOFT_RING_KB (size of each of a QP's two rings, default 1024, at least
+// 128),
 // SWIRL_SOFT_PROGRESS, SWIRL_SOFT_TCP (the TCP fabric: every soft device of the process
 // listens on that address, one of this host's, on a free port, or with a port given, softN on
 // that port + N; its GID is ::ffff:<IPv4> with the port in bytes 8-9; a malformed value or a
