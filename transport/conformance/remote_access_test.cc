@@ -154,7 +154,7 @@ TEST_P(RemoteAccessTest, TheRefusingResponderRaisesAnAccessError) {
 // IBV_EVENT_QP_REQ_ERR ("invalid request local work queue error"). The soft device does; which
 // hardware raises this event for it is not established here, so other devices are skipped.
 TEST_P(RemoteAccessTest, TheRefusingResponderRaisesAnInvalidRequestError) {
-  if (device().rfind("soft", 0) != 0) {
+  if (device_name().rfind("soft", 0) != 0) {
     GTEST_SKIP() << device() << ": not known to raise IBV_EVENT_QP_REQ_ERR for this";
   }
   ASSERT_NO_FATAL_FAILURE(Connect());
@@ -173,7 +173,7 @@ TEST_P(RemoteAccessTest, TheRefusingResponderRaisesAnInvalidRequestError) {
 // catastrophic error") besides. Which hardware raises an event here, where the receive's
 // completion also reports the error, is not established: other devices are skipped.
 TEST_P(RemoteAccessTest, TheResponderThatCannotPlaceASendRaisesAFatalError) {
-  if (device().rfind("soft", 0) != 0) {
+  if (device_name().rfind("soft", 0) != 0) {
     GTEST_SKIP() << device() << ": not known to raise IBV_EVENT_QP_FATAL for this";
   }
   ASSERT_NO_FATAL_FAILURE(Connect());
