@@ -25,8 +25,8 @@ import unittest
 HERE = os.path.dirname(os.path.abspath(__file__))
 SUMMARY = os.path.join(HERE, "test_summary.py")
 FIXTURES = os.path.join(HERE, "testdata", "test_summary")
-sys.path.insert(0, HERE)
-import junit  # noqa: E402
+sys.path.insert(0, os.path.dirname(HERE))
+from tools import junit  # noqa: E402
 
 GREEN = ("//zzexp:pass_test", "//zzexp:sh_test", "//zzexp:shard_test", "//zzexp:runs_test")
 
@@ -360,6 +360,13 @@ class SummaryTest(unittest.TestCase):
         self.assertVerdict(f.run("--expected-skips", good, "--enforce-skips"), 0)
         wrong = self.expected_skips(f, ["//zzexp:pass_test Good.Skips\tsome other reason"])
         self.assertVerdict(f.run("--expected-skips", wrong, "--enforce-skips"), 1)
+
+    def test_an_expected_skip_line_may_name_tests_by_a_glob(self):
+        f = self.green()
+        glob = self.expected_skips(f, ["//zzexp:pass_test Good.*\tno rdma-core device"])
+        self.assertVerdict(f.run("--expected-skips", glob, "--enforce-skips"), 0)
+        other = self.expected_skips(f, ["//zzexp:other_test *\tno rdma-core device"])
+        self.assertVerdict(f.run("--expected-skips", other, "--enforce-skips"), 1)
 
     def test_a_disabled_case_is_an_unexpected_skip(self):
         f = self.fixture("keep_going_mix")

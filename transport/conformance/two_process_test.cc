@@ -92,6 +92,28 @@ TEST_P(TwoProcessTest, SendRecvPingPong) {
   EXPECT_TRUE(WIFEXITED(*exit) && WEXITSTATUS(*exit) == 0) << "peer wait status " << *exit;
 }
 
+// As on a NIC, a QP learns that its peer went away only by sending to it: a receiver whose
+// peer finished and exited keeps its posted receives (ibv_rc_pingpong's server reads a flushed
+// one as a failure), and its next request fails with RETRY_EXC_ERR, the receives flushing
+// behind it.
+TEST_P(TwoProcessTest, APeerThatExitsFailsOnlyTheNextRequest) {
+  ASSERT_EQ(a_->PostRecv(0xa0, 0, 64), 0);
+  ASSERT_EQ(a_->PostRecv(0xa1, 64, 64), 0);
+  absl::StatusOr<int> exit = peer_->Exit(kTimeout);
+  ASSERT_TRUE(exit.ok()) << exit.status().ToString();
+  // A bounded observation: nothing completes, and the QP stays ready to send.
+  std::vector<ibv_wc> early = Observe(a_->recv_cq(), absl::Milliseconds(300));
+  EXPECT_TRUE(early.empty()) << "a receive completed with no peer: " << Describe(early.front());
+  EXPECT_EQ(StateOf(a_->qp()), IBV_QPS_RTS);
+  ASSERT_EQ(SendWr(1, IBV_WR_SEND).Local(*a_, 0, 8).Post(a_->ibqp()), 0);
+  ExpectWc(Poll(a_->send_cq()), {.wr_id = 1, .status = IBV_WC_RETRY_EXC_ERR, .qp_num = a_->qpn()});
+  std::vector<ibv_wc> recvs = PollN(a_->recv_cq(), 2);
+  ASSERT_EQ(recvs.size(), 2u);
+  ExpectWc(recvs[0], {.wr_id = 0xa0, .status = IBV_WC_WR_FLUSH_ERR, .qp_num = a_->qpn()});
+  ExpectWc(recvs[1], {.wr_id = 0xa1, .status = IBV_WC_WR_FLUSH_ERR, .qp_num = a_->qpn()});
+  EXPECT_TRUE(WaitForState(a_->qp(), IBV_QPS_ERR));
+}
+
 TEST_P(TwoProcessTest, LargeRdmaWriteAndRead) {
   constexpr uint32_t kLength = 4 << 20;
   static_assert(kLength <= kPeerDataSize);

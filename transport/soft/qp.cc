@@ -111,7 +111,8 @@ bool HandleLinkEvent(SoftQp* qp) {
     // or a stranger posing as the peer) is dropped like a wrong one: a live match may follow.
     // Except on the connection this QP opened to its peer's address (TCP): what came back on it
     // is the peer's, even if the peer hung up right after (it acknowledged our requests, then
-    // failed): the QP takes it, completes what it acknowledged, then fails as the peer is gone.
+    // failed): the QP takes it and completes what it acknowledged; its next request fails, as
+    // the peer is gone.
     const bool own_connection = c.watch == qp->out_watch;
     if (!match || (!own_connection && !AdoptWatch(qp->hca, c.watch))) {
       SWIRL_LOG(DEBUG, "soft: QP 0x%x drops a link from QP 0x%x", qp->qp_num, c.qp_num);
@@ -651,7 +652,10 @@ bool ProgressSlow(SoftQp* qp) {
     CompleteSq(qp);
     if ((peer_state != wire::kLinkActive || gone) && qp->qstate != IBV_QPS_ERR) {
       // The peer stopped answering: the first request still outstanding fails as a real
-      // requester's would after its retries; a peer that is gone for good takes us down too.
+      // requester's would after its retries, and the QP with it. Without one, nothing fails,
+      // as on a NIC, where a QP learns of a vanished peer only by sending to it: a receiver
+      // whose peer finished and went away keeps its posted receives (ibv_rc_pingpong's
+      // server reads a flushed one as a failure). Its next request fails here.
       bool failed = false;
       for (uint32_t i = qp->sq_head; i != qp->sq_tail; ++i) {
         SendWqe& w = qp->sq[i & qp->sq_mask];
@@ -662,12 +666,12 @@ bool ProgressSlow(SoftQp* qp) {
           break;
         }
       }
-      if (failed || gone || peer_state == wire::kLinkClosed) {
+      if (failed) {
         SWIRL_LOG(DEBUG, "soft: QP 0x%x: peer QP 0x%x %s; QP -> ERR", qp->qp_num,
                   qp->attr.dest_qp_num, gone ? "is gone" : "failed");
         EnterError(qp);
+        did = true;  // (a QP that stays, with nothing to fail, did nothing: no busy assist)
       }
-      did = true;
     }
   } else if (qp->link_deadline_ns != 0 && qp->sq_head != qp->sq_tail &&
              NowNs() > qp->link_deadline_ns && qp->qstate == IBV_QPS_RTS) {
