@@ -2,7 +2,8 @@
 # Embedding check: swirl used from outside its own workspace, the two supported ways.
 #
 #   embedding:make   `./swirl install --prefix TMP`; every installed header compiled with only
-#                    pkg-config's flags; then a copy of examples/embed_make built with its
+#                    pkg-config's flags; the installed libswirl_soft_verbs.so gives ibv_devices
+#                    soft0; then a copy of examples/embed_make built with its
 #                    Makefile against TMP (pkg-config, protoc + the installed plugin) and run,
 #                    linked with libswirl.a (make run) and with libswirl.so (make run-shared)
 #   embedding:bazel  examples/embed_bazel, a separate Bazel workspace that has swirl as
@@ -38,7 +39,8 @@ record() {  # record NAME RC LOG
   local name="$1" rc="$2" log="$3" status=PASSED
   if [ "$rc" -eq 0 ]; then
     echo "$name: PASSED"
-    grep -h -e '^embed_[a-z]*: ' -e '^\./counter' -e 'installed headers compile' "$log" |
+    grep -h -e '^embed_[a-z]*: ' -e '^\./counter' -e 'installed headers compile' \
+      -e 'libswirl_soft_verbs' "$log" |
       sed 's/^/  /'
   else
     status=FAILED
@@ -61,6 +63,10 @@ echo "embedding check: ./swirl install + examples/embed_make, examples/embed_baz
   g++ -std=c++20 -fsyntax-only \
     $(PKG_CONFIG_PATH="$work/prefix/lib/pkgconfig" pkg-config --cflags swirl) "$work/all_headers.cc"
   echo "all $(grep -c . "$work/all_headers.cc") installed headers compile"
+  # The installed interposer gives an unmodified verbs program soft0.
+  LD_PRELOAD="$work/prefix/lib/libswirl_soft_verbs.so" ibv_devices | grep -q '^ *soft0 ' ||
+    { echo "the installed libswirl_soft_verbs.so does not give ibv_devices soft0" >&2; exit 1; }
+  echo "installed libswirl_soft_verbs.so: ibv_devices lists soft0"
   cp -R examples/embed_make "$work/embed_make"
   make -s -C "$work/embed_make" clean
   timeout 600 make -C "$work/embed_make" SWIRL_PREFIX="$work/prefix" run run-shared

@@ -119,6 +119,10 @@ rm -f "$out"
     plugin_dest = ctx.actions.declare_file(out + "bin/" + plugin.basename)
     outputs.append(plugin_dest)
     copies.append((plugin, plugin_dest))
+    for lib in ctx.files.preload_libs:
+        lib_dest = ctx.actions.declare_file(out + "lib/" + lib.basename)
+        outputs.append(lib_dest)
+        copies.append((lib, lib_dest))
 
     # Copies, then checks that the installed headers are closed under #include "...": each one
     # they name is installed too or a system header (/usr/include), so that a public header
@@ -166,6 +170,10 @@ swirl_dist = rule(
             doc = "installed under include/ at their workspace paths",
         ),
         "plugin": attr.label(executable = True, cfg = "target", mandatory = True),
+        "preload_libs": attr.label_list(
+            allow_files = [".so"],
+            doc = "shared libraries installed as they are under lib/ (LD_PRELOAD libraries)",
+        ),
         "_cc_toolchain": attr.label(default = "@bazel_tools//tools/cpp:current_cc_toolchain"),
     },
     toolchains = ["@bazel_tools//tools/cpp:toolchain_type"],
