@@ -51,6 +51,11 @@ constexpr uint64_t kWakeId = ~uint64_t{0} - 1;
 constexpr uint64_t kStopId = ~uint64_t{0} - 2;
 constexpr uint64_t kHelloMagic = 0x4f4c4c4548575331ull;  // "1SWHELLO"
 constexpr int64_t kStaleNs = 10 * 1000 * 1000;            // a CQ unpolled for 10 ms needs help
+// While it makes progress for CQs nobody polls, the HCA thread keeps at it without sleeping
+// until it has found nothing to do for this long (then sleeps, asking peers to kick it), and
+// goes back to its loop at least this often to see to everything else.
+constexpr int64_t kAssistQuietNs = 100 * 1000;
+constexpr int64_t kAssistSpinMaxNs = 2 * 1000 * 1000;
 
 // What a QP sends when it reaches RTR, with SCM_RIGHTS [segment memfd, HCA wake eventfd].
 struct Hello {
@@ -316,15 +321,15 @@ bool MarkAssistedCqs(Hca* hca, int64_t now) {
       cq->last_polls_seen = polls;
       cq->last_change_ns = now;
     }
-    const bool stale = now - cq->last_change_ns >= kStaleNs;
-    cq->assisted = cq->attached.load(std::memory_order_relaxed) > 0 &&
-                   (cq->armed.load(std::memory_order_relaxed) != 0 || stale);
-    any |= cq->assisted;
+    const bool attached = cq->attached.load(std::memory_order_relaxed) > 0;
+    cq->assist_armed = attached && cq->armed.load(std::memory_order_relaxed) != 0;
+    cq->assist_stale = attached && now - cq->last_change_ns >= kStaleNs;
+    any |= cq->assist_armed || cq->assist_stale;
   }
   return any;
 }
 
-bool Assisted(const SoftQp* qp) { return qp->scq->assisted || qp->rcq->assisted; }
+bool Assisted(const SoftQp* qp) { return HcaAssists(qp); }
 
 bool ProgressAssisted(Hca* hca) {
   bool did = false;
@@ -412,7 +417,19 @@ void HcaLoop(Hca* hca) {
       }
     }
     if (assist) {
-      for (int round = 0; round < 64 && ProgressAssisted(hca); ++round) {
+      // A passive target with traffic flowing (RDMA WRITEs into memory nobody polls, a server
+      // asleep in ibv_get_cq_event) is served as a NIC would serve it, without a sleep and a
+      // wakeup (~10 us here) between frames: only a quiet spell ends the spin.
+      const int64_t start = NowNs();
+      int64_t quiet_since = start;
+      for (int64_t now2 = start; now2 - quiet_since < kAssistQuietNs &&
+                                 now2 - start < kAssistSpinMaxNs;
+           now2 = NowNs()) {
+        if (ProgressAssisted(hca)) {
+          quiet_since = now2;
+        } else {
+          CpuRelax();
+        }
       }
     }
     // TCP fabric: what the rounds above published (acks of a sleeping owner's receives), what

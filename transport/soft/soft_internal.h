@@ -106,7 +106,10 @@ struct SoftCq : ibv_cq {
 
   std::atomic<int> armed{0};  // 0: no, 1: solicited only, 2: next completion
   std::atomic<int> attached{0};  // QPs completing into this CQ
-  bool assisted = false;         // HCA thread only: it is making progress for this CQ
+  // HCA thread only, set by MarkAssistedCqs: the owner sleeps on it (armed) or has not polled
+  // it for a while (stale). HcaAssists(qp) decides from these whose progress it makes.
+  bool assist_armed = false;
+  bool assist_stale = false;
 
   // Bumped by every poll_cq: the HCA thread reads it to tell whether the application is
   // polling this CQ (if not, the HCA thread makes progress for it). Own cache line: only the
@@ -538,6 +541,15 @@ inline SoftContext* ToSoft(ibv_context* ctx) {
   verbs_context* vctx = reinterpret_cast<verbs_context*>(reinterpret_cast<char*>(ctx) -
                                                          offsetof(verbs_context, context));
   return reinterpret_cast<SoftContext*>(vctx);
+}
+
+// Whether the HCA thread makes progress for `qp` (HCA thread only): when its owner sleeps on
+// one of its CQs (armed), or polls neither (both stale: a passive target). A QP whose owner
+// polls one CQ is progressed by that poll, whatever the other CQ (ib_write_bw's client never
+// polls its receive CQ): the HCA thread would only contend with the owner for the QP.
+inline bool HcaAssists(const SoftQp* qp) {
+  return qp->scq->assist_armed || qp->rcq->assist_armed ||
+         (qp->scq->assist_stale && qp->rcq->assist_stale);
 }
 
 // ---- Functions shared between the files -------------------------------------------------------

@@ -735,7 +735,7 @@ void WatchTcpReceives(Hca* hca) {
         watch.tcp->failed) {
       continue;
     }
-    const bool want = watch.qp->scq->assisted || watch.qp->rcq->assisted;
+    const bool want = HcaAssists(watch.qp);
     if (want == watch.tcp->watching_in) continue;
     watch.tcp->watching_in = want;
     Rearm(hca, id, watch.fd, *watch.tcp);
