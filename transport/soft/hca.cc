@@ -331,6 +331,19 @@ bool MarkAssistedCqs(Hca* hca, int64_t now) {
 
 bool Assisted(const SoftQp* qp) { return HcaAssists(qp); }
 
+// One round of progress for every QP its owner is not busy with (a requester was stalled on
+// one of them: KickPeerHca). Returns true if anything moved.
+bool ProgressAll(Hca* hca) {
+  bool did = false;
+  swirl::ReaderMutexLock lock(&hca->mu);
+  for (auto& [qpn, qp] : hca->qps) {
+    if (!qp->lock.try_lock()) continue;
+    did |= ProgressLocked(qp);
+    qp->lock.unlock();
+  }
+  return did;
+}
+
 bool ProgressAssisted(Hca* hca) {
   bool did = false;
   swirl::ReaderMutexLock lock(&hca->mu);
@@ -412,6 +425,9 @@ void HcaLoop(Hca* hca) {
         uint64_t count;
         while (read(hca->wake_fd, &count, sizeof(count)) > 0) {
         }
+        // A peer kicked us: because we slept while assisting (the rounds below serve it), or
+        // because one of its requests to a QP here stalled, which this round serves.
+        ProgressAll(hca);
       } else {
         HandleWatchEvent(hca, id, events[i].events);
       }

@@ -607,11 +607,33 @@ void PublishAndWake(SoftQp* qp, bool wrote) {
   }
 }
 
+namespace {
+
+// Polls of a stalled request before the peer's HCA thread is kicked, and again between kicks:
+// tens of microseconds, far longer than a peer that makes progress takes to answer.
+constexpr uint32_t kKickAfterStalledPolls = 2048;
+
+// A NIC answers RDMA requests by itself; the soft device answers them when the target's owner
+// calls into it, or its HCA thread does for a target nobody polls. A target that polls between
+// spins on memory (ib_write_lat waits for the peer's WRITE that way) looks polled and is never
+// helped: so the requester, stalled this long, kicks the target's HCA thread, which then makes
+// one round of progress for every QP (shared memory: the TCP fabric has no wake fd). A kick
+// costs a syscall, and only a stalled requester makes one.
+void KickPeerHca(SoftQp* qp) {
+  if (qp->peer.wake_fd < 0) return;
+  uint64_t one = 1;
+  ssize_t ignored = write(qp->peer.wake_fd, &one, sizeof(one));
+  (void)ignored;
+}
+
+}  // namespace
+
 // The steady state's work (ProgressLocked decided there is some): a few loads when a poll
 // finds nothing, which is the busy-polling hot path.
 bool ProgressNormal(SoftQp* qp, bool responses_ready, bool requests_ready) {
   const uint64_t req_head = qp->req_tx.head();
   const uint64_t resp_head = qp->resp_tx.head();
+  const uint32_t sq_head = qp->sq_head;
   bool did = false;
   if (responses_ready) did |= ProcessResponses(qp);
   if (requests_ready && !ReceiveWholeSends(qp, &did)) did |= ProcessRequests(qp);
@@ -627,6 +649,11 @@ bool ProgressNormal(SoftQp* qp, bool responses_ready, bool requests_ready) {
   if (qp->sq_head != qp->sq_tx &&
       (did || transmitted || qp->qstate != IBV_QPS_RTS || CompletionWanted(qp))) {
     CompleteSq(qp);
+  }
+  if (did || transmitted || qp->sq_head != sq_head || qp->sq_head == qp->sq_tx) {
+    qp->stalled_polls = 0;
+  } else if (++qp->stalled_polls % kKickAfterStalledPolls == 0) {
+    KickPeerHca(qp);
   }
   const bool wrote = qp->req_tx.head() != req_head || qp->resp_tx.head() != resp_head;
   if (did || wrote) PublishAndWake(qp, wrote);

@@ -355,6 +355,9 @@ struct SoftQp : ibv_qp {
   bool sq_stopped = false;
   std::atomic<uint32_t> sq_released{0};  // written by the CQ poller
   uint32_t next_msn = 0;
+  // Polls in a row that found requests outstanding and nothing moving (ProgressNormal): past a
+  // threshold the peer's HCA thread is kicked (KickPeerHca).
+  uint32_t stalled_polls = 0;
   uint32_t rd_atomic_outstanding = 0;
   uint32_t peer_acked = 0;  // latest `acked` seen from the peer (next MSN it expects)
 
