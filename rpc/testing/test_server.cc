@@ -4,6 +4,7 @@
 //             caller cancels, returns "done" or "cancelled"
 //   Cancelled returns how many Sleep calls saw a cancellation so far
 //   Gate      (blocking, one-way) waits until the gate opens (at most 20 s, or until cancelled)
+//   GateSum   (blocking) waits at the gate as Gate does, then does what Sum does
 //   GateEntered / GatePassed  how many Gate handlers started / got through so far
 //   OpenGate / CloseGate      open or shut the gate
 //   Fail      fails with the absl::StatusCode number in the request
@@ -41,7 +42,9 @@
 
 ABSL_FLAG(std::string, port_file, "", "where to write the control-plane port");
 ABSL_FLAG(std::string, token, "e2e", "authentication token");
+ABSL_FLAG(int, max_connections, 256, "ServerOptions::max_connections (in total)");
 ABSL_FLAG(int, max_per_client, 64, "connections per client address");
+ABSL_FLAG(int, workers, 1, "worker threads (ServerOptions::worker_cores, none pinned)");
 ABSL_FLAG(int, shutdown_ms, 3000, "graceful shutdown deadline");
 ABSL_FLAG(int, window_lease_ms, 5000, "bulk window lease");
 ABSL_FLAG(int, keepalive_ms, 1000, "keepalive interval");
@@ -49,6 +52,8 @@ ABSL_FLAG(int, setup_timeout_ms, 10000, "ServerOptions::setup_timeout");
 ABSL_FLAG(int, credits, 32, "receive credits per connection");
 ABSL_FLAG(int64_t, max_bulk_size, 16 << 20, "largest bulk transfer");
 ABSL_FLAG(int64_t, download_bytes, 64 << 20, "unacknowledged download bytes per connection");
+ABSL_FLAG(int64_t, grant_bytes, 32 << 20,
+          "ServerOptions::grant_bytes_per_connection (unused grants, queued blocking handlers)");
 ABSL_FLAG(int64_t, bulk_bytes_per_client, 0, "ServerOptions::bulk_bytes_per_client");
 ABSL_FLAG(bool, allow_unsafe, false, "allow the unsafe static-rkey bulk mode");
 ABSL_FLAG(bool, no_local_fallback, false, "refuse clients without remote invalidation");
@@ -68,6 +73,30 @@ std::string g_last_sum ABSL_GUARDED_BY(g_last_sum_mu);
 
 using swirl::testing::Fnv;
 using swirl::testing::Pattern;
+
+// Holds a blocking handler until the gate opens (at most 20 s, or until its call is cancelled),
+// counting it in GateEntered and GatePassed.
+void WaitAtGate(const swirl::ServerContext& ctx) {
+  g_gate_entered.fetch_add(1);
+  const absl::Time until = absl::Now() + absl::Seconds(20);
+  while (!g_gate_open.load() && !ctx.IsCancelled() && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  g_gate_passed.fetch_add(1);
+}
+
+// Sum's answer for the request's bulk attachment, remembered for LastSum.
+absl::Status SumAttachment(swirl::ServerContext& ctx, swirl::ResponseWriter& out) {
+  swirl::BulkBuffer* in = ctx.request_bulk();
+  if (in == nullptr) return absl::InvalidArgumentError("Sum wants bulk data");
+  std::string sum = absl::StrCat(in->size(), ":", Fnv(in->view()));
+  {
+    swirl::MutexLock lock(&g_last_sum_mu);
+    g_last_sum = sum;
+  }
+  out.Append(sum);
+  return absl::OkStatus();
+}
 
 absl::Status Echo(swirl::ServerContext&, absl::string_view in, swirl::ResponseWriter& out) {
   return out.Append(in) ? absl::OkStatus() : absl::ResourceExhaustedError("too big");
@@ -108,15 +137,17 @@ class E2E : public swirl::Service {
     AddRawMethod(
         "Gate",
         [](swirl::ServerContext& ctx, absl::string_view, swirl::ResponseWriter&) {
-          g_gate_entered.fetch_add(1);
-          const absl::Time until = absl::Now() + absl::Seconds(20);
-          while (!g_gate_open.load() && !ctx.IsCancelled() && absl::Now() < until) {
-            absl::SleepFor(absl::Milliseconds(1));
-          }
-          g_gate_passed.fetch_add(1);
+          WaitAtGate(ctx);
           return absl::OkStatus();
         },
         swirl::MethodOptions{swirl::Execution::kThreadPool, /*one_way=*/true});
+    AddRawMethod(
+        "GateSum",
+        [](swirl::ServerContext& ctx, absl::string_view, swirl::ResponseWriter& out) {
+          WaitAtGate(ctx);
+          return SumAttachment(ctx, out);
+        },
+        swirl::MethodOptions{swirl::Execution::kThreadPool, false});
     AddRawMethod("OpenGate", [](swirl::ServerContext&, absl::string_view, swirl::ResponseWriter&) {
       g_gate_open.store(true);
       return absl::OkStatus();
@@ -207,17 +238,7 @@ class E2E : public swirl::Service {
         },
         swirl::MethodOptions{swirl::Execution::kThreadPool, false});
     AddRawMethod("Sum", [](swirl::ServerContext& ctx, absl::string_view,
-                           swirl::ResponseWriter& out) {
-      swirl::BulkBuffer* in = ctx.request_bulk();
-      if (in == nullptr) return absl::InvalidArgumentError("Sum wants bulk data");
-      std::string sum = absl::StrCat(in->size(), ":", Fnv(in->view()));
-      {
-        swirl::MutexLock lock(&g_last_sum_mu);
-        g_last_sum = sum;
-      }
-      out.Append(sum);
-      return absl::OkStatus();
-    });
+                           swirl::ResponseWriter& out) { return SumAttachment(ctx, out); });
     AddRawMethod("LastSum", [](swirl::ServerContext&, absl::string_view,
                                swirl::ResponseWriter& out) {
       swirl::MutexLock lock(&g_last_sum_mu);
@@ -255,13 +276,16 @@ int main(int argc, char** argv) {
   swirl::ServerOptions options;
   options.address = "127.0.0.1:0";
   options.auth_token = absl::GetFlag(FLAGS_token);
+  options.max_connections = static_cast<uint32_t>(absl::GetFlag(FLAGS_max_connections));
   options.max_connections_per_client = absl::GetFlag(FLAGS_max_per_client);
+  options.worker_cores.assign(static_cast<size_t>(absl::GetFlag(FLAGS_workers)), -1);
   options.keepalive = absl::Milliseconds(absl::GetFlag(FLAGS_keepalive_ms));
   options.setup_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_setup_timeout_ms));
   options.credits = static_cast<uint32_t>(absl::GetFlag(FLAGS_credits));
   options.max_bulk_size = static_cast<size_t>(absl::GetFlag(FLAGS_max_bulk_size));
   options.window_lease = absl::Milliseconds(absl::GetFlag(FLAGS_window_lease_ms));
   options.download_bytes_per_connection = static_cast<size_t>(absl::GetFlag(FLAGS_download_bytes));
+  options.grant_bytes_per_connection = static_cast<size_t>(absl::GetFlag(FLAGS_grant_bytes));
   options.bulk_bytes_per_client = static_cast<size_t>(absl::GetFlag(FLAGS_bulk_bytes_per_client));
   options.allow_unsafe_static_rkey_for_benchmarks = absl::GetFlag(FLAGS_allow_unsafe);
   options.allow_local_invalidation_fallback = !absl::GetFlag(FLAGS_no_local_fallback);
