@@ -9,7 +9,9 @@
 // Progress: a real NIC moves data on its own; the soft device moves it when the application
 // calls into it (poll_cq, post_send, ...). Each device also runs one thread that takes over
 // for CQs nobody is polling: a CQ armed with ibv_req_notify_cq, or one not polled for 10 ms (a
-// passive target of RDMA reads and writes). SWIRL_SOFT_PROGRESS=off disables that help.
+// passive target of RDMA reads and writes), and makes one round of progress for every QP when a
+// peer's request to one of them stalls. SWIRL_SOFT_PROGRESS=off disables that help: a QP then
+// moves only when its owner calls into the device.
 //
 // Environment: SWIRL_SOFT_RING_KB (size of each of a QP's two rings, default 1024, at least
 // 128),
