@@ -14,14 +14,12 @@
 namespace swirl::testing {
 namespace {
 
-constexpr int kRecvs = 64;
-constexpr uint32_t kRecvSize = 8192;
 constexpr uint64_t kRecvTag = uint64_t{1} << 62;
+constexpr uint32_t kPsn = 77;
 
 }  // namespace
 
-absl::Status RogueConnection::Connect(int port, const std::string& token,
-                                      control::BulkMode bulk_mode, bool remote_invalidation) {
+absl::Status RoguePeer::Open() {
   auto ctx = OpenDevice("");
   if (!ctx.ok()) return ctx.status();
   ctx_ = *ctx;
@@ -64,7 +62,23 @@ absl::Status RogueConnection::Connect(int port, const std::string& token,
       return absl::InternalError("ibv_post_recv");
     }
   }
-  auto local = qp_->LocalAddress(77, co);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<verbs::PeerAddress> RoguePeer::LocalAddress() {
+  return qp_->LocalAddress(kPsn, verbs::ConnectOptions());
+}
+
+absl::Status RoguePeer::ConnectTo(const verbs::PeerAddress& peer) {
+  verbs::ConnectOptions co;
+  if (auto s = qp_->ToRtr(peer, co); !s.ok()) return s;
+  return qp_->ToRts(kPsn, co);
+}
+
+absl::Status RogueConnection::Connect(int port, const std::string& token,
+                                      control::BulkMode bulk_mode, bool remote_invalidation) {
+  if (auto s = Open(); !s.ok()) return s;
+  auto local = LocalAddress();
   if (!local.ok()) return local.status();
   auto channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", port),
                                      grpc::InsecureChannelCredentials());
@@ -77,7 +91,7 @@ absl::Status RogueConnection::Connect(int port, const std::string& token,
   request.set_client_name("rogue");
   *request.mutable_address() = internal::ToProto(*local);
   control::Capabilities* caps = request.mutable_capabilities();
-  caps->set_device_kind(verbs::DeviceKindName(ctx_->kind()));
+  caps->set_device_kind(verbs::DeviceKindName(context().kind()));
   caps->set_recv_credits(offered_credits_ != 0 ? std::min<uint32_t>(offered_credits_, kRecvs)
                                                : kRecvs);
   caps->set_recv_buffer_size(kRecvSize);
@@ -87,7 +101,7 @@ absl::Status RogueConnection::Connect(int port, const std::string& token,
   caps->set_eager_threshold(2048);
   caps->set_window_credits(8);
   caps->set_bulk_mode(bulk_mode);
-  caps->set_max_bulk_size(scratch_.size());
+  caps->set_max_bulk_size(kScratchBytes);
   control::ConnectResponse response;
   grpc::Status s = stub->Connect(&gctx, request, &response);
   if (!s.ok()) {
@@ -96,12 +110,11 @@ absl::Status RogueConnection::Connect(int port, const std::string& token,
   negotiated_ = response.negotiated();
   auto server = internal::FromProto(response.address());
   if (!server.ok()) return server.status();
-  if (auto st = qp_->ToRtr(*server, co); !st.ok()) return st;
-  return qp_->ToRts(77, co);
+  return ConnectTo(*server);
 }
 
-absl::StatusOr<uint64_t> RogueConnection::PostMessage(absl::string_view bytes,
-                                                      uint32_t invalidate_rkey) {
+absl::StatusOr<uint64_t> RoguePeer::PostMessage(absl::string_view bytes,
+                                                uint32_t invalidate_rkey) {
   if (bytes.size() > kMessageScratch) return absl::InvalidArgumentError("message too large");
   char* area = scratch_.data() + kRdmaScratch;
   std::memcpy(area, bytes.data(), bytes.size());
@@ -121,8 +134,8 @@ absl::StatusOr<uint64_t> RogueConnection::PostMessage(absl::string_view bytes,
   return wr.wr_id;
 }
 
-absl::Status RogueConnection::Send(const rpc_wire::MessageHeader& header,
-                                   absl::string_view payload, uint32_t invalidate_rkey) {
+absl::Status RoguePeer::Send(const rpc_wire::MessageHeader& header,
+                             absl::string_view payload, uint32_t invalidate_rkey) {
   std::string bytes(reinterpret_cast<const char*>(&header), sizeof(header));
   bytes.append(payload.data(), payload.size());
   auto wr_id = PostMessage(bytes, invalidate_rkey);
@@ -136,15 +149,15 @@ absl::Status RogueConnection::Send(const rpc_wire::MessageHeader& header,
   return absl::OkStatus();
 }
 
-absl::Status RogueConnection::SendRaw(absl::string_view bytes) {
+absl::Status RoguePeer::SendRaw(absl::string_view bytes) {
   auto wr_id = PostMessage(bytes, 0);
   if (!wr_id.ok()) return wr_id.status();
   unwatched_.insert(*wr_id);
   return absl::OkStatus();
 }
 
-absl::Status RogueConnection::Call(const char* method, absl::string_view payload, uint16_t flags,
-                                   uint32_t invalidate_rkey, uint64_t* request_id) {
+absl::Status RoguePeer::Call(const char* method, absl::string_view payload, uint16_t flags,
+                             uint32_t invalidate_rkey, uint64_t* request_id) {
   const uint64_t id = next_request_++;
   if (request_id != nullptr) *request_id = id;
   rpc_wire::MessageHeader h{rpc_wire::kProtocolVersion,
@@ -159,7 +172,7 @@ absl::Status RogueConnection::Call(const char* method, absl::string_view payload
   return Send(h, payload, invalidate_rkey);
 }
 
-void RogueConnection::PollOnce() {
+void RoguePeer::PollOnce() {
   ibv_wc wc[16];
   int n = cq_->Poll(16, wc);
   for (int i = 0; i < n; ++i) {
@@ -172,6 +185,7 @@ void RogueConnection::PollOnce() {
         r.payload.assign(buffer + sizeof(r.header), wc[i].byte_len - sizeof(r.header));
         r.wc_flags = wc[i].wc_flags;
         credits_received_ += r.header.credits;
+        ++messages_received_;
         r.invalidated_rkey = wc[i].invalidated_rkey;
         inbox_.push_back(std::move(r));
         ibv_sge sge{reinterpret_cast<uint64_t>(buffer), kRecvSize, recv_mr_->lkey()};
@@ -188,7 +202,7 @@ void RogueConnection::PollOnce() {
   }
 }
 
-absl::StatusOr<ibv_wc> RogueConnection::WaitSend(uint64_t wr_id, absl::Duration timeout) {
+absl::StatusOr<ibv_wc> RoguePeer::WaitSend(uint64_t wr_id, absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   while (absl::Now() < deadline) {
     PollOnce();
@@ -203,7 +217,7 @@ absl::StatusOr<ibv_wc> RogueConnection::WaitSend(uint64_t wr_id, absl::Duration 
   return absl::DeadlineExceededError("no completion");
 }
 
-absl::StatusOr<Received> RogueConnection::Receive(uint8_t type, absl::Duration timeout) {
+absl::StatusOr<Received> RoguePeer::Receive(uint8_t type, absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   while (absl::Now() < deadline) {
     PollOnce();
@@ -246,8 +260,8 @@ absl::StatusOr<std::vector<rpc_wire::BulkDescriptor>> RogueConnection::RequestWi
   return out;
 }
 
-absl::StatusOr<ibv_wc_status> RogueConnection::Read(uint64_t addr, uint32_t rkey,
-                                                    uint32_t length, std::string* out) {
+absl::StatusOr<ibv_wc_status> RoguePeer::Read(uint64_t addr, uint32_t rkey,
+                                              uint32_t length, std::string* out) {
   auto status = Rdma(IBV_WR_RDMA_READ, addr, rkey, length);
   if (status.ok() && *status == IBV_WC_SUCCESS && out != nullptr) {
     out->assign(scratch_.data(), length);
@@ -255,15 +269,15 @@ absl::StatusOr<ibv_wc_status> RogueConnection::Read(uint64_t addr, uint32_t rkey
   return status;
 }
 
-absl::StatusOr<ibv_wc_status> RogueConnection::Write(uint64_t addr, uint32_t rkey,
-                                                     absl::string_view data) {
+absl::StatusOr<ibv_wc_status> RoguePeer::Write(uint64_t addr, uint32_t rkey,
+                                               absl::string_view data) {
   if (data.size() > kRdmaScratch) return absl::InvalidArgumentError("larger than the scratch");
   std::memcpy(scratch_.data(), data.data(), data.size());
   return Rdma(IBV_WR_RDMA_WRITE, addr, rkey, static_cast<uint32_t>(data.size()));
 }
 
-absl::StatusOr<ibv_wc_status> RogueConnection::Rdma(ibv_wr_opcode opcode, uint64_t addr,
-                                                    uint32_t rkey, uint32_t length) {
+absl::StatusOr<ibv_wc_status> RoguePeer::Rdma(ibv_wr_opcode opcode, uint64_t addr,
+                                              uint32_t rkey, uint32_t length) {
   if (length > kRdmaScratch) return absl::InvalidArgumentError("larger than the scratch");
   ibv_sge sge{reinterpret_cast<uint64_t>(scratch_.data()), length, scratch_mr_->lkey()};
   ibv_send_wr wr{};
@@ -281,13 +295,14 @@ absl::StatusOr<ibv_wc_status> RogueConnection::Rdma(ibv_wr_opcode opcode, uint64
   return wc->status;
 }
 
-rpc_wire::BulkDescriptor RogueConnection::Expose(absl::string_view data) {
+rpc_wire::BulkDescriptor RoguePeer::Expose(absl::string_view data) {
   if (exposed_mr_ == nullptr || exposed_.size() < data.size()) {
+    windows_.clear();  // bound over the memory about to go
     exposed_mr_.reset();
     exposed_.assign(std::max<size_t>(data.size(), 4096), '\0');
-    auto mr = verbs::MemoryRegion::Register(
-        pd_, exposed_.data(), exposed_.size(),
-        IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE);
+    auto mr = verbs::MemoryRegion::Register(pd_, exposed_.data(), exposed_.size(),
+                                            IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ |
+                                                IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_MW_BIND);
     if (!mr.ok()) return {};
     exposed_mr_ = std::move(*mr);
   }
@@ -296,14 +311,39 @@ rpc_wire::BulkDescriptor RogueConnection::Expose(absl::string_view data) {
           exposed_mr_->rkey()};
 }
 
-uint32_t RogueConnection::TakeCredits() {
+rpc_wire::BulkDescriptor RoguePeer::ExposeWindow(absl::string_view data, int access) {
+  rpc_wire::BulkDescriptor d = Expose(data);
+  if (d.rkey == 0) return d;
+  auto mw = verbs::MemoryWindow::Allocate(pd_, IBV_MW_TYPE_2);
+  if (!mw.ok()) return {};
+  const uint32_t rkey = ((*mw)->rkey() & ~0xffu) | (((*mw)->rkey() + 1) & 0xff);
+  ibv_send_wr wr{};
+  wr.wr_id = next_wr_++;
+  wr.opcode = IBV_WR_BIND_MW;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.bind_mw.mw = (*mw)->get();
+  wr.bind_mw.rkey = rkey;
+  wr.bind_mw.bind_info.mr = exposed_mr_->get();
+  wr.bind_mw.bind_info.addr = d.addr;
+  wr.bind_mw.bind_info.length = d.length;
+  wr.bind_mw.bind_info.mw_access_flags = static_cast<unsigned int>(access);
+  ibv_send_wr* bad;
+  if (ibv_post_send(qp_->get(), &wr, &bad) != 0) return {};
+  auto wc = WaitSend(wr.wr_id, absl::Seconds(10));
+  if (!wc.ok() || wc->status != IBV_WC_SUCCESS) return {};
+  windows_.push_back(std::move(*mw));
+  d.rkey = rkey;
+  return d;
+}
+
+uint32_t RoguePeer::TakeCredits() {
   PollOnce();
   const uint32_t n = credits_received_;
   credits_received_ = 0;
   return n;
 }
 
-bool RogueConnection::CutOff(absl::Duration timeout) {
+bool RoguePeer::CutOff(absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   absl::Time ping_sent = absl::InfinitePast();
   bool ping_out = false;
