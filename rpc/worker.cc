@@ -684,6 +684,18 @@ void Worker::HandleRecv(const ibv_wc& wc) {
   c->received_ = true;
   Bump(c->counters_.bytes_received, wc.byte_len);
   if (h.type == rpc_wire::kResponse) {
+    // A late answer (the call was cancelled or timed out) names its slot's current generation
+    // or an older one, and is dropped below. A slot beyond our table, or a generation that slot
+    // has not reached yet (compared modulo 2^32, as generations wrap), names a call we never
+    // made: no correct peer sends that, and dropping it would hide a peer that makes answers up.
+    const uint32_t slot = static_cast<uint32_t>(h.request_id);
+    if (slot >= c->pending_.size() ||
+        static_cast<int32_t>(static_cast<uint32_t>(h.request_id >> 32) - c->generation_[slot]) >
+            0) {
+      ProtocolError(c, absl::InvalidArgumentError(absl::StrFormat(
+                           "a response for request %u, which was never sent", h.request_id)));
+      return;
+    }
     // A call whose response came with bulk data has an RDMA READ writing into its buffer: a
     // second response, eager or bulk, would complete it (handing that buffer back under the
     // device) or post another READ into it.
