@@ -137,6 +137,7 @@ class Server::Impl final : public control::Control::Service {
       wo.on_closed = [this](uint64_t id, const absl::Status& why) {
         OnClosed(id, /*was_accepted=*/true, why);
       };
+      wo.before_qp_destroy = [this] { DrainAsyncEvents(); };
       auto worker = internal::Worker::Create(context_, pd_, caps_, wo, pool_.get());
       if (!worker.ok()) return worker.status();
       workers_.push_back(std::move(*worker));
@@ -229,29 +230,42 @@ class Server::Impl final : public control::Control::Service {
         }
         continue;
       }
-      const ibv_event_type type = event->event_type;
-      switch (type) {
-        case IBV_EVENT_QP_LAST_WQE_REACHED:
-        case IBV_EVENT_COMM_EST:
-        case IBV_EVENT_SQ_DRAINED:
-        case IBV_EVENT_SRQ_LIMIT_REACHED:
-          continue;  // routine
-        case IBV_EVENT_QP_FATAL:
-        case IBV_EVENT_QP_REQ_ERR:
-        case IBV_EVENT_QP_ACCESS_ERR:
-        case IBV_EVENT_PATH_MIG_ERR:
-          async_qp_errors_.fetch_add(1, std::memory_order_relaxed);
-          break;
-        default:
-          async_device_events_.fetch_add(1, std::memory_order_relaxed);
-          break;
-      }
-      uint64_t unlogged = 0;
-      if (async_log_.Allow(absl::Now(), &unlogged)) {
-        SWIRL_LOG(WARNING, "swirl server: device %s: asynchronous event %s%s", caps_.device,
-                  ibv_event_type_str(type),
-                  unlogged > 0 ? absl::StrCat(" (", unlogged, " more not logged)") : "");
-      }
+      CountAsyncEvent(event->event_type);
+    }
+  }
+
+  // Takes the events already queued, without waiting (a worker, about to destroy a QP whose
+  // undelivered events the destroy would drop).
+  void DrainAsyncEvents() {
+    for (;;) {
+      absl::StatusOr<ibv_async_event> event = context_->NextAsyncEvent(absl::ZeroDuration());
+      if (!event.ok()) return;
+      CountAsyncEvent(event->event_type);
+    }
+  }
+
+  void CountAsyncEvent(ibv_event_type type) {
+    switch (type) {
+      case IBV_EVENT_QP_LAST_WQE_REACHED:
+      case IBV_EVENT_COMM_EST:
+      case IBV_EVENT_SQ_DRAINED:
+      case IBV_EVENT_SRQ_LIMIT_REACHED:
+        return;  // routine
+      case IBV_EVENT_QP_FATAL:
+      case IBV_EVENT_QP_REQ_ERR:
+      case IBV_EVENT_QP_ACCESS_ERR:
+      case IBV_EVENT_PATH_MIG_ERR:
+        async_qp_errors_.fetch_add(1, std::memory_order_relaxed);
+        break;
+      default:
+        async_device_events_.fetch_add(1, std::memory_order_relaxed);
+        break;
+    }
+    uint64_t unlogged = 0;
+    if (async_log_.Allow(absl::Now(), &unlogged)) {
+      SWIRL_LOG(WARNING, "swirl server: device %s: asynchronous event %s%s", caps_.device,
+                ibv_event_type_str(type),
+                unlogged > 0 ? absl::StrCat(" (", unlogged, " more not logged)") : "");
     }
   }
 
@@ -572,7 +586,8 @@ class Server::Impl final : public control::Control::Service {
   std::atomic<uint64_t> closed_{0};
   std::atomic<uint64_t> failed_{0};
   LogLimiter refusal_log_;
-  // WatchAsyncEvents: the one reader of the device's asynchronous events.
+  // WatchAsyncEvents reads the device's asynchronous events; DrainAsyncEvents takes those queued
+  // before a worker destroys a QP (which would drop them).
   std::thread async_watcher_;
   std::atomic<bool> watcher_stop_{false};
   std::atomic<uint64_t> async_qp_errors_{0};

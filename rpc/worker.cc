@@ -1477,6 +1477,7 @@ void Worker::FinishClose(Connection* c) {
   ChargeBulk(c, &c->download_bytes_, -static_cast<int64_t>(c->download_bytes_));
   by_qpn_.erase(c->qp_->qp_num());
   last_connection_ = nullptr;
+  if (options_.before_qp_destroy) options_.before_qp_destroy();
   c->qp_.reset();  // no completion can name it any more: it is in ERR and fully flushed
   {
     swirl::MutexLock lock(&mu_);

@@ -300,6 +300,10 @@ struct WorkerOptions {
   absl::Duration window_lease = absl::Seconds(5);
   // Called on the loop thread when a connection is gone for good, with the reason it closed.
   std::function<void(uint64_t connection_id, const absl::Status& why)> on_closed;
+  // Called on the loop thread just before a connection's QP is destroyed: destroying a QP
+  // drops its undelivered asynchronous events (as the kernel does), so whoever counts them
+  // takes them now (a peer's refused request raises one on our QP just before it fails).
+  std::function<void()> before_qp_destroy;
 };
 
 struct WorkerStats {
