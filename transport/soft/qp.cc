@@ -704,8 +704,8 @@ int CreateQp(SoftContext* sctx, ibv_pd* pd, ibv_qp_init_attr* attr, ibv_qp** out
   qp->hca = sctx->hca;
   qp->tcp = sctx->hca->tcp;
   qp->spd = static_cast<SoftPd*>(pd);
-  qp->scq = static_cast<SoftCq*>(attr->send_cq);
-  qp->rcq = static_cast<SoftCq*>(attr->recv_cq);
+  qp->scq = AsSoft(attr->send_cq);
+  qp->rcq = AsSoft(attr->recv_cq);
   qp->ssrq = attr->srq ? static_cast<SoftSrq*>(attr->srq) : nullptr;
   qp->max_send_wr = cap.max_send_wr;
   qp->max_send_sge = cap.max_send_sge;

@@ -7,6 +7,7 @@
 #include <infiniband/verbs.h>
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <deque>
@@ -91,7 +92,12 @@ struct Cqe {
   uint32_t sq_release;  // release SQ slots up to this index (exclusive); valid if qp != nullptr
 };
 
-struct SoftCq : ibv_cq {
+// Every CQ is an ibv_cq_ex, whose first fields are those of ibv_cq (ibv_cq_ex_to_cq is a cast),
+// so one object serves ibv_poll_cq and, for a CQ made by ibv_create_cq_ex, the extended polling
+// functions it carries (cq_ex.cc). Convert with AsSoft(ibv_cq*) and SoftCq::ibv().
+struct SoftCq : ibv_cq_ex {
+  ibv_cq* ibv() { return ibv_cq_ex_to_cq(this); }
+
   SoftContext* sctx;
   SoftChannel* sc;  // channel, or nullptr
   bool tcp = false;  // the HCA's links are TCP: polls read them (PullTcp)
@@ -171,6 +177,10 @@ struct SoftCq : ibv_cq {
   bool OverflowLocked();
   void NotifyIfArmed(bool solicited, ibv_wc_status status);
 };
+
+inline SoftCq* AsSoft(ibv_cq* cq) {
+  return static_cast<SoftCq*>(reinterpret_cast<ibv_cq_ex*>(cq));
+}
 
 // A receive queue: the QP's own, or an SRQ's.
 struct RecvQueue {
@@ -315,7 +325,29 @@ class QpLock {
   std::atomic<const std::atomic<uint64_t>*> peer_state_{nullptr};
 };
 
-struct SoftQp : ibv_qp {
+// libibverbs' struct verbs_qp (driver.h, which is not installed): the QP is an ibv_qp and, over
+// the same bytes, an ibv_qp_ex (whose first member is that ibv_qp), followed by comp_mask and
+// xrcd. libibverbs' own ibv_qp_to_qp_ex reads comp_mask at that offset and, with VERBS_QP_EX
+// set, hands the application the ibv_qp_ex. The soft objects derive from their libibverbs
+// structure, so this one derives from ibv_qp and keeps the rest of ibv_qp_ex as storage that
+// qp_ex() overlays.
+struct VerbsQp : ibv_qp {
+  // verbs_qp's comp_mask bits (driver.h).
+  static constexpr uint32_t kVerbsQpEx = 1 << 1;
+
+  ibv_qp_ex* qp_ex() { return reinterpret_cast<ibv_qp_ex*>(static_cast<ibv_qp*>(this)); }
+
+  alignas(ibv_qp_ex) unsigned char qp_ex_rest[sizeof(ibv_qp_ex) - sizeof(ibv_qp)] = {};
+  uint32_t comp_mask = 0;
+  void* xrcd = nullptr;
+};
+// The overlay holds if ibv_qp_ex is an ibv_qp followed directly by its own fields, and nothing
+// pads the storage away from the ibv_qp base (its size is a multiple of the alignment).
+static_assert(offsetof(ibv_qp_ex, qp_base) == 0);
+static_assert(offsetof(ibv_qp_ex, comp_mask) == sizeof(ibv_qp));
+static_assert(sizeof(ibv_qp) % alignof(ibv_qp_ex) == 0);
+
+struct SoftQp : VerbsQp {
   SoftContext* sctx;
   Hca* hca;
   SoftPd* spd;
