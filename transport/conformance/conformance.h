@@ -114,6 +114,9 @@ struct EndpointOptions {
   uint32_t max_recv_sge = 4;
   uint32_t max_inline_data = 0;
   bool sq_sig_all = false;
+  // The CQs created here are extended CQs (ibv_create_cq_ex) with these wc_flags.
+  bool extended_cqs = false;
+  uint64_t cq_wc_flags = IBV_WC_STANDARD_FLAGS;
   size_t buffer_size = 2 << 20;
   int mr_access = kFullAccess;
 };

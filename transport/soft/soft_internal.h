@@ -172,6 +172,13 @@ struct SoftCq : ibv_cq_ex {
   // before it.
   static void ReleaseSendSlots(SoftQp* qp, uint32_t sq_release);
 
+  // ibv_create_cq_ex's polling (cq_ex.cc): the completion start_poll/next_poll took last, which
+  // the read_* functions read, and the lock held from start_poll to end_poll (a batch is one
+  // poller's, as on real providers), unless the CQ was created single-threaded.
+  ibv_wc ex_wc{};
+  SpinLock ex_lock;
+  bool ex_single_threaded = false;
+
  private:
   // The slow halves of Push: overflow (lock held) and a completion event for an armed CQ.
   bool OverflowLocked();
@@ -699,6 +706,10 @@ inline bool ProgressLocked(SoftQp* qp, PollSink* sink = nullptr) {
 }
 // Flushes anything pending for a QP whose CQ overflowed.
 void FailQpLocked(SoftQp* qp, ibv_wc_status status);
+
+// cq_ex.cc: ibv_create_cq_ex (verbs_context::create_cq_ex); nullptr with errno set (EOPNOTSUPP
+// for completion timestamps, CVLAN, flow tags, tag matching, parent domains, ignored overrun).
+ibv_cq_ex* CreateCqEx(ibv_context* context, ibv_cq_init_attr_ex* attr);
 
 // cq.cc
 int CreateCq(SoftContext* sctx, int cqe, void* cq_context, ibv_comp_channel* channel, ibv_cq** out);

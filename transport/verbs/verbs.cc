@@ -241,6 +241,21 @@ absl::StatusOr<std::shared_ptr<CompletionQueue>> CompletionQueue::Create(
       new CompletionQueue(std::move(ctx), std::move(channel), cq));
 }
 
+absl::StatusOr<std::shared_ptr<CompletionQueue>> CompletionQueue::CreateEx(
+    std::shared_ptr<Context> ctx, ibv_cq_init_attr_ex attr,
+    std::shared_ptr<CompletionChannel> channel) {
+  attr.channel = channel ? channel->get() : nullptr;
+  // Inline in libibverbs: it dispatches through the context's verbs_context on every device.
+  errno = 0;
+  ibv_cq_ex* ex = ibv_create_cq_ex(ctx->get(), &attr);
+  if (ex == nullptr) {
+    return VerbsError("ibv_create_cq_ex", absl::StrCat(attr.cqe, " entries"),
+                      errno != 0 ? errno : EOPNOTSUPP);
+  }
+  return std::shared_ptr<CompletionQueue>(
+      new CompletionQueue(std::move(ctx), std::move(channel), ibv_cq_ex_to_cq(ex), ex));
+}
+
 CompletionQueue::~CompletionQueue() {
   if (int err = context_->ops().DestroyCq(cq_); err != 0) {
     SWIRL_LOG(ERROR, "%s", VerbsError("ibv_destroy_cq", err).ToString());

@@ -159,11 +159,18 @@ class CompletionQueue {
   static absl::StatusOr<std::shared_ptr<CompletionQueue>> Create(
       std::shared_ptr<Context> ctx, int min_cqe,
       std::shared_ptr<CompletionChannel> channel = nullptr, void* cq_context = nullptr);
+  // An extended CQ (ibv_create_cq_ex: start_poll/next_poll/end_poll and the ibv_wc_read_*
+  // accessors for attr.wc_flags). attr.channel is ignored in favour of `channel`.
+  static absl::StatusOr<std::shared_ptr<CompletionQueue>> CreateEx(
+      std::shared_ptr<Context> ctx, ibv_cq_init_attr_ex attr,
+      std::shared_ptr<CompletionChannel> channel = nullptr);
   ~CompletionQueue();
   CompletionQueue(const CompletionQueue&) = delete;
   CompletionQueue& operator=(const CompletionQueue&) = delete;
 
   ibv_cq* get() const { return cq_; }
+  // The extended CQ, or nullptr for one made by Create. ibv_poll_cq works on both.
+  ibv_cq_ex* ex() const { return ex_; }
   int capacity() const { return cq_->cqe; }
   CompletionChannel* channel() const { return channel_.get(); }
 
@@ -175,11 +182,12 @@ class CompletionQueue {
 
  private:
   CompletionQueue(std::shared_ptr<Context> ctx, std::shared_ptr<CompletionChannel> channel,
-                  ibv_cq* cq)
-      : context_(std::move(ctx)), channel_(std::move(channel)), cq_(cq) {}
+                  ibv_cq* cq, ibv_cq_ex* ex = nullptr)
+      : context_(std::move(ctx)), channel_(std::move(channel)), cq_(cq), ex_(ex) {}
   std::shared_ptr<Context> context_;
   std::shared_ptr<CompletionChannel> channel_;
   ibv_cq* cq_;
+  ibv_cq_ex* ex_;
 };
 
 class SharedReceiveQueue {
