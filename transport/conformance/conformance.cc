@@ -192,6 +192,7 @@ absl::StatusOr<std::unique_ptr<Endpoint>> Endpoint::Create(
   config.max_recv_sge = options.max_recv_sge;
   config.max_inline_data = options.max_inline_data;
   config.sq_sig_all = options.sq_sig_all;
+  config.send_ops_flags = options.send_ops_flags;
   auto qp = verbs::QueuePair::Create(ep->pd_, config);
   if (!qp.ok()) return qp.status();
   ep->qp_ = std::move(*qp);

@@ -2,7 +2,10 @@
 //
 // - extended CQs (ibv_create_cq_ex): start_poll/next_poll/end_poll and the ibv_wc_read_*
 //   accessors report every kind of completion as ibv_poll_cq does, ENOENT when empty, and
-//   ibv_poll_cq still works on the same CQ.
+//   ibv_poll_cq still works on the same CQ;
+// - the ibv_wr_* API of a QP made by ibv_create_qp_ex with send_ops_flags: every RC operation,
+//   wr_id and wr_flags taken by each builder, a build error reported by ibv_wr_complete with
+//   nothing of the batch posted, ibv_wr_abort, batches mixed with ibv_post_send.
 //
 // What only the soft device promises (its exact refusals) is in transport/soft's
 // extended_verbs_test.
@@ -28,6 +31,15 @@ namespace swirl::conformance {
 namespace {
 
 using verbs::MemoryWindow;
+
+constexpr uint64_t kAllRcOps =
+    IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM | IBV_QP_EX_WITH_SEND |
+    IBV_QP_EX_WITH_SEND_WITH_IMM | IBV_QP_EX_WITH_RDMA_READ | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP |
+    IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD | IBV_QP_EX_WITH_LOCAL_INV | IBV_QP_EX_WITH_BIND_MW |
+    IBV_QP_EX_WITH_SEND_WITH_INV;
+
+// A short look for something that must not happen (a bounded observation, not a wait).
+constexpr absl::Duration kQuiet = absl::Milliseconds(100);
 
 // ---- Extended CQ polling ------------------------------------------------------------------------
 
@@ -353,6 +365,380 @@ TEST_P(ExtendedCqTest, CreationAnswersEveryFlag) {
 }
 
 SWIRL_INSTANTIATE_FOR_EVERY_DEVICE(ExtendedCqTest);
+
+// ---- The ibv_wr_* API ---------------------------------------------------------------------------
+
+EndpointOptions WithBuilders() {
+  EndpointOptions options;
+  options.send_ops_flags = kAllRcOps;
+  options.max_inline_data = 64;
+  return options;
+}
+
+class WrApiTest : public DeviceTest {
+ protected:
+  void SetUp() override { ASSERT_NO_FATAL_FAILURE(Connect(WithBuilders(), WithBuilders())); }
+
+  // One critical section on `ep`: ibv_wr_start, `build`, ibv_wr_complete's result.
+  static int Batch(Endpoint& ep, const std::function<void(ibv_qp_ex*)>& build) {
+    ibv_qp_ex* qpx = ep.qpx();
+    ibv_wr_start(qpx);
+    build(qpx);
+    return ibv_wr_complete(qpx);
+  }
+
+  // Sets the next builder's wr_id and flags.
+  static void Next(ibv_qp_ex* qpx, uint64_t wr_id, unsigned int flags = IBV_SEND_SIGNALED) {
+    qpx->wr_id = wr_id;
+    qpx->wr_flags = flags;
+  }
+
+  // Binds a type 2 window over [offset, offset + length) of b's region through b's builders.
+  uint32_t BindOnB(MemoryWindow& mw, size_t offset, uint64_t length, unsigned int access) {
+    const uint32_t rkey = ibv_inc_rkey(mw.rkey());
+    const ibv_mw_bind_info info{b_->mr().get(), b_->addr(offset), length, access};
+    EXPECT_EQ(Batch(*b_,
+                    [&](ibv_qp_ex* qpx) {
+                      Next(qpx, 0xb1d);
+                      ibv_wr_bind_mw(qpx, mw.get(), rkey, &info);
+                    }),
+              0);
+    ExpectWc(Poll(b_->send_cq()), {.wr_id = 0xb1d, .qp_num = b_->qpn(), .opcode = IBV_WC_BIND_MW});
+    return rkey;
+  }
+
+  // a reads 64 bytes at b's `offset` through `rkey` with the builders: the completion's status.
+  ibv_wc_status ReadThrough(uint32_t rkey, size_t offset, uint64_t wr_id) {
+    EXPECT_EQ(Batch(*a_,
+                    [&](ibv_qp_ex* qpx) {
+                      Next(qpx, wr_id);
+                      ibv_wr_rdma_read(qpx, rkey, b_->addr(offset));
+                      ibv_wr_set_sge(qpx, a_->lkey(), a_->addr(1 << 20), 64);
+                    }),
+              0);
+    const ibv_wc wc = Poll(a_->send_cq());
+    EXPECT_EQ(wc.wr_id, wr_id);
+    return wc.status;
+  }
+};
+
+TEST_P(WrApiTest, QpToQpExFindsTheBuilders) {
+  // libibverbs' own ibv_qp_to_qp_ex reads the QP's layout (struct verbs_qp).
+  ibv_qp_ex* qpx = ibv_qp_to_qp_ex(a_->ibqp());
+  ASSERT_NE(qpx, nullptr);
+  EXPECT_EQ(&qpx->qp_base, a_->ibqp());
+  EXPECT_NE(qpx->wr_start, nullptr);
+  EXPECT_NE(qpx->wr_complete, nullptr);
+  EXPECT_NE(qpx->wr_abort, nullptr);
+  // A QP made without send_ops_flags has no builders to offer.
+  auto plain = Endpoint::Create(device());
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(ibv_qp_to_qp_ex((*plain)->ibqp()), nullptr);
+}
+
+TEST_P(WrApiTest, SendsWithSgeListsImmediatesAndInlineData) {
+  for (uint64_t id = 0x60; id < 0x64; ++id) {
+    ASSERT_EQ(b_->PostRecv(id, (id - 0x60) * 4096, 4096), 0);
+  }
+  FillPattern(a_->data(), 4096, 6);
+  char inline_one[48];
+  char inline_two[2][20];
+  FillPattern(inline_one, sizeof(inline_one), 7);
+  FillPattern(inline_two, sizeof(inline_two), 8);
+  const ibv_sge list[3] = {{a_->addr(0), 100, a_->lkey()},
+                           {a_->addr(100), 1, a_->lkey()},
+                           {a_->addr(101), 899, a_->lkey()}};
+  const ibv_data_buf bufs[2] = {{inline_two[0], 20}, {inline_two[1], 20}};
+  ASSERT_EQ(Batch(*a_,
+                  [&](ibv_qp_ex* qpx) {
+                    Next(qpx, 1);
+                    ibv_wr_send(qpx);
+                    ibv_wr_set_sge(qpx, a_->lkey(), a_->addr(), 256);
+                    Next(qpx, 2);
+                    ibv_wr_send_imm(qpx, htonl(0xabcd));
+                    ibv_wr_set_sge_list(qpx, 3, list);
+                    Next(qpx, 3);
+                    ibv_wr_send(qpx);
+                    ibv_wr_set_inline_data(qpx, inline_one, sizeof(inline_one));
+                    Next(qpx, 4);
+                    ibv_wr_send(qpx);
+                    ibv_wr_set_inline_data_list(qpx, 2, bufs);
+                    // The inline setters copied: the buffers may be reused before the post.
+                    std::memset(inline_one, 0, sizeof(inline_one));
+                    std::memset(inline_two, 0, sizeof(inline_two));
+                  }),
+            0);
+  ExpectWc(Poll(b_->recv_cq()), {.wr_id = 0x60, .qp_num = b_->qpn(), .opcode = IBV_WC_RECV,
+                                 .byte_len = 256, .wc_flags = 0, .src_qp = a_->qpn()});
+  ExpectWc(Poll(b_->recv_cq()), {.wr_id = 0x61,
+                                 .qp_num = b_->qpn(),
+                                 .opcode = IBV_WC_RECV,
+                                 .byte_len = 1000,
+                                 .wc_flags = IBV_WC_WITH_IMM,
+                                 .imm_data = htonl(0xabcd)});
+  ExpectWc(Poll(b_->recv_cq()),
+           {.wr_id = 0x62, .qp_num = b_->qpn(), .opcode = IBV_WC_RECV, .byte_len = 48});
+  ExpectWc(Poll(b_->recv_cq()),
+           {.wr_id = 0x63, .qp_num = b_->qpn(), .opcode = IBV_WC_RECV, .byte_len = 40});
+  EXPECT_EQ(FindPatternMismatch(b_->data(0), 256, 6), -1);
+  EXPECT_EQ(FindPatternMismatch(b_->data(4096), 1000, 6), -1);
+  EXPECT_EQ(FindPatternMismatch(b_->data(8192), 48, 7), -1);
+  EXPECT_EQ(FindPatternMismatch(b_->data(12288), 40, 8), -1);
+  for (uint64_t id = 1; id <= 4; ++id) {
+    ExpectWc(Poll(a_->send_cq()), {.wr_id = id, .qp_num = a_->qpn(), .opcode = IBV_WC_SEND});
+  }
+}
+
+TEST_P(WrApiTest, RdmaWritesAndReads) {
+  FillPattern(a_->data(), 2048, 9);
+  FillPattern(b_->data(65536), 700, 10);
+  ASSERT_EQ(b_->PostRecv(0x70, 0, 0), 0);
+  static constexpr char kInline[] = "written inline";
+  ASSERT_EQ(Batch(*a_,
+                  [&](ibv_qp_ex* qpx) {
+                    Next(qpx, 1);
+                    ibv_wr_rdma_write(qpx, b_->rkey(), b_->addr(4096));
+                    ibv_wr_set_sge(qpx, a_->lkey(), a_->addr(), 2048);
+                    Next(qpx, 2);
+                    ibv_wr_rdma_write_imm(qpx, b_->rkey(), b_->addr(16384), htonl(99));
+                    ibv_wr_set_sge(qpx, a_->lkey(), a_->addr(), 128);
+                    Next(qpx, 3);
+                    ibv_wr_rdma_write(qpx, b_->rkey(), b_->addr(20480));
+                    ibv_wr_set_inline_data(qpx, const_cast<char*>(kInline), sizeof(kInline));
+                    Next(qpx, 4);
+                    ibv_wr_rdma_read(qpx, b_->rkey(), b_->addr(65536));
+                    ibv_wr_set_sge(qpx, a_->lkey(), a_->addr(131072), 700);
+                  }),
+            0);
+  for (uint64_t id = 1; id <= 3; ++id) {
+    ExpectWc(Poll(a_->send_cq()), {.wr_id = id, .qp_num = a_->qpn(), .opcode = IBV_WC_RDMA_WRITE});
+  }
+  ExpectWc(Poll(a_->send_cq()),
+           {.wr_id = 4, .qp_num = a_->qpn(), .opcode = IBV_WC_RDMA_READ, .byte_len = 700});
+  ExpectWc(Poll(b_->recv_cq()), {.wr_id = 0x70,
+                                 .qp_num = b_->qpn(),
+                                 .opcode = IBV_WC_RECV_RDMA_WITH_IMM,
+                                 .byte_len = 128,
+                                 .wc_flags = IBV_WC_WITH_IMM,
+                                 .imm_data = htonl(99)});
+  EXPECT_EQ(FindPatternMismatch(b_->data(4096), 2048, 9), -1);
+  EXPECT_EQ(FindPatternMismatch(b_->data(16384), 128, 9), -1);
+  EXPECT_EQ(std::memcmp(b_->data(20480), kInline, sizeof(kInline)), 0);
+  EXPECT_EQ(FindPatternMismatch(a_->data(131072), 700, 10), -1);
+}
+
+TEST_P(WrApiTest, Atomics) {
+  if (!facts().atomics) GTEST_SKIP() << device() << " has no atomics";
+  uint64_t value = 1000;
+  std::memcpy(b_->data(8192), &value, 8);
+  ASSERT_EQ(Batch(*a_,
+                  [&](ibv_qp_ex* qpx) {
+                    Next(qpx, 1);
+                    ibv_wr_atomic_cmp_swp(qpx, b_->rkey(), b_->addr(8192), 1000, 2000);
+                    ibv_wr_set_sge(qpx, a_->lkey(), a_->addr(0), 8);
+                    Next(qpx, 2);
+                    ibv_wr_atomic_fetch_add(qpx, b_->rkey(), b_->addr(8192), 5);
+                    ibv_wr_set_sge(qpx, a_->lkey(), a_->addr(8), 8);
+                  }),
+            0);
+  ExpectWc(Poll(a_->send_cq()),
+           {.wr_id = 1, .qp_num = a_->qpn(), .opcode = IBV_WC_COMP_SWAP, .byte_len = 8});
+  ExpectWc(Poll(a_->send_cq()),
+           {.wr_id = 2, .qp_num = a_->qpn(), .opcode = IBV_WC_FETCH_ADD, .byte_len = 8});
+  uint64_t swapped_from, added_to;
+  std::memcpy(&swapped_from, a_->data(0), 8);
+  std::memcpy(&added_to, a_->data(8), 8);
+  std::memcpy(&value, b_->data(8192), 8);
+  EXPECT_EQ(swapped_from, 1000u);
+  EXPECT_EQ(added_to, 2000u);
+  EXPECT_EQ(value, 2005u);
+}
+
+TEST_P(WrApiTest, BindAndLocalInvalidate) {
+  if (!facts().mw_type2) GTEST_SKIP() << device() << " has no type 2 memory windows";
+  auto mw = MemoryWindow::Allocate(b_->pd(), IBV_MW_TYPE_2);
+  ASSERT_TRUE(mw.ok()) << mw.status();
+  FillPattern(b_->data(65536), 64, 11);
+  const uint32_t rkey = BindOnB(**mw, 65536, 4096, IBV_ACCESS_REMOTE_READ);
+  EXPECT_EQ(ReadThrough(rkey, 65536, 1), IBV_WC_SUCCESS);
+  EXPECT_EQ(FindPatternMismatch(a_->data(1 << 20), 64, 11), -1);
+  ASSERT_EQ(Batch(*b_,
+                  [&](ibv_qp_ex* qpx) {
+                    Next(qpx, 0x1a);
+                    ibv_wr_local_inv(qpx, rkey);
+                  }),
+            0);
+  ExpectWc(Poll(b_->send_cq()), {.wr_id = 0x1a, .qp_num = b_->qpn(), .opcode = IBV_WC_LOCAL_INV});
+  EXPECT_EQ(ReadThrough(rkey, 65536, 2), IBV_WC_REM_ACCESS_ERR);
+}
+
+// swirl's own use of the API: the peer's last message revokes the window it was given.
+TEST_P(WrApiTest, SendWithInvalidateRevokesTheWindow) {
+  if (!facts().mw_type2) GTEST_SKIP() << device() << " has no type 2 memory windows";
+  auto mw = MemoryWindow::Allocate(b_->pd(), IBV_MW_TYPE_2);
+  ASSERT_TRUE(mw.ok()) << mw.status();
+  const uint32_t rkey =
+      BindOnB(**mw, 65536, 4096, IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE);
+  EXPECT_EQ(ReadThrough(rkey, 65536, 1), IBV_WC_SUCCESS);
+  ASSERT_EQ(b_->PostRecv(0x80, 0, 4096), 0);
+  FillPattern(a_->data(), 24, 12);
+  ASSERT_EQ(Batch(*a_,
+                  [&](ibv_qp_ex* qpx) {
+                    Next(qpx, 2);
+                    ibv_wr_send_inv(qpx, rkey);
+                    ibv_wr_set_sge(qpx, a_->lkey(), a_->addr(), 24);
+                  }),
+            0);
+  ExpectWc(Poll(b_->recv_cq()), {.wr_id = 0x80,
+                                 .qp_num = b_->qpn(),
+                                 .opcode = IBV_WC_RECV,
+                                 .byte_len = 24,
+                                 .wc_flags = IBV_WC_WITH_INV,
+                                 .invalidated_rkey = rkey,
+                                 .src_qp = a_->qpn()});
+  ExpectWc(Poll(a_->send_cq()), {.wr_id = 2, .qp_num = a_->qpn(), .opcode = IBV_WC_SEND});
+  EXPECT_EQ(FindPatternMismatch(b_->data(), 24, 12), -1);
+  // The key is dead: a WRITE through it fails and changes nothing.
+  std::memset(b_->data(65536), 0x5a, 4096);
+  ASSERT_EQ(Batch(*a_,
+                  [&](ibv_qp_ex* qpx) {
+                    Next(qpx, 3);
+                    ibv_wr_rdma_write(qpx, rkey, b_->addr(65536));
+                    ibv_wr_set_sge(qpx, a_->lkey(), a_->addr(), 64);
+                  }),
+            0);
+  ExpectWc(Poll(a_->send_cq()), {.wr_id = 3, .status = IBV_WC_REM_ACCESS_ERR, .qp_num = a_->qpn()});
+  for (size_t i = 0; i < 4096; ++i) ASSERT_EQ(b_->data(65536)[i], 0x5a) << i;
+}
+
+// ibv_wr_post(3): each builder takes qp_ex->wr_id and wr_flags as they are when it runs.
+TEST_P(WrApiTest, EachBuilderTakesWrIdAndFlagsWhenItRuns) {
+  ASSERT_EQ(Batch(*a_,
+                  [&](ibv_qp_ex* qpx) {
+                    Next(qpx, 1, IBV_SEND_SIGNALED);
+                    ibv_wr_rdma_write(qpx, b_->rkey(), b_->addr());
+                    Next(qpx, 99, 0);  // read by nothing: the setter belongs to request 1
+                    ibv_wr_set_sge(qpx, a_->lkey(), a_->addr(), 64);
+                    Next(qpx, 2, 0);  // unsignaled
+                    ibv_wr_rdma_write(qpx, b_->rkey(), b_->addr(64));
+                    ibv_wr_set_sge(qpx, a_->lkey(), a_->addr(), 64);
+                    Next(qpx, 3, IBV_SEND_SIGNALED);
+                    ibv_wr_rdma_write(qpx, b_->rkey(), b_->addr(128));
+                    ibv_wr_set_sge(qpx, a_->lkey(), a_->addr(), 64);
+                  }),
+            0);
+  ExpectWc(Poll(a_->send_cq()), {.wr_id = 1, .qp_num = a_->qpn(), .opcode = IBV_WC_RDMA_WRITE});
+  ExpectWc(Poll(a_->send_cq()), {.wr_id = 3, .qp_num = a_->qpn(), .opcode = IBV_WC_RDMA_WRITE});
+  EXPECT_TRUE(Observe(a_->send_cq(), kQuiet).empty()) << "a completion for the unsignaled write";
+}
+
+// ibv_wr_post(3): a failure found while building is returned by ibv_wr_complete, and "the entire
+// posting will be aborted". The errno a device picks differs (EINVAL, ENOMEM, ENOSPC); that
+// there is one, and that nothing of the batch happened, does not.
+TEST_P(WrApiTest, CompleteReportsABuildErrorAndPostsNothing) {
+  const uint32_t max_sge = a_->qp().cap().max_send_sge;
+  const uint32_t max_inline = a_->qp().cap().max_inline_data;
+  std::vector<ibv_sge> too_many(max_sge + 1, ibv_sge{a_->addr(), 8, a_->lkey()});
+  std::vector<char> too_long(max_inline + 1, 'x');
+  ASSERT_EQ(b_->PostRecv(0x90, 0, 4096), 0);
+  std::memset(b_->data(8192), 0x33, 256);
+  FillPattern(a_->data(), 256, 13);
+  const std::vector<std::function<void(ibv_qp_ex*)>> bad_tails = {
+      [&](ibv_qp_ex* qpx) {
+        ibv_wr_send(qpx);
+        ibv_wr_set_sge_list(qpx, too_many.size(), too_many.data());
+      },
+      [&](ibv_qp_ex* qpx) {
+        ibv_wr_send(qpx);
+        ibv_wr_set_inline_data(qpx, too_long.data(), too_long.size());
+      },
+  };
+  for (size_t i = 0; i < bad_tails.size(); ++i) {
+    SCOPED_TRACE(i == 0 ? "more SGEs than max_send_sge" : "more inline data than max_inline_data");
+    // A good WRITE, then the bad request: neither may happen.
+    EXPECT_NE(Batch(*a_,
+                    [&](ibv_qp_ex* qpx) {
+                      Next(qpx, 0x100 + i);
+                      ibv_wr_rdma_write(qpx, b_->rkey(), b_->addr(8192));
+                      ibv_wr_set_sge(qpx, a_->lkey(), a_->addr(), 256);
+                      Next(qpx, 0x200 + i);
+                      bad_tails[i](qpx);
+                    }),
+              0);
+    EXPECT_TRUE(Observe(a_->send_cq(), kQuiet).empty()) << "something of the batch completed";
+    EXPECT_TRUE(Observe(b_->recv_cq(), absl::ZeroDuration()).empty()) << "the SEND arrived";
+    for (size_t j = 0; j < 256; ++j) ASSERT_EQ(b_->data(8192)[j], 0x33) << "the WRITE landed";
+    EXPECT_EQ(StateOf(a_->qp()), IBV_QPS_RTS);
+  }
+  // The QP is unharmed: the next batch goes.
+  ASSERT_EQ(Batch(*a_,
+                  [&](ibv_qp_ex* qpx) {
+                    Next(qpx, 0x300);
+                    ibv_wr_send(qpx);
+                    ibv_wr_set_sge(qpx, a_->lkey(), a_->addr(), 16);
+                  }),
+            0);
+  ExpectWc(Poll(a_->send_cq()), {.wr_id = 0x300, .qp_num = a_->qpn(), .opcode = IBV_WC_SEND});
+  ExpectWc(Poll(b_->recv_cq()),
+           {.wr_id = 0x90, .qp_num = b_->qpn(), .opcode = IBV_WC_RECV, .byte_len = 16});
+}
+
+TEST_P(WrApiTest, AbortDiscardsTheBatch) {
+  ASSERT_EQ(b_->PostRecv(0xa0, 0, 4096), 0);
+  std::memset(b_->data(8192), 0x44, 64);
+  ibv_qp_ex* qpx = a_->qpx();
+  ibv_wr_start(qpx);
+  Next(qpx, 1);
+  ibv_wr_rdma_write(qpx, b_->rkey(), b_->addr(8192));
+  ibv_wr_set_sge(qpx, a_->lkey(), a_->addr(), 64);
+  Next(qpx, 2);
+  ibv_wr_send(qpx);
+  ibv_wr_set_sge(qpx, a_->lkey(), a_->addr(), 32);
+  ibv_wr_abort(qpx);
+  EXPECT_TRUE(Observe(a_->send_cq(), kQuiet).empty()) << "an aborted request completed";
+  EXPECT_TRUE(Observe(b_->recv_cq(), absl::ZeroDuration()).empty()) << "an aborted SEND arrived";
+  for (size_t j = 0; j < 64; ++j) ASSERT_EQ(b_->data(8192)[j], 0x44) << "an aborted WRITE landed";
+  ASSERT_EQ(Batch(*a_,
+                  [&](ibv_qp_ex* qpx) {
+                    Next(qpx, 3);
+                    ibv_wr_send(qpx);
+                    ibv_wr_set_sge(qpx, a_->lkey(), a_->addr(), 8);
+                  }),
+            0);
+  ExpectWc(Poll(a_->send_cq()), {.wr_id = 3, .qp_num = a_->qpn(), .opcode = IBV_WC_SEND});
+  ExpectWc(Poll(b_->recv_cq()),
+           {.wr_id = 0xa0, .qp_num = b_->qpn(), .opcode = IBV_WC_RECV, .byte_len = 8});
+}
+
+// A QP with the builders still takes ibv_post_send; both feed one send queue, in order.
+TEST_P(WrApiTest, MixesWithPostSend) {
+  for (uint64_t id = 0xc0; id < 0xc3; ++id) ASSERT_EQ(b_->PostRecv(id, (id - 0xc0) * 64, 64), 0);
+  FillPattern(a_->data(), 192, 14);
+  ASSERT_EQ(SendWr(1, IBV_WR_SEND).Local(*a_, 0, 64).Post(a_->ibqp()), 0);
+  ASSERT_EQ(Batch(*a_,
+                  [&](ibv_qp_ex* qpx) {
+                    Next(qpx, 2);
+                    ibv_wr_send(qpx);
+                    ibv_wr_set_sge(qpx, a_->lkey(), a_->addr(64), 64);
+                    Next(qpx, 3);
+                    ibv_wr_rdma_write(qpx, b_->rkey(), b_->addr(8192));
+                    ibv_wr_set_sge(qpx, a_->lkey(), a_->addr(), 192);
+                  }),
+            0);
+  ASSERT_EQ(SendWr(4, IBV_WR_SEND).Local(*a_, 128, 64).Post(a_->ibqp()), 0);
+  ExpectWc(Poll(a_->send_cq()), {.wr_id = 1, .qp_num = a_->qpn(), .opcode = IBV_WC_SEND});
+  ExpectWc(Poll(a_->send_cq()), {.wr_id = 2, .qp_num = a_->qpn(), .opcode = IBV_WC_SEND});
+  ExpectWc(Poll(a_->send_cq()), {.wr_id = 3, .qp_num = a_->qpn(), .opcode = IBV_WC_RDMA_WRITE});
+  ExpectWc(Poll(a_->send_cq()), {.wr_id = 4, .qp_num = a_->qpn(), .opcode = IBV_WC_SEND});
+  for (uint64_t id = 0xc0; id < 0xc3; ++id) {
+    ExpectWc(Poll(b_->recv_cq()),
+             {.wr_id = id, .qp_num = b_->qpn(), .opcode = IBV_WC_RECV, .byte_len = 64});
+  }
+  EXPECT_EQ(FindPatternMismatch(b_->data(0), 192, 14), -1);
+  EXPECT_EQ(FindPatternMismatch(b_->data(8192), 192, 14), -1);
+}
+
+SWIRL_INSTANTIATE_FOR_EVERY_DEVICE(WrApiTest);
 
 }  // namespace
 }  // namespace swirl::conformance

@@ -261,6 +261,7 @@ absl::StatusOr<std::unique_ptr<verbs::DeviceOps>> OpenSoftDevice(absl::string_vi
   v.query_port = OpQueryPort;
   v.query_device_ex = OpQueryDeviceEx;
   v.create_cq_ex = CreateCqEx;
+  v.create_qp_ex = CreateQpEx;
   ibv_context& c = v.context;
   c.device = sctx->device;
   c.cmd_fd = -1;

@@ -21,6 +21,43 @@
 namespace swirl::soft {
 namespace {
 
+// Polls both sides' CQs for `window`; what `side`'s CQ produced (for "nothing happens" checks,
+// a bounded observation).
+std::vector<ibv_wc> Observe(Side& side, Side& other, absl::Duration window) {
+  std::vector<ibv_wc> out;
+  const absl::Time end = absl::Now() + window;
+  while (absl::Now() < end) {
+    ibv_wc wc;
+    if (side.cq->Poll(1, &wc) == 1) out.push_back(wc);
+    other.cq->Poll(0, nullptr);
+  }
+  return out;
+}
+
+// The next completion of `side`'s CQ, polling `other`'s meanwhile.
+ibv_wc Wait(Side& side, Side& other) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  ibv_wc wc;
+  while (absl::Now() < deadline) {
+    if (side.cq->Poll(1, &wc) == 1) return wc;
+    other.cq->Poll(0, nullptr);
+  }
+  ADD_FAILURE() << "no completion within 10 s";
+  std::memset(&wc, 0, sizeof(wc));
+  wc.status = IBV_WC_GENERAL_ERR;
+  return wc;
+}
+
+int PostRecv(Side& side, uint64_t wr_id, uint32_t length) {
+  ibv_sge sge{reinterpret_cast<uint64_t>(side.buf.data()), length, side.mr->lkey()};
+  ibv_recv_wr wr{};
+  wr.wr_id = wr_id;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  ibv_recv_wr* bad = nullptr;
+  return ibv_post_recv(side.qp->get(), &wr, &bad);
+}
+
 // ---- ibv_create_cq_ex ---------------------------------------------------------------------------
 
 // 0, or the errno of a failed ibv_create_cq_ex (the CQ is destroyed again).
@@ -97,6 +134,159 @@ TEST(SoftCqEx, OnlyTheFieldsAskedForHaveAccessors) {
   EXPECT_EQ(cq->read_dlid_path_bits, nullptr);
   EXPECT_EQ(cq->read_completion_ts, nullptr);
   EXPECT_EQ(a.ctx->ops().DestroyCq(ibv_cq_ex_to_cq(cq)), 0);
+}
+
+// ---- ibv_create_qp_ex ---------------------------------------------------------------------------
+
+constexpr uint64_t kSendOnly = IBV_QP_EX_WITH_SEND;
+
+// 0, or the errno of a failed ibv_create_qp_ex; `*qpx_out` (optional) receives what
+// ibv_qp_to_qp_ex says of the QP before it is destroyed again.
+int CreateQpEx(Side& side, ibv_qp_init_attr_ex attr, bool* has_builders = nullptr) {
+  errno = 0;
+  ibv_qp* qp = ibv_create_qp_ex(side.ctx->get(), &attr);
+  if (qp == nullptr) return errno;
+  if (has_builders != nullptr) *has_builders = ibv_qp_to_qp_ex(qp) != nullptr;
+  EXPECT_EQ(side.ctx->ops().DestroyQp(qp), 0);
+  return 0;
+}
+
+ibv_qp_init_attr_ex QpAttr(Side& side) {
+  ibv_qp_init_attr_ex attr;
+  std::memset(&attr, 0, sizeof(attr));
+  attr.send_cq = side.cq->get();
+  attr.recv_cq = side.cq->get();
+  attr.cap.max_send_wr = 16;
+  attr.cap.max_recv_wr = 16;
+  attr.cap.max_send_sge = 1;
+  attr.cap.max_recv_sge = 1;
+  attr.qp_type = IBV_QPT_RC;
+  attr.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+  attr.pd = side.pd->get();
+  attr.send_ops_flags = kSendOnly;
+  return attr;
+}
+
+TEST(SoftQpEx, RefusesWhatItCannotDo) {
+  Side a = MakeSide("soft0");
+  bool has_builders = false;
+  EXPECT_EQ(CreateQpEx(a, QpAttr(a), &has_builders), 0);
+  EXPECT_TRUE(has_builders);
+  // RC only: UD, TSO and atomic writes are "not supported", as are XRC, create flags, RSS.
+  ibv_qp_init_attr_ex attr = QpAttr(a);
+  attr.qp_type = IBV_QPT_UD;
+  EXPECT_EQ(CreateQpEx(a, attr), EOPNOTSUPP);
+  for (uint64_t op : {uint64_t{IBV_QP_EX_WITH_TSO}, uint64_t{IBV_QP_EX_WITH_ATOMIC_WRITE}}) {
+    attr = QpAttr(a);
+    attr.send_ops_flags = kSendOnly | op;
+    EXPECT_EQ(CreateQpEx(a, attr), EOPNOTSUPP) << "send_ops_flags 0x" << std::hex << op;
+  }
+  attr = QpAttr(a);
+  attr.comp_mask |= IBV_QP_INIT_ATTR_CREATE_FLAGS;
+  attr.create_flags = IBV_QP_CREATE_SCATTER_FCS;
+  EXPECT_EQ(CreateQpEx(a, attr), EOPNOTSUPP);
+  for (uint32_t mask : {uint32_t{IBV_QP_INIT_ATTR_XRCD}, uint32_t{IBV_QP_INIT_ATTR_MAX_TSO_HEADER},
+                        uint32_t{IBV_QP_INIT_ATTR_IND_TABLE}, uint32_t{IBV_QP_INIT_ATTR_RX_HASH}}) {
+    attr = QpAttr(a);
+    attr.comp_mask |= mask;
+    EXPECT_EQ(CreateQpEx(a, attr), EOPNOTSUPP) << "comp_mask 0x" << std::hex << mask;
+  }
+  // A mask bit libibverbs does not define, and an RC QP without its PD: invalid.
+  attr = QpAttr(a);
+  attr.comp_mask |= 1u << 9;
+  EXPECT_EQ(CreateQpEx(a, attr), EINVAL);
+  attr = QpAttr(a);
+  attr.comp_mask = IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+  EXPECT_EQ(CreateQpEx(a, attr), EINVAL);
+  // Without SEND_OPS_FLAGS the QP is an ordinary one: no builders.
+  attr = QpAttr(a);
+  attr.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS;
+  attr.create_flags = 0;
+  EXPECT_EQ(CreateQpEx(a, attr, &has_builders), 0);
+  EXPECT_FALSE(has_builders);
+}
+
+// One ibv_wr_* batch on `side`: `build`, then ibv_wr_complete's result.
+template <typename Build>
+int Batch(Side& side, Build build) {
+  ibv_qp_ex* qpx = side.qp->ex();
+  ibv_wr_start(qpx);
+  qpx->wr_id = 1;
+  qpx->wr_flags = IBV_SEND_SIGNALED;
+  build(qpx);
+  return ibv_wr_complete(qpx);
+}
+
+// The misuses an RC QP's batch records (the first one is what ibv_wr_complete returns), and
+// that none of them lets the batch's valid SEND through.
+TEST(SoftQpEx, MisusedBuildersFailTheBatch) {
+  Side a = MakeSide("soft0", {.max_send_wr = 4, .send_ops_flags = kSendOnly});
+  Side b = MakeSide("soft1");
+  ASSERT_TRUE(ConnectSides(a, b).ok());
+  ASSERT_EQ(PostRecv(b, 7, 64), 0);
+  ibv_sge sge{reinterpret_cast<uint64_t>(a.buf.data()), 16, a.mr->lkey()};
+  auto good_send = [&](ibv_qp_ex* qpx) {
+    ibv_wr_send(qpx);
+    ibv_wr_set_sge(qpx, sge.lkey, sge.addr, sge.length);
+  };
+  struct Case {
+    const char* what;
+    int error;
+    std::function<void(ibv_qp_ex*)> tail;
+  };
+  const std::vector<Case> cases = {
+      {"an operation the QP was not created for", EINVAL,
+       [&](ibv_qp_ex* qpx) { ibv_wr_rdma_write(qpx, 1, 0); }},
+      {"UD addressing", EINVAL, [&](ibv_qp_ex* qpx) { ibv_wr_set_ud_addr(qpx, nullptr, 1, 1); }},
+      {"an XRC SRQ number", EINVAL, [&](ibv_qp_ex* qpx) { ibv_wr_set_xrc_srqn(qpx, 1); }},
+      {"TSO", EINVAL, [&](ibv_qp_ex* qpx) { ibv_wr_send_tso(qpx, nullptr, 0, 0); }},
+      {"more requests than the send queue holds", ENOMEM,
+       [&](ibv_qp_ex* qpx) {
+         for (int i = 0; i < 4; ++i) good_send(qpx);
+       }},
+      {"more SGEs than max_send_sge", EINVAL,
+       [&](ibv_qp_ex* qpx) {
+         const ibv_sge two[2] = {sge, sge};
+         ibv_wr_send(qpx);
+         ibv_wr_set_sge_list(qpx, 2, two);
+       }},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    EXPECT_EQ(Batch(a,
+                    [&](ibv_qp_ex* qpx) {
+                      good_send(qpx);
+                      c.tail(qpx);
+                    }),
+              c.error);
+    EXPECT_TRUE(Observe(a, b, absl::Milliseconds(20)).empty()) << "a completion of the batch";
+    EXPECT_TRUE(Observe(b, a, absl::ZeroDuration()).empty()) << "its SEND arrived";
+  }
+  // A setter with no request to attach to.
+  EXPECT_EQ(Batch(a, [&](ibv_qp_ex* qpx) { ibv_wr_set_sge(qpx, sge.lkey, sge.addr, 16); }),
+            EINVAL);
+  // The QP is unharmed.
+  ASSERT_EQ(Batch(a, good_send), 0);
+  const ibv_wc sent = Wait(a, b);
+  EXPECT_EQ(sent.status, IBV_WC_SUCCESS) << ibv_wc_status_str(sent.status);
+  const ibv_wc received = Wait(b, a);
+  EXPECT_EQ(received.wr_id, 7u);
+  EXPECT_EQ(received.byte_len, 16u);
+}
+
+// A data setter on a request that takes no data (ibv_wr_post(3): LOCAL_INV's setters: none).
+TEST(SoftQpEx, DataForARequestWithoutDataFailsTheBatch) {
+  Side a = MakeSide("soft0", {.send_ops_flags = IBV_QP_EX_WITH_LOCAL_INV});
+  Side b = MakeSide("soft1");
+  ASSERT_TRUE(ConnectSides(a, b).ok());
+  EXPECT_EQ(Batch(a,
+                  [&](ibv_qp_ex* qpx) {
+                    ibv_wr_local_inv(qpx, 0x1234);
+                    ibv_wr_set_sge(qpx, a.mr->lkey(),
+                                   reinterpret_cast<uint64_t>(a.buf.data()), 8);
+                  }),
+            EINVAL);
+  EXPECT_TRUE(Observe(a, b, absl::Milliseconds(20)).empty()) << "the LOCAL_INV ran";
 }
 
 }  // namespace

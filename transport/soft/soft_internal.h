@@ -354,6 +354,24 @@ static_assert(offsetof(ibv_qp_ex, qp_base) == 0);
 static_assert(offsetof(ibv_qp_ex, comp_mask) == sizeof(ibv_qp));
 static_assert(sizeof(ibv_qp) % alignof(ibv_qp_ex) == 0);
 
+// The ibv_wr_* batch of a QP made by ibv_create_qp_ex with IBV_QP_INIT_ATTR_SEND_OPS_FLAGS
+// (qp_ex.cc): the requests built between wr_start and wr_complete, as an ibv_send_wr chain in
+// storage sized at creation (one slot per send-queue entry), posted by PostSendAll.
+struct WrBatch {
+  uint64_t send_ops = 0;       // IBV_QP_EX_WITH_* the QP was created for
+  uint32_t sge_slots = 1;      // ibv_sge per request: max_send_sge, at least one for inline data
+  uint32_t max_inline = 0;     // inline bytes per request (max_inline_data)
+  std::vector<ibv_send_wr> wrs;
+  std::vector<ibv_sge> sges;
+  std::unique_ptr<char[]> inline_data;  // max_inline per request: what the inline setters copy
+  // Everything below is the critical section's: wr_start takes `mu`, wr_complete and wr_abort
+  // release it (ibv_wr_post(3): no other thread enters between them).
+  swirl::Mutex mu;
+  uint32_t count = 0;
+  int error = 0;             // the first error a builder or setter met; wr_complete returns it
+  bool takes_data = false;   // the newest request accepts the SGE and inline-data setters
+};
+
 struct SoftQp : VerbsQp {
   SoftContext* sctx;
   Hca* hca;
@@ -461,6 +479,9 @@ struct SoftQp : VerbsQp {
   std::atomic<bool> tcp_control_due{false};
   swirl::Mutex incoming_mu;
   std::vector<PeerSegment> incoming ABSL_GUARDED_BY(incoming_mu);
+
+  // ibv_qp_ex's work-request builders (null unless created for them; qp_ex.cc).
+  std::unique_ptr<WrBatch> wr_batch;
 };
 
 // A poll's check before taking a QP's lock (cq.cc): the QP is idle (QpLock) and the HCA thread
@@ -647,6 +668,10 @@ int ModifyQp(ibv_qp* qp, ibv_qp_attr* attr, int mask);
 int QueryQp(ibv_qp* qp, ibv_qp_attr* attr, int mask, ibv_qp_init_attr* init);
 int DestroyQp(ibv_qp* qp);
 int PostSend(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr);
+// ibv_wr_complete's post: the chain at `wr`, all or nothing. Every request is validated as
+// ibv_post_send validates it, and the send queue must have room for all of them, before the
+// first is queued; on an error (which it returns) nothing is posted.
+int PostSendAll(SoftQp* qp, ibv_send_wr* wr);
 int PostRecv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr);
 int PostSrqRecv(ibv_srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad_wr);
 int BindMw(ibv_qp* qp, ibv_mw* mw, ibv_mw_bind* bind);
@@ -706,6 +731,12 @@ inline bool ProgressLocked(SoftQp* qp, PollSink* sink = nullptr) {
 }
 // Flushes anything pending for a QP whose CQ overflowed.
 void FailQpLocked(SoftQp* qp, ibv_wc_status status);
+
+// qp_ex.cc: ibv_create_qp_ex (verbs_context::create_qp_ex). RC QPs with a PD, optionally with
+// the ibv_wr_* builders (IBV_QP_INIT_ATTR_SEND_OPS_FLAGS); returns nullptr with errno set
+// (EOPNOTSUPP for what the soft device does not do: other QP types, XRC, RSS, TSO, create flags,
+// send ops other than RC's).
+ibv_qp* CreateQpEx(ibv_context* context, ibv_qp_init_attr_ex* attr);
 
 // cq_ex.cc: ibv_create_cq_ex (verbs_context::create_cq_ex); nullptr with errno set (EOPNOTSUPP
 // for completion timestamps, CVLAN, flow tags, tag matching, parent domains, ignored overrun).

@@ -311,7 +311,28 @@ absl::StatusOr<std::unique_ptr<QueuePair>> QueuePair::Create(std::shared_ptr<Pro
   attr.cap.max_inline_data = config.max_inline_data;
   attr.sq_sig_all = config.sq_sig_all ? 1 : 0;
   ibv_qp* qp = nullptr;
-  if (int err = pd->context().ops().CreateQp(pd->get(), &attr, &qp); err != 0) {
+  if (config.send_ops_flags != 0) {
+    ibv_qp_init_attr_ex ex;
+    std::memset(&ex, 0, sizeof(ex));
+    ex.send_cq = attr.send_cq;
+    ex.recv_cq = attr.recv_cq;
+    ex.srq = attr.srq;
+    ex.cap = attr.cap;
+    ex.qp_type = attr.qp_type;
+    ex.sq_sig_all = attr.sq_sig_all;
+    ex.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+    ex.pd = pd->get();
+    ex.send_ops_flags = config.send_ops_flags;
+    // Inline in libibverbs, dispatching through the verbs_context on every device.
+    errno = 0;
+    qp = ibv_create_qp_ex(pd->context().get(), &ex);
+    if (qp == nullptr) {
+      return VerbsError("ibv_create_qp_ex",
+                        absl::StrCat("RC, send_ops_flags 0x", absl::Hex(config.send_ops_flags)),
+                        errno != 0 ? errno : EOPNOTSUPP);
+    }
+    attr.cap = ex.cap;
+  } else if (int err = pd->context().ops().CreateQp(pd->get(), &attr, &qp); err != 0) {
     return VerbsError("ibv_create_qp",
                       absl::StrCat("RC, ", config.max_send_wr, " send WRs, inline ",
                                    config.max_inline_data),

@@ -228,6 +228,9 @@ struct QueuePairConfig {
   uint32_t max_recv_sge = 1;
   uint32_t max_inline_data = 0;
   bool sq_sig_all = false;
+  // Non-zero: the QP is made by ibv_create_qp_ex with these IBV_QP_EX_WITH_* operations, for the
+  // ibv_wr_* API (QueuePair::ex()).
+  uint64_t send_ops_flags = 0;
 };
 
 // A GID index that says "pick one" (ConnectOptions, and swirl's ServerOptions/ChannelOptions).
@@ -263,6 +266,9 @@ class QueuePair {
   QueuePair& operator=(const QueuePair&) = delete;
 
   ibv_qp* get() const { return qp_; }
+  // libibverbs' ibv_qp_to_qp_ex: the ibv_wr_* interface of a QP made with send_ops_flags, or
+  // nullptr.
+  ibv_qp_ex* ex() const { return ibv_qp_to_qp_ex(qp_); }
   uint32_t qp_num() const { return qp_->qp_num; }
   // The capabilities the device granted (may exceed what was asked).
   const ibv_qp_cap& cap() const { return cap_; }
