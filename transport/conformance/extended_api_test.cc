@@ -5,7 +5,9 @@
 //   ibv_poll_cq still works on the same CQ;
 // - the ibv_wr_* API of a QP made by ibv_create_qp_ex with send_ops_flags: every RC operation,
 //   wr_id and wr_flags taken by each builder, a build error reported by ibv_wr_complete with
-//   nothing of the batch posted, ibv_wr_abort, batches mixed with ibv_post_send.
+//   nothing of the batch posted, ibv_wr_abort, batches mixed with ibv_post_send;
+// - ibv_query_port and ibv_query_device_ex with a caller's struct of another size (an older or
+//   newer header), which must not be overrun.
 //
 // What only the soft device promises (its exact refusals) is in transport/soft's
 // extended_verbs_test.
@@ -739,6 +741,77 @@ TEST_P(WrApiTest, MixesWithPostSend) {
 }
 
 SWIRL_INSTANTIATE_FOR_EVERY_DEVICE(WrApiTest);
+
+// ---- Attribute queries with the caller's size --------------------------------------------------
+
+constexpr unsigned char kGuard = 0xa5;
+
+// Calls the verbs_context entry with `size`, as a program built against a header whose struct
+// has that size does; checks the first `size` bytes against `full` (or zeros past it) and that
+// nothing beyond `size` was written.
+template <typename Query>
+void ExpectSized(Query query, const void* full, size_t full_size, size_t size) {
+  SCOPED_TRACE(testing::Message() << "size " << size << " of " << full_size);
+  std::vector<unsigned char> buffer(full_size + 64, kGuard);
+  ASSERT_EQ(query(buffer.data(), size), 0);
+  const auto* expected = static_cast<const unsigned char*>(full);
+  for (size_t i = 0; i < std::min(size, full_size); ++i) {
+    ASSERT_EQ(buffer[i], expected[i]) << "byte " << i;
+  }
+  for (size_t i = full_size; i < size; ++i) ASSERT_EQ(buffer[i], 0) << "byte " << i;
+  for (size_t i = size; i < buffer.size(); ++i) {
+    ASSERT_EQ(buffer[i], kGuard) << "byte " << i << " written past the caller's struct";
+  }
+}
+
+class QuerySizeTest : public DeviceTest {};
+
+TEST_P(QuerySizeTest, QueryPortFillsOnlyTheCallersSize) {
+  auto ep = Endpoint::Create(device());
+  ASSERT_TRUE(ep.ok()) << ep.status();
+  ibv_context* ctx = (*ep)->context().get();
+  verbs_context* vctx = verbs_get_ctx_op(ctx, query_port);
+  ASSERT_NE(vctx, nullptr) << "no verbs_context::query_port";
+  ibv_port_attr full;
+  std::memset(&full, 0, sizeof(full));
+  ASSERT_EQ(vctx->query_port(ctx, 1, &full, sizeof(full)), 0);
+  auto query = [&](void* attr, size_t size) {
+    return vctx->query_port(ctx, 1, static_cast<ibv_port_attr*>(attr), size);
+  };
+  // Before link_layer and before port_cap_flags2 were added; ours; a newer, longer one.
+  for (size_t size : {offsetof(ibv_port_attr, link_layer),
+                      offsetof(ibv_port_attr, port_cap_flags2), sizeof(ibv_port_attr),
+                      sizeof(ibv_port_attr) + 16}) {
+    ExpectSized(query, &full, sizeof(full), size);
+  }
+}
+
+TEST_P(QuerySizeTest, QueryDeviceExFillsOnlyTheCallersSize) {
+  auto ep = Endpoint::Create(device());
+  ASSERT_TRUE(ep.ok()) << ep.status();
+  ibv_context* ctx = (*ep)->context().get();
+  verbs_context* vctx = verbs_get_ctx_op(ctx, query_device_ex);
+  ASSERT_NE(vctx, nullptr) << "no verbs_context::query_device_ex";
+  ibv_device_attr_ex full;
+  std::memset(&full, 0, sizeof(full));
+  ASSERT_EQ(vctx->query_device_ex(ctx, nullptr, &full, sizeof(full)), 0);
+  // The port count past 255 ports, the same count below that (pyverbs' test_phys_port_cnt_ex).
+  EXPECT_EQ(full.phys_port_cnt_ex, full.orig_attr.phys_port_cnt);
+  auto query = [&](void* attr, size_t size) {
+    return vctx->query_device_ex(ctx, nullptr, static_cast<ibv_device_attr_ex*>(attr), size);
+  };
+  // The bare ibv_device_attr; a struct from before xrc_odp_caps; ours; a newer, longer one.
+  for (size_t size : {sizeof(ibv_device_attr), offsetof(ibv_device_attr_ex, xrc_odp_caps),
+                      sizeof(ibv_device_attr_ex), sizeof(ibv_device_attr_ex) + 16}) {
+    ExpectSized(query, &full, sizeof(full), size);
+  }
+  // Smaller than the ibv_device_attr every caller's struct starts with: refused, untouched.
+  std::vector<unsigned char> small(sizeof(ibv_device_attr), kGuard);
+  EXPECT_EQ(query(small.data(), sizeof(ibv_device_attr) - 1), EINVAL);
+  for (size_t i = 0; i < small.size(); ++i) ASSERT_EQ(small[i], kGuard) << "byte " << i;
+}
+
+SWIRL_INSTANTIATE_FOR_EVERY_DEVICE(QuerySizeTest);
 
 }  // namespace
 }  // namespace swirl::conformance

@@ -3,6 +3,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -64,6 +65,7 @@ void FillDeviceAttr(const Hca* hca, ibv_device_attr_ex* attr) {
   a.local_ca_ack_delay = 0;
   a.phys_port_cnt = 1;
   attr->device_cap_flags_ex = a.device_cap_flags;
+  attr->phys_port_cnt_ex = a.phys_port_cnt;
 }
 
 void FillPortAttr(ibv_port_attr* attr) {
@@ -82,15 +84,32 @@ void FillPortAttr(ibv_port_attr* attr) {
   attr->link_layer = IBV_LINK_LAYER_ETHERNET;
 }
 
-int OpQueryPort(ibv_context*, uint8_t port, ibv_port_attr* attr, size_t) {
+// A caller's struct may be older (smaller) or newer (larger) than ours: `size` is the caller's
+// sizeof. Fill ours, copy what fits and zero the rest, as libibverbs does, so a program built
+// against an older header is not overrun.
+void CopySized(void* dst, size_t size, const void* src, size_t ours) {
+  std::memcpy(dst, src, std::min(size, ours));
+  if (size > ours) std::memset(static_cast<char*>(dst) + ours, 0, size - ours);
+}
+
+int OpQueryPort(ibv_context*, uint8_t port, ibv_port_attr* attr, size_t port_attr_len) {
   if (port != 1) return EINVAL;
-  FillPortAttr(attr);
+  ibv_port_attr full;
+  FillPortAttr(&full);
+  CopySized(attr, port_attr_len, &full, sizeof(full));
   return 0;
 }
 
-int OpQueryDeviceEx(ibv_context* ctx, const ibv_query_device_ex_input*, ibv_device_attr_ex* attr,
-                    size_t) {
-  FillDeviceAttr(ToSoft(ctx)->hca, attr);
+int OpQueryDeviceEx(ibv_context* ctx, const ibv_query_device_ex_input* input,
+                    ibv_device_attr_ex* attr, size_t attr_size) {
+  // libibverbs' checks (ibv_cmd_query_device_any): no input fields are defined, and every
+  // caller's struct has at least the ibv_device_attr it starts with.
+  if ((input != nullptr && input->comp_mask != 0) || attr_size < sizeof(attr->orig_attr)) {
+    return EINVAL;
+  }
+  ibv_device_attr_ex full;
+  FillDeviceAttr(ToSoft(ctx)->hca, &full);
+  CopySized(attr, attr_size, &full, sizeof(full));
   return 0;
 }
 
