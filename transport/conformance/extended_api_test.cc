@@ -7,7 +7,9 @@
 //   wr_id and wr_flags taken by each builder, a build error reported by ibv_wr_complete with
 //   nothing of the batch posted, ibv_wr_abort, batches mixed with ibv_post_send;
 // - ibv_query_port and ibv_query_device_ex with a caller's struct of another size (an older or
-//   newer header), which must not be overrun.
+//   newer header), which must not be overrun;
+// - ibv_rereg_mr and ibv_query_pkey (through DeviceOps, as swirl reaches every control-path
+//   call).
 //
 // What only the soft device promises (its exact refusals) is in transport/soft's
 // extended_verbs_test.
@@ -811,7 +813,150 @@ TEST_P(QuerySizeTest, QueryDeviceExFillsOnlyTheCallersSize) {
   for (size_t i = 0; i < small.size(); ++i) ASSERT_EQ(small[i], kGuard) << "byte " << i;
 }
 
+TEST_P(QuerySizeTest, QueryPkeyHasTheDefaultPartitionAtIndexZero) {
+  auto ep = Endpoint::Create(device());
+  ASSERT_TRUE(ep.ok()) << ep.status();
+  verbs::Context& ctx = (*ep)->context();
+  absl::StatusOr<uint16_t> pkey = ctx.QueryPkey(1, 0);
+  ASSERT_TRUE(pkey.ok()) << pkey.status();
+  EXPECT_EQ(*pkey, 0xffff);
+  absl::StatusOr<ibv_port_attr> port = ctx.QueryPort(1);
+  ASSERT_TRUE(port.ok()) << port.status();
+  EXPECT_FALSE(ctx.QueryPkey(1, port->pkey_tbl_len).ok()) << "an index past the table";
+}
+
 SWIRL_INSTANTIATE_FOR_EVERY_DEVICE(QuerySizeTest);
+
+// ---- ibv_rereg_mr ------------------------------------------------------------------------------
+
+class ReregTest : public DeviceTest {
+ protected:
+  // a WRITEs 64 bytes of pattern `seed` to `addr` with b's current rkey: the status.
+  ibv_wc_status WriteToB(uint64_t addr, uint64_t seed, uint64_t wr_id) {
+    FillPattern(a_->data(), 64, seed);
+    EXPECT_EQ(SendWr(wr_id, IBV_WR_RDMA_WRITE)
+                  .Local(*a_, 0, 64)
+                  .Remote(addr, b_->rkey())
+                  .Post(a_->ibqp()),
+              0);
+    const ibv_wc wc = Poll(a_->send_cq());
+    EXPECT_EQ(wc.wr_id, wr_id);
+    return wc.status;
+  }
+};
+
+TEST_P(ReregTest, ChangeAccessTakesRemoteWriteAway) {
+  ASSERT_NO_FATAL_FAILURE(Connect());
+  ASSERT_EQ(WriteToB(b_->addr(4096), 15, 1), IBV_WC_SUCCESS);
+  EXPECT_EQ(FindPatternMismatch(b_->data(4096), 64, 15), -1);
+  SWIRL_ASSERT_OK(b_->mr().Reregister(IBV_REREG_MR_CHANGE_ACCESS, nullptr, nullptr, 0,
+                                      IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ));
+  std::memset(b_->data(8192), 0x66, 64);
+  EXPECT_EQ(WriteToB(b_->addr(8192), 16, 2), IBV_WC_REM_ACCESS_ERR);
+  for (size_t i = 0; i < 64; ++i) ASSERT_EQ(b_->data(8192)[i], 0x66) << i;
+}
+
+TEST_P(ReregTest, ChangeAccessGrantsRemoteRead) {
+  EndpointOptions local_only;
+  local_only.mr_access = IBV_ACCESS_LOCAL_WRITE;
+  ASSERT_NO_FATAL_FAILURE(Connect({}, local_only));
+  SWIRL_ASSERT_OK(b_->mr().Reregister(IBV_REREG_MR_CHANGE_ACCESS, nullptr, nullptr, 0,
+                                      IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ));
+  FillPattern(b_->data(4096), 128, 17);
+  ASSERT_EQ(SendWr(1, IBV_WR_RDMA_READ)
+                .Local(*a_, 0, 128)
+                .Remote(b_->addr(4096), b_->rkey())
+                .Post(a_->ibqp()),
+            0);
+  ExpectWc(Poll(a_->send_cq()),
+           {.wr_id = 1, .qp_num = a_->qpn(), .opcode = IBV_WC_RDMA_READ, .byte_len = 128});
+  EXPECT_EQ(FindPatternMismatch(a_->data(), 128, 17), -1);
+}
+
+TEST_P(ReregTest, ChangeTranslationMovesTheRegion) {
+  ASSERT_NO_FATAL_FAILURE(Connect());
+  Buffer other(1 << 16);
+  SWIRL_ASSERT_OK(b_->mr().Reregister(IBV_REREG_MR_CHANGE_TRANSLATION, nullptr, other.data(),
+                                      other.size(), 0));
+  EXPECT_EQ(b_->mr().addr(), other.data());
+  EXPECT_EQ(b_->mr().length(), other.size());
+  ASSERT_EQ(WriteToB(other.addr(512), 18, 1), IBV_WC_SUCCESS);
+  EXPECT_EQ(FindPatternMismatch(other.data() + 512, 64, 18), -1);
+  // The old range is no longer registered.
+  std::memset(b_->data(4096), 0x77, 64);
+  EXPECT_EQ(WriteToB(b_->addr(4096), 19, 2), IBV_WC_REM_ACCESS_ERR);
+  for (size_t i = 0; i < 64; ++i) ASSERT_EQ(b_->data(4096)[i], 0x77) << i;
+  // Back over the endpoint's buffer before `other` is freed.
+  SWIRL_ASSERT_OK(b_->mr().Reregister(IBV_REREG_MR_CHANGE_TRANSLATION, nullptr, b_->data(),
+                                      b_->size(), 0));
+}
+
+TEST_P(ReregTest, ChangePdTakesTheRegionFromTheQp) {
+  ASSERT_NO_FATAL_FAILURE(Connect());
+  auto other_pd = verbs::ProtectionDomain::Create(b_->shared_context());
+  ASSERT_TRUE(other_pd.ok()) << other_pd.status();
+  SWIRL_ASSERT_OK(b_->mr().Reregister(IBV_REREG_MR_CHANGE_PD, *other_pd, nullptr, 0, 0));
+  EXPECT_EQ(b_->mr().get()->pd, (*other_pd)->get());
+  // b's QP is in the old PD: the region no longer answers to it.
+  std::memset(b_->data(4096), 0x78, 64);
+  EXPECT_EQ(WriteToB(b_->addr(4096), 20, 1), IBV_WC_REM_ACCESS_ERR);
+  for (size_t i = 0; i < 64; ++i) ASSERT_EQ(b_->data(4096)[i], 0x78) << i;
+  // A QP of the new PD reaches it.
+  std::unique_ptr<Endpoint> peer, on_pd;
+  ASSERT_NO_FATAL_FAILURE(ConnectExtra(*other_pd, &peer, &on_pd));
+  FillPattern(peer->data(), 64, 21);
+  ASSERT_EQ(SendWr(2, IBV_WR_RDMA_WRITE)
+                .Local(*peer, 0, 64)
+                .Remote(b_->addr(8192), b_->rkey())
+                .Post(peer->ibqp()),
+            0);
+  ExpectWc(Poll(peer->send_cq()),
+           {.wr_id = 2, .qp_num = peer->qpn(), .opcode = IBV_WC_RDMA_WRITE});
+  EXPECT_EQ(FindPatternMismatch(b_->data(8192), 64, 21), -1);
+}
+
+// The region counts against the PD it is in now: that one cannot be freed, the old one can.
+TEST_P(ReregTest, ChangePdMovesWhatKeepsAPdBusy) {
+  auto ep = Endpoint::Create(device());
+  ASSERT_TRUE(ep.ok()) << ep.status();
+  verbs::DeviceOps& ops = (*ep)->context().ops();
+  ibv_pd* first = nullptr;
+  ibv_pd* second = nullptr;
+  ASSERT_EQ(ops.AllocPd(&first), 0);
+  ASSERT_EQ(ops.AllocPd(&second), 0);
+  Buffer buffer(1 << 16);
+  ibv_mr* mr = nullptr;
+  ASSERT_EQ(ops.RegMr(first, buffer.data(), buffer.size(), IBV_ACCESS_LOCAL_WRITE, &mr), 0);
+  EXPECT_EQ(ops.ReregMr(mr, IBV_REREG_MR_CHANGE_PD, second, nullptr, 0, 0), 0);
+  EXPECT_EQ(mr->pd, second);
+  EXPECT_EQ(ops.DeallocPd(second), EBUSY);
+  EXPECT_EQ(ops.DeallocPd(first), 0) << "the old PD still counts the region";
+  EXPECT_EQ(ops.DeregMr(mr), 0);
+  EXPECT_EQ(ops.DeallocPd(second), 0);
+}
+
+TEST_P(ReregTest, RefusesBadArgumentsAndKeepsTheRegion) {
+  ASSERT_NO_FATAL_FAILURE(Connect());
+  verbs::MemoryRegion& mr = b_->mr();
+  const uint32_t rkey = mr.rkey();
+  // Nothing to change; a flag that does not exist; a translation without an address or a
+  // length; access flags without CHANGE_ACCESS.
+  EXPECT_FALSE(mr.Reregister(0, nullptr, nullptr, 0, 0).ok());
+  EXPECT_FALSE(mr.Reregister(IBV_REREG_MR_FLAGS_SUPPORTED + 1, nullptr, nullptr, 0, 0).ok());
+  EXPECT_FALSE(mr.Reregister(IBV_REREG_MR_CHANGE_TRANSLATION, nullptr, nullptr, 4096, 0).ok());
+  EXPECT_FALSE(mr.Reregister(IBV_REREG_MR_CHANGE_TRANSLATION, nullptr, b_->data(), 0, 0).ok());
+  EXPECT_FALSE(
+      mr.Reregister(IBV_REREG_MR_CHANGE_PD, b_->pd(), nullptr, 0, IBV_ACCESS_LOCAL_WRITE).ok());
+  // Remote write without local write (IB spec C10-10), as at registration.
+  EXPECT_FALSE(
+      mr.Reregister(IBV_REREG_MR_CHANGE_ACCESS, nullptr, nullptr, 0, IBV_ACCESS_REMOTE_WRITE)
+          .ok());
+  EXPECT_EQ(mr.rkey(), rkey);
+  EXPECT_EQ(WriteToB(b_->addr(4096), 22, 1), IBV_WC_SUCCESS);
+  EXPECT_EQ(FindPatternMismatch(b_->data(4096), 64, 22), -1);
+}
+
+SWIRL_INSTANTIATE_FOR_EVERY_DEVICE(ReregTest);
 
 }  // namespace
 }  // namespace swirl::conformance

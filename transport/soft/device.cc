@@ -140,6 +140,9 @@ class SoftDeviceOps final : public verbs::DeviceOps {
     *gid = sctx_->hca->gid;
     return 0;
   }
+  int QueryPkey(uint8_t port_num, int index, uint16_t* pkey) override {
+    return soft::QueryPkey(port_num, index, pkey);
+  }
   int QueryGidTable(uint8_t port_num, std::vector<ibv_gid_entry>* entries) override {
     if (port_num != 1) return EINVAL;
     ibv_gid_entry entry;
@@ -168,6 +171,10 @@ class SoftDeviceOps final : public verbs::DeviceOps {
     return soft::RegMr(sctx_, pd, addr, length, access, mr);
   }
   int DeregMr(ibv_mr* mr) override { return soft::DeregMr(mr); }
+  int ReregMr(ibv_mr* mr, int flags, ibv_pd* pd, void* addr, size_t length,
+              int access) override {
+    return soft::ReregMr(mr, flags, pd, addr, length, access);
+  }
   int CreateCompChannel(ibv_comp_channel** channel) override {
     return CreateChannel(sctx_, channel);
   }

@@ -289,5 +289,77 @@ TEST(SoftQpEx, DataForARequestWithoutDataFailsTheBatch) {
   EXPECT_TRUE(Observe(a, b, absl::Milliseconds(20)).empty()) << "the LOCAL_INV ran";
 }
 
+// ---- ibv_rereg_mr -------------------------------------------------------------------------------
+
+constexpr int kBindAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ |
+                            IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_MW_BIND;
+
+TEST(SoftRereg, ABoundWindowMakesTheRegionBusy) {
+  Side a = MakeSide("soft0", {.mr_access = kBindAccess});
+  Side b = MakeSide("soft1");
+  ASSERT_TRUE(ConnectSides(a, b).ok());
+  auto mw = verbs::MemoryWindow::Allocate(a.pd, IBV_MW_TYPE_2);
+  ASSERT_TRUE(mw.ok()) << mw.status();
+  const uint32_t rkey = ibv_inc_rkey((*mw)->rkey());
+  ibv_send_wr bind{};
+  bind.wr_id = 1;
+  bind.opcode = IBV_WR_BIND_MW;
+  bind.send_flags = IBV_SEND_SIGNALED;
+  bind.bind_mw.mw = (*mw)->get();
+  bind.bind_mw.rkey = rkey;
+  bind.bind_mw.bind_info = {a.mr->get(), reinterpret_cast<uint64_t>(a.buf.data()), 4096,
+                            IBV_ACCESS_REMOTE_READ};
+  ibv_send_wr* bad = nullptr;
+  ASSERT_EQ(ibv_post_send(a.qp->get(), &bind, &bad), 0);
+  ASSERT_EQ(Wait(a, b).status, IBV_WC_SUCCESS);
+  // The window keeps its own range: moving the region under it would leave it granting access
+  // to memory the region no longer covers. So, as for deregistration: busy.
+  absl::Status busy = a.mr->Reregister(IBV_REREG_MR_CHANGE_ACCESS, nullptr, nullptr, 0,
+                                       IBV_ACCESS_LOCAL_WRITE);
+  EXPECT_TRUE(absl::IsFailedPrecondition(busy)) << busy;  // EBUSY
+  ibv_send_wr inv{};
+  inv.wr_id = 2;
+  inv.opcode = IBV_WR_LOCAL_INV;
+  inv.send_flags = IBV_SEND_SIGNALED;
+  inv.invalidate_rkey = rkey;
+  ASSERT_EQ(ibv_post_send(a.qp->get(), &inv, &bad), 0);
+  ASSERT_EQ(Wait(a, b).status, IBV_WC_SUCCESS);
+  EXPECT_TRUE(a.mr->Reregister(IBV_REREG_MR_CHANGE_ACCESS, nullptr, nullptr, 0,
+                               IBV_ACCESS_LOCAL_WRITE)
+                  .ok());
+}
+
+TEST(SoftRereg, RefusesWhatRegistrationRefuses) {
+  Side a = MakeSide("soft0");
+  // An unmapped range (EFAULT, as from a real provider that cannot pin it).
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  void* hole = mmap(nullptr, page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(hole, MAP_FAILED);
+  ASSERT_EQ(munmap(hole, page), 0);
+  absl::Status unmapped =
+      a.mr->Reregister(IBV_REREG_MR_CHANGE_TRANSLATION, nullptr, hole, page, 0);
+  EXPECT_TRUE(absl::IsInvalidArgument(unmapped)) << unmapped;
+  EXPECT_NE(unmapped.message().find("Bad address"), std::string::npos) << unmapped;
+  // On-demand paging: not supported.
+  absl::Status odp = a.mr->Reregister(IBV_REREG_MR_CHANGE_ACCESS, nullptr, nullptr, 0,
+                                      IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_ON_DEMAND);
+  EXPECT_TRUE(absl::IsUnimplemented(odp)) << odp;
+  // A PD of another context.
+  Side other = MakeSide("soft0");
+  absl::Status foreign = a.mr->Reregister(IBV_REREG_MR_CHANGE_PD, other.pd, nullptr, 0, 0);
+  EXPECT_TRUE(absl::IsInvalidArgument(foreign)) << foreign;
+  EXPECT_EQ(a.mr->get()->pd, a.pd->get());
+  EXPECT_EQ(a.mr->addr(), a.buf.data());
+}
+
+TEST(SoftPkey, OneEntry) {
+  Side a = MakeSide("soft0");
+  absl::StatusOr<uint16_t> pkey = a.ctx->QueryPkey(1, 0);
+  ASSERT_TRUE(pkey.ok()) << pkey.status();
+  EXPECT_EQ(*pkey, 0xffff);
+  EXPECT_FALSE(a.ctx->QueryPkey(1, 1).ok());
+  EXPECT_FALSE(a.ctx->QueryPkey(2, 0).ok());
+}
+
 }  // namespace
 }  // namespace swirl::soft

@@ -401,7 +401,6 @@ void FillWqe(SoftQp* qp, uint32_t index, const ibv_send_wr* wr) {
     const auto* mr = static_cast<const SoftMr*>(wr->bind_mw.bind_info.mr);
     w.bind_mr_entry = mr != nullptr ? mr->entry : nullptr;
     w.bind_mr_lkey = mr != nullptr ? mr->lkey : 0;
-    w.bind_mr_pd = mr != nullptr ? mr->pd : nullptr;
     w.bind_addr = wr->bind_mw.bind_info.addr;
     w.bind_length = wr->bind_mw.bind_info.length;
     w.bind_access = wr->bind_mw.bind_info.mw_access_flags;

@@ -241,7 +241,6 @@ struct SendWqe {
   const ibv_pd* bind_mw_pd;
   KeyEntry* bind_mr_entry;  // null: no region (a type 1 unbind)
   uint32_t bind_mr_lkey;
-  const ibv_pd* bind_mr_pd;
   uint64_t bind_addr;
   uint64_t bind_length;
   unsigned int bind_access;
@@ -593,6 +592,9 @@ inline SoftContext* ToSoft(ibv_context* ctx) {
 int64_t NowNs();
 
 // hca.cc
+// ibv_query_pkey: the one P_Key there is, the default (full-membership) 0xffff at index 0 of
+// port 1, in network order.
+int QueryPkey(uint8_t port_num, int index, __be16* pkey);
 Hca* AcquireHca(const std::string& name, std::string* error);
 void ReleaseHca(Hca* hca);
 std::string GidHex(const ibv_gid& gid);
@@ -759,6 +761,11 @@ void PurgeQp(SoftCq* cq, SoftQp* qp);
 // memory.cc
 int RegMr(SoftContext* sctx, ibv_pd* pd, void* addr, size_t length, int access, ibv_mr** out);
 int DeregMr(ibv_mr* mr);
+// ibv_rereg_mr's semantics (libibverbs' checks included, and its updates of mr->pd, addr and
+// length), with the provider convention of 0 or a positive errno: EINVAL for bad flags or
+// arguments, EFAULT for an unmapped range, EBUSY while memory windows are bound over the region.
+// The keys stay the same. On an error nothing changed and the region remains usable.
+int ReregMr(ibv_mr* mr, int flags, ibv_pd* pd, void* addr, size_t length, int access);
 ibv_mw* AllocMw(ibv_pd* pd, ibv_mw_type type);
 int DeallocMw(ibv_mw* mw);
 

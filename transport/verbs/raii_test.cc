@@ -110,6 +110,7 @@ class FakeDeviceOps final : public DeviceOps {
     *gid = Table()[index].gid;
     return journal_->Enter("query_gid");
   }
+  int QueryPkey(uint8_t, int, uint16_t*) override { return EOPNOTSUPP; }
   int QueryGidTable(uint8_t, std::vector<ibv_gid_entry>* entries) override {
     *entries = Table();
     return journal_->Enter("query_gid_table");
@@ -125,6 +126,7 @@ class FakeDeviceOps final : public DeviceOps {
     return 0;
   }
   int DeregMr(ibv_mr* mr) override { return Destroy("dereg_mr", mr); }
+  int ReregMr(ibv_mr*, int, ibv_pd*, void*, size_t, int) override { return EOPNOTSUPP; }
   int CreateCompChannel(ibv_comp_channel** ch) override { return Create("create_channel", ch); }
   int DestroyCompChannel(ibv_comp_channel* ch) override { return Destroy("destroy_channel", ch); }
   int CreateCq(int cqe, void*, ibv_comp_channel*, int, ibv_cq** cq) override {

@@ -60,6 +60,10 @@ class RdmaCoreDeviceOps final : public DeviceOps {
     }
     return 0;
   }
+  int QueryPkey(uint8_t port_num, int index, uint16_t* pkey) override {
+    errno = 0;
+    return ibv_query_pkey(context_, port_num, index, pkey) == 0 ? 0 : LastErrno();
+  }
   int AllocPd(ibv_pd** pd) override {
     errno = 0;
     *pd = ibv_alloc_pd(context_);
@@ -72,6 +76,12 @@ class RdmaCoreDeviceOps final : public DeviceOps {
     return *mr ? 0 : LastErrno();
   }
   int DeregMr(ibv_mr* mr) override { return ibv_dereg_mr(mr); }
+  int ReregMr(ibv_mr* mr, int flags, ibv_pd* pd, void* addr, size_t length,
+              int access) override {
+    // ibv_rereg_mr returns an IBV_REREG_MR_ERR_* code and leaves the reason in errno.
+    errno = 0;
+    return ibv_rereg_mr(mr, flags, pd, addr, length, access) == 0 ? 0 : LastErrno();
+  }
   int CreateCompChannel(ibv_comp_channel** channel) override {
     errno = 0;
     *channel = ibv_create_comp_channel(context_);

@@ -1,5 +1,6 @@
 #include "transport/verbs/verbs.h"
 
+#include <endian.h>
 #include <poll.h>
 
 #include <algorithm>
@@ -60,6 +61,14 @@ absl::StatusOr<ibv_gid> Context::QueryGid(uint8_t port_num, int index) {
     return VerbsError("ibv_query_gid", absl::StrCat("port ", port_num, " index ", index), err);
   }
   return gid;
+}
+
+absl::StatusOr<uint16_t> Context::QueryPkey(uint8_t port_num, int index) {
+  uint16_t pkey = 0;
+  if (int err = ops_->QueryPkey(port_num, index, &pkey); err != 0) {
+    return VerbsError("ibv_query_pkey", absl::StrCat("port ", port_num, " index ", index), err);
+  }
+  return be16toh(pkey);
 }
 
 int ChooseGidIndex(const std::vector<ibv_gid_entry>& entries) {
@@ -168,6 +177,17 @@ absl::Status MemoryRegion::Deregister() {
     return VerbsError("ibv_dereg_mr", err);
   }
   mr_ = nullptr;
+  return absl::OkStatus();
+}
+
+absl::Status MemoryRegion::Reregister(int flags, std::shared_ptr<ProtectionDomain> pd,
+                                      void* addr, size_t length, int access) {
+  ibv_pd* new_pd = (flags & IBV_REREG_MR_CHANGE_PD) && pd ? pd->get() : nullptr;
+  if (int err = pd_->context().ops().ReregMr(mr_, flags, new_pd, addr, length, access);
+      err != 0) {
+    return VerbsError("ibv_rereg_mr", absl::StrCat("flags 0x", absl::Hex(flags)), err);
+  }
+  if (flags & IBV_REREG_MR_CHANGE_PD) pd_ = std::move(pd);
   return absl::OkStatus();
 }
 

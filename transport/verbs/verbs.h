@@ -50,6 +50,8 @@ class Context {
   absl::StatusOr<ibv_device_attr_ex> QueryDevice();
   absl::StatusOr<ibv_port_attr> QueryPort(uint8_t port_num);
   absl::StatusOr<ibv_gid> QueryGid(uint8_t port_num, int index);
+  // ibv_query_pkey: the P_Key at `index` of the port's table, in host order.
+  absl::StatusOr<uint16_t> QueryPkey(uint8_t port_num, int index);
   // The GID table index to use: `requested` itself if 0..255; for kAutoGidIndex the one
   // ChooseGidIndex picks on a RoCE port (0 on InfiniBand, where the LID routes, without looking
   // at the table). Anything else is INVALID_ARGUMENT.
@@ -96,6 +98,12 @@ class MemoryRegion {
   // Deregisters now and reports the device's answer (EBUSY while memory windows are bound over
   // it). On error the region stays registered and owned.
   absl::Status Deregister();
+
+  // ibv_rereg_mr: IBV_REREG_MR_CHANGE_TRANSLATION (addr, length), _PD (pd, which this region
+  // then holds instead of its old one) and _ACCESS (access), as `flags` says. On error the
+  // region keeps its old PD here (the device's state is its own: ibv_rereg_mr(3)).
+  absl::Status Reregister(int flags, std::shared_ptr<ProtectionDomain> pd, void* addr,
+                          size_t length, int access);
 
   ibv_mr* get() const { return mr_; }
   uint32_t lkey() const { return mr_->lkey; }
