@@ -8,8 +8,8 @@
 //   nothing of the batch posted, ibv_wr_abort, batches mixed with ibv_post_send;
 // - ibv_query_port and ibv_query_device_ex with a caller's struct of another size (an older or
 //   newer header), which must not be overrun;
-// - ibv_rereg_mr and ibv_query_pkey (through DeviceOps, as swirl reaches every control-path
-//   call).
+// - ibv_rereg_mr, ibv_resize_cq and ibv_query_pkey (through DeviceOps, as swirl reaches every
+//   control-path call).
 //
 // What only the soft device promises (its exact refusals) is in transport/soft's
 // extended_verbs_test.
@@ -957,6 +957,38 @@ TEST_P(ReregTest, RefusesBadArgumentsAndKeepsTheRegion) {
 }
 
 SWIRL_INSTANTIATE_FOR_EVERY_DEVICE(ReregTest);
+
+// ---- ibv_resize_cq -----------------------------------------------------------------------------
+
+class ResizeCqTest : public DeviceTest {};
+
+TEST_P(ResizeCqTest, KeepsWhatIsQueued) {
+  EndpointOptions small;
+  small.cq_entries = 16;
+  ASSERT_NO_FATAL_FAILURE(Connect({}, small));
+  constexpr int kQueued = 8;
+  for (int i = 0; i < kQueued; ++i) ASSERT_EQ(b_->PostRecv(0x200 + i, i * 4096, 4096), 0);
+  // Eight flushed receives wait in b's receive CQ.
+  SWIRL_ASSERT_OK(b_->qp().ToError());
+  verbs::CompletionQueue& cq = b_->recv_cq();
+  absl::Status grown = cq.Resize(64);
+  if (absl::IsUnimplemented(grown)) GTEST_SKIP() << device() << " cannot resize CQs: " << grown;
+  SWIRL_ASSERT_OK(grown);
+  EXPECT_GE(cq.capacity(), 64);
+  SWIRL_ASSERT_OK(cq.Resize(kQueued));
+  EXPECT_GE(cq.capacity(), kQueued);
+  // ibv_resize_cq(3): the size must hold every completion not yet polled.
+  absl::Status too_small = cq.Resize(kQueued - 1);
+  EXPECT_TRUE(absl::IsInvalidArgument(too_small)) << too_small;
+  for (int i = 0; i < kQueued; ++i) {
+    ExpectWc(Poll(cq), {.wr_id = 0x200u + i, .status = IBV_WC_WR_FLUSH_ERR, .qp_num = b_->qpn()});
+  }
+  SWIRL_ASSERT_OK(cq.Resize(1));
+  EXPECT_GE(cq.capacity(), 1);
+  EXPECT_TRUE(Observe(cq, absl::ZeroDuration()).empty());
+}
+
+SWIRL_INSTANTIATE_FOR_EVERY_DEVICE(ResizeCqTest);
 
 }  // namespace
 }  // namespace swirl::conformance

@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstring>
 #include <mutex>
+#include <vector>
 
 #include "transport/soft/qp_ops.h"
 
@@ -81,6 +82,24 @@ int CreateCq(SoftContext* sctx, int cqe, void* cq_context, ibv_comp_channel* cha
   }
   if (channel != nullptr) channel->refcnt++;
   *out = cq->ibv();
+  return 0;
+}
+
+int ResizeCq(ibv_cq* ibcq, int cqe) {
+  SoftCq* cq = AsSoft(ibcq);
+  if (cqe <= 0 || static_cast<uint32_t>(cqe) > kMaxCqe) return EINVAL;
+  const uint32_t slots = std::bit_ceil<uint32_t>(static_cast<uint32_t>(cqe) + 1);
+  std::vector<Cqe> ring(slots);  // allocated before taking the spin lock every poll takes
+  std::lock_guard<SpinLock> guard(cq->lock);
+  const uint32_t queued = cq->tail - cq->head;
+  // ibv_resize_cq(3): the new size must hold every completion not yet polled.
+  if (static_cast<uint32_t>(cqe) < queued) return EINVAL;
+  for (uint32_t i = 0; i < queued; ++i) ring[i] = cq->ring[(cq->head + i) & cq->ring_mask];
+  cq->ring.swap(ring);
+  cq->ring_mask = slots - 1;
+  cq->head = 0;
+  cq->tail = queued;
+  cq->cqe = static_cast<int>(slots - 1);  // the overflow bound Push checks, under this lock
   return 0;
 }
 

@@ -185,6 +185,7 @@ class SoftDeviceOps final : public verbs::DeviceOps {
     return soft::CreateCq(sctx_, min_cqe, cq_context, channel, cq);
   }
   int DestroyCq(ibv_cq* cq) override { return soft::DestroyCq(cq); }
+  int ResizeCq(ibv_cq* cq, int cqe) override { return soft::ResizeCq(cq, cqe); }
   int GetCqEvent(ibv_comp_channel* channel, ibv_cq** cq, void** cq_context) override {
     return soft::GetCqEvent(channel, cq, cq_context);
   }

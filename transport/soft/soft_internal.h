@@ -747,6 +747,9 @@ ibv_cq_ex* CreateCqEx(ibv_context* context, ibv_cq_init_attr_ex* attr);
 // cq.cc
 int CreateCq(SoftContext* sctx, int cqe, void* cq_context, ibv_comp_channel* channel, ibv_cq** out);
 int DestroyCq(ibv_cq* cq);
+// ibv_resize_cq: room for at least `cqe`, keeping the queued completions in order; EINVAL if
+// more than `cqe` are queued. cq->cqe reports the new size.
+int ResizeCq(ibv_cq* cq, int cqe);
 int PollCq(ibv_cq* cq, int n, ibv_wc* wc);
 int ReqNotifyCq(ibv_cq* cq, int solicited_only);
 int CreateChannel(SoftContext* sctx, ibv_comp_channel** out);

@@ -65,6 +65,9 @@ class DeviceOps {
   virtual int CreateCq(int min_cqe, void* cq_context, ibv_comp_channel* channel, int comp_vector,
                        ibv_cq** cq) = 0;
   virtual int DestroyCq(ibv_cq* cq) = 0;
+  // ibv_resize_cq: at least `cqe` entries (cq->cqe then reports the size), keeping what is
+  // queued; EINVAL if more than `cqe` completions are queued.
+  virtual int ResizeCq(ibv_cq* cq, int cqe) = 0;
   // Blocks (unless channel->fd is non-blocking) until a CQ armed with ibv_req_notify_cq on this
   // channel has a new completion. Returns EAGAIN for a non-blocking fd with nothing pending.
   virtual int GetCqEvent(ibv_comp_channel* channel, ibv_cq** cq, void** cq_context) = 0;

@@ -135,6 +135,7 @@ class FakeDeviceOps final : public DeviceOps {
     return 0;
   }
   int DestroyCq(ibv_cq* cq) override { return Destroy("destroy_cq", cq); }
+  int ResizeCq(ibv_cq*, int) override { return EOPNOTSUPP; }
   int GetCqEvent(ibv_comp_channel*, ibv_cq**, void**) override { return EAGAIN; }
   void AckCqEvents(ibv_cq*, unsigned int) override {}
   int CreateSrq(ibv_pd*, ibv_srq_init_attr*, ibv_srq** srq) override {

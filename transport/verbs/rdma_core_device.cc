@@ -97,6 +97,7 @@ class RdmaCoreDeviceOps final : public DeviceOps {
     return *cq ? 0 : LastErrno();
   }
   int DestroyCq(ibv_cq* cq) override { return ibv_destroy_cq(cq); }
+  int ResizeCq(ibv_cq* cq, int cqe) override { return ibv_resize_cq(cq, cqe); }
   int GetCqEvent(ibv_comp_channel* channel, ibv_cq** cq, void** cq_context) override {
     errno = 0;
     return ibv_get_cq_event(channel, cq, cq_context) == 0 ? 0 : LastErrno();

@@ -282,6 +282,13 @@ CompletionQueue::~CompletionQueue() {
   }
 }
 
+absl::Status CompletionQueue::Resize(int cqe) {
+  if (int err = context_->ops().ResizeCq(cq_, cqe); err != 0) {
+    return VerbsError("ibv_resize_cq", absl::StrCat(cqe, " entries"), err);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CompletionQueue::RequestNotify(bool solicited_only) {
   if (int err = ibv_req_notify_cq(cq_, solicited_only ? 1 : 0); err != 0) {
     return VerbsError("ibv_req_notify_cq", err);

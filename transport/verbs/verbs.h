@@ -182,6 +182,10 @@ class CompletionQueue {
   int capacity() const { return cq_->cqe; }
   CompletionChannel* channel() const { return channel_.get(); }
 
+  // ibv_resize_cq: at least `cqe` entries, keeping what is queued (INVALID_ARGUMENT if more is
+  // queued than `cqe`). capacity() then reports the new size.
+  absl::Status Resize(int cqe);
+
   // Hot path: straight to the device's poll_cq.
   int Poll(int max, ibv_wc* wc) { return ibv_poll_cq(cq_, max, wc); }
 
