@@ -8,8 +8,8 @@
 //   nothing of the batch posted, ibv_wr_abort, batches mixed with ibv_post_send;
 // - ibv_query_port and ibv_query_device_ex with a caller's struct of another size (an older or
 //   newer header), which must not be overrun;
-// - ibv_rereg_mr, ibv_resize_cq and ibv_query_pkey (through DeviceOps, as swirl reaches every
-//   control-path call).
+// - ibv_rereg_mr, ibv_resize_cq, ibv_modify_srq/ibv_query_srq with the SRQ limit event, and
+//   ibv_query_pkey (through DeviceOps, as swirl reaches every control-path call).
 //
 // What only the soft device promises (its exact refusals) is in transport/soft's
 // extended_verbs_test.
@@ -989,6 +989,140 @@ TEST_P(ResizeCqTest, KeepsWhatIsQueued) {
 }
 
 SWIRL_INSTANTIATE_FOR_EVERY_DEVICE(ResizeCqTest);
+
+// ---- ibv_modify_srq and ibv_query_srq ----------------------------------------------------------
+
+class SrqControlTest : public DeviceTest {
+ protected:
+  // One sender, one receiver on an SRQ of `max_wr` receives.
+  void SetUpSrq(uint32_t max_wr) {
+    ASSERT_NO_FATAL_FAILURE(OpenReceiverSide(64, &pd_, &receiver_options_));
+    auto srq = verbs::SharedReceiveQueue::Create(pd_, max_wr, 1);
+    ASSERT_TRUE(srq.ok()) << srq.status();
+    srq_ = *srq;
+    receiver_options_.srq = srq_;
+    ASSERT_NO_FATAL_FAILURE(ConnectReceivers(pd_, receiver_options_, 1, &senders_, &receivers_));
+    Track(receiver_options_.recv_cq);
+  }
+
+  // Posts receive `id` into slot `id` of the receiver's region (kSlot bytes each).
+  int PostSrqRecv(uint64_t id) {
+    ibv_sge sge{receivers_[0]->addr(id * kSlot), kSlot, receivers_[0]->lkey()};
+    ibv_recv_wr wr{};
+    wr.wr_id = id;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    ibv_recv_wr* bad = nullptr;
+    return ibv_post_srq_recv(srq_->get(), &wr, &bad);
+  }
+
+  // The sender's SEND of 32 bytes of pattern `seed`, and the receive it completes.
+  ibv_wc SendOne(uint64_t seed) {
+    Endpoint& sender = *senders_[0];
+    FillPattern(sender.data(), 32, seed);
+    EXPECT_EQ(SendWr(seed, IBV_WR_SEND).Local(sender, 0, 32).Post(sender.ibqp()), 0);
+    ExpectWc(Poll(sender.send_cq()), {.wr_id = seed, .qp_num = sender.qpn()});
+    return Poll(*receiver_options_.recv_cq);
+  }
+
+  static constexpr uint32_t kSlot = 4096;
+  std::shared_ptr<verbs::ProtectionDomain> pd_;
+  EndpointOptions receiver_options_;
+  std::shared_ptr<verbs::SharedReceiveQueue> srq_;
+  std::vector<std::unique_ptr<Endpoint>> senders_, receivers_;
+};
+
+// ibv_modify_srq(3): an armed limit raises IBV_EVENT_SRQ_LIMIT_REACHED once the number of
+// receives in the SRQ drops below it; ibv_query_srq(3) then reports 0 (disarmed).
+TEST_P(SrqControlTest, TheLimitEventFiresOnceBelowTheLimit) {
+  ASSERT_NO_FATAL_FAILURE(SetUpSrq(16));
+  for (uint64_t id = 0; id < 8; ++id) ASSERT_EQ(PostSrqRecv(id), 0);
+  ibv_srq_attr arm{};
+  arm.srq_limit = 4;
+  SWIRL_ASSERT_OK(srq_->Modify(arm, IBV_SRQ_LIMIT));
+  absl::StatusOr<ibv_srq_attr> attr = srq_->Query();
+  ASSERT_TRUE(attr.ok()) << attr.status();
+  EXPECT_EQ(attr->srq_limit, 4u);
+  EXPECT_GE(attr->max_wr, 16u);
+  verbs::Context& context = pd_->context();
+  // 8 -> 4 receives left: not below the limit.
+  for (uint64_t m = 0; m < 4; ++m) {
+    ExpectWc(SendOne(m), {.wr_id = m, .qp_num = receivers_[0]->qpn(), .byte_len = 32});
+  }
+  absl::StatusOr<ibv_async_event> early = context.NextAsyncEvent(kQuiet);
+  EXPECT_FALSE(early.ok()) << "an event with 4 receives left: "
+                           << ibv_event_type_str(early->event_type);
+  // 3 left: below.
+  ExpectWc(SendOne(4), {.wr_id = 4, .qp_num = receivers_[0]->qpn(), .byte_len = 32});
+  absl::StatusOr<ibv_async_event> event = context.NextAsyncEvent(kTimeout);
+  ASSERT_TRUE(event.ok()) << event.status();
+  EXPECT_EQ(event->event_type, IBV_EVENT_SRQ_LIMIT_REACHED)
+      << ibv_event_type_str(event->event_type);
+  EXPECT_EQ(event->element.srq, srq_->get());
+  attr = srq_->Query();
+  ASSERT_TRUE(attr.ok()) << attr.status();
+  EXPECT_EQ(attr->srq_limit, 0u) << "the limit stays armed after it fired";
+  // Disarmed: draining further raises nothing more.
+  ExpectWc(SendOne(5), {.wr_id = 5, .qp_num = receivers_[0]->qpn(), .byte_len = 32});
+  absl::StatusOr<ibv_async_event> again = context.NextAsyncEvent(kQuiet);
+  EXPECT_FALSE(again.ok()) << "a second event: " << ibv_event_type_str(again->event_type);
+}
+
+// An event not yet read goes with its SRQ: once the SRQ is destroyed it is neither delivered nor
+// announced on async_fd (the kernel drops a destroyed object's events the same way).
+TEST_P(SrqControlTest, AnUnreadLimitEventGoesWithItsSrq) {
+  ASSERT_NO_FATAL_FAILURE(SetUpSrq(8));
+  for (uint64_t id = 0; id < 4; ++id) ASSERT_EQ(PostSrqRecv(id), 0);
+  ibv_srq_attr arm{};
+  arm.srq_limit = 4;
+  SWIRL_ASSERT_OK(srq_->Modify(arm, IBV_SRQ_LIMIT));
+  ExpectWc(SendOne(0), {.wr_id = 0, .qp_num = receivers_[0]->qpn(), .byte_len = 32});
+  absl::StatusOr<ibv_srq_attr> attr = srq_->Query();
+  ASSERT_TRUE(attr.ok()) << attr.status();
+  ASSERT_EQ(attr->srq_limit, 0u) << "the limit did not fire";
+  verbs::Context& context = pd_->context();
+  receivers_.clear();  // the QP first: an SRQ with QPs cannot be destroyed
+  receiver_options_.srq.reset();
+  srq_.reset();
+  absl::StatusOr<ibv_async_event> stale = context.NextAsyncEvent(kQuiet);
+  EXPECT_FALSE(stale.ok()) << "an event of a destroyed SRQ: "
+                           << ibv_event_type_str(stale->event_type);
+}
+
+TEST_P(SrqControlTest, ModifyMaxWrGrowsTheQueue) {
+  ASSERT_NO_FATAL_FAILURE(SetUpSrq(4));
+  absl::StatusOr<ibv_device_attr_ex> device_attr = pd_->context().QueryDevice();
+  ASSERT_TRUE(device_attr.ok()) << device_attr.status();
+  if (!(device_attr->orig_attr.device_cap_flags & IBV_DEVICE_SRQ_RESIZE)) {
+    GTEST_SKIP() << device() << " does not advertise IBV_DEVICE_SRQ_RESIZE";
+  }
+  absl::StatusOr<ibv_srq_attr> attr = srq_->Query();
+  ASSERT_TRUE(attr.ok()) << attr.status();
+  const uint64_t room = attr->max_wr;
+  for (uint64_t id = 0; id < room; ++id) ASSERT_EQ(PostSrqRecv(id), 0);
+  EXPECT_NE(PostSrqRecv(room), 0) << "the SRQ took more than max_wr receives";
+  ibv_srq_attr grow{};
+  grow.max_wr = static_cast<uint32_t>(room) + 4;
+  SWIRL_ASSERT_OK(srq_->Modify(grow, IBV_SRQ_MAX_WR));
+  attr = srq_->Query();
+  ASSERT_TRUE(attr.ok()) << attr.status();
+  EXPECT_GE(attr->max_wr, room + 4);
+  for (uint64_t id = room; id < room + 4; ++id) ASSERT_EQ(PostSrqRecv(id), 0) << id;
+  // Every receive, those posted before the resize first, in order.
+  for (uint64_t m = 0; m < room + 4; ++m) {
+    const ibv_wc wc = SendOne(100 + m);
+    ExpectWc(wc, {.wr_id = m, .qp_num = receivers_[0]->qpn(), .byte_len = 32});
+    EXPECT_EQ(FindPatternMismatch(receivers_[0]->data(m * kSlot), 32, 100 + m), -1);
+  }
+  // A limit larger than the queue is refused.
+  absl::StatusOr<ibv_srq_attr> now = srq_->Query();
+  ASSERT_TRUE(now.ok()) << now.status();
+  ibv_srq_attr too_high{};
+  too_high.srq_limit = now->max_wr + 1;
+  EXPECT_FALSE(srq_->Modify(too_high, IBV_SRQ_LIMIT).ok());
+}
+
+SWIRL_INSTANTIATE_FOR_EVERY_DEVICE(SrqControlTest);
 
 }  // namespace
 }  // namespace swirl::conformance

@@ -44,7 +44,8 @@ void FillDeviceAttr(const Hca* hca, ibv_device_attr_ex* attr) {
   a.max_qp_wr = kMaxQpWr;
   a.device_cap_flags = IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_CURR_QP_STATE_MOD |
                        IBV_DEVICE_SYS_IMAGE_GUID | IBV_DEVICE_MEM_WINDOW |
-                       IBV_DEVICE_MEM_MGT_EXTENSIONS | IBV_DEVICE_MEM_WINDOW_TYPE_2B;
+                       IBV_DEVICE_MEM_MGT_EXTENSIONS | IBV_DEVICE_MEM_WINDOW_TYPE_2B |
+                       IBV_DEVICE_SRQ_RESIZE;
   a.max_sge = kMaxSge;
   a.max_sge_rd = kMaxSge;
   a.max_cq = kMaxCq;
@@ -216,9 +217,14 @@ class SoftDeviceOps final : public verbs::DeviceOps {
     pthread_mutex_destroy(&srq->mutex);
     pthread_cond_destroy(&srq->cond);
     srq->spd->users.fetch_sub(1, std::memory_order_release);
+    sctx_->PurgeAsyncEvents(srq);  // its undelivered IBV_EVENT_SRQ_LIMIT_REACHED
     delete srq;
     return 0;
   }
+  int ModifySrq(ibv_srq* srq, ibv_srq_attr* attr, int attr_mask) override {
+    return soft::ModifySrq(srq, attr, attr_mask);
+  }
+  int QuerySrq(ibv_srq* srq, ibv_srq_attr* attr) override { return soft::QuerySrq(srq, attr); }
   int CreateQp(ibv_pd* pd, ibv_qp_init_attr* attr, ibv_qp** qp) override {
     return soft::CreateQp(sctx_, pd, attr, qp);
   }

@@ -352,6 +352,53 @@ TEST(SoftRereg, RefusesWhatRegistrationRefuses) {
   EXPECT_EQ(a.mr->addr(), a.buf.data());
 }
 
+// ---- ibv_modify_srq -----------------------------------------------------------------------------
+
+TEST(SoftSrq, ModifyChangesNothingUnlessEverythingFits) {
+  Side a = MakeSide("soft0");
+  auto srq = verbs::SharedReceiveQueue::Create(a.pd, 8, 1);
+  ASSERT_TRUE(srq.ok()) << srq.status();
+  for (uint64_t id = 0; id < 2; ++id) {
+    ibv_sge sge{reinterpret_cast<uint64_t>(a.buf.data()), 64, a.mr->lkey()};
+    ibv_recv_wr wr{};
+    wr.wr_id = id;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    ibv_recv_wr* bad = nullptr;
+    ASSERT_EQ(ibv_post_srq_recv((*srq)->get(), &wr, &bad), 0);
+  }
+  auto attrs = [](uint32_t max_wr, uint32_t limit) {
+    ibv_srq_attr attr{};
+    attr.max_wr = max_wr;
+    attr.srq_limit = limit;
+    return attr;
+  };
+  auto expect_state = [&](uint32_t max_wr, uint32_t limit) {
+    absl::StatusOr<ibv_srq_attr> now = (*srq)->Query();
+    ASSERT_TRUE(now.ok()) << now.status();
+    EXPECT_EQ(now->max_wr, max_wr);
+    EXPECT_EQ(now->srq_limit, limit);
+    EXPECT_EQ(now->max_sge, 1u);
+  };
+  EXPECT_TRUE((*srq)->Modify(attrs(0, 6), IBV_SRQ_LIMIT).ok());
+  ASSERT_NO_FATAL_FAILURE(expect_state(8, 6));
+  // Smaller than the armed limit, smaller than what is posted, zero, past the device's limit,
+  // an unknown mask bit: refused.
+  EXPECT_FALSE((*srq)->Modify(attrs(4, 0), IBV_SRQ_MAX_WR).ok());
+  EXPECT_FALSE((*srq)->Modify(attrs(1, 0), IBV_SRQ_MAX_WR | IBV_SRQ_LIMIT).ok());
+  EXPECT_FALSE((*srq)->Modify(attrs(0, 0), IBV_SRQ_MAX_WR).ok());
+  EXPECT_FALSE((*srq)->Modify(attrs(16385, 0), IBV_SRQ_MAX_WR).ok());
+  EXPECT_FALSE((*srq)->Modify(attrs(8, 0), 1 << 5).ok());
+  // One invalid attribute: neither changes.
+  EXPECT_FALSE((*srq)->Modify(attrs(6, 7), IBV_SRQ_MAX_WR | IBV_SRQ_LIMIT).ok());
+  ASSERT_NO_FATAL_FAILURE(expect_state(8, 6));
+  // Both valid together: the limit is disarmed as the queue shrinks under it.
+  EXPECT_TRUE((*srq)->Modify(attrs(4, 0), IBV_SRQ_MAX_WR | IBV_SRQ_LIMIT).ok());
+  ASSERT_NO_FATAL_FAILURE(expect_state(4, 0));
+  EXPECT_TRUE((*srq)->Modify(attrs(2, 0), IBV_SRQ_MAX_WR).ok());
+  ASSERT_NO_FATAL_FAILURE(expect_state(2, 0));
+}
+
 TEST(SoftPkey, OneEntry) {
   Side a = MakeSide("soft0");
   absl::StatusOr<uint16_t> pkey = a.ctx->QueryPkey(1, 0);

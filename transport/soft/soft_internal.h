@@ -210,6 +210,17 @@ struct SoftSrq : ibv_srq {
   SpinLock lock;
   RecvQueue rq;
   std::atomic<int> qp_count{0};
+  // The armed srq_limit (ibv_modify_srq with IBV_SRQ_LIMIT), under `lock`; 0: not armed.
+  uint32_t limit = 0;
+
+  // Under `lock`, after a receive was taken: true, once, if that left fewer than the armed
+  // limit; the limit is then disarmed (ibv_query_srq reports 0) and the caller raises
+  // IBV_EVENT_SRQ_LIMIT_REACHED with RaiseSrqLimitReached once it has released the lock.
+  bool CrossedLimit() {
+    if (limit == 0 || rq.size() >= limit) return false;
+    limit = 0;
+    return true;
+  }
 };
 
 // ---- QP ---------------------------------------------------------------------------------------
@@ -743,6 +754,11 @@ ibv_qp* CreateQpEx(ibv_context* context, ibv_qp_init_attr_ex* attr);
 // cq_ex.cc: ibv_create_cq_ex (verbs_context::create_cq_ex); nullptr with errno set (EOPNOTSUPP
 // for completion timestamps, CVLAN, flow tags, tag matching, parent domains, ignored overrun).
 ibv_cq_ex* CreateCqEx(ibv_context* context, ibv_cq_init_attr_ex* attr);
+
+// srq.cc
+int ModifySrq(ibv_srq* srq, ibv_srq_attr* attr, int mask);
+int QuerySrq(ibv_srq* srq, ibv_srq_attr* attr);
+void RaiseSrqLimitReached(SoftSrq* srq);
 
 // cq.cc
 int CreateCq(SoftContext* sctx, int cqe, void* cq_context, ibv_comp_channel* channel, ibv_cq** out);

@@ -75,6 +75,9 @@ class DeviceOps {
 
   virtual int CreateSrq(ibv_pd* pd, ibv_srq_init_attr* attr, ibv_srq** srq) = 0;
   virtual int DestroySrq(ibv_srq* srq) = 0;
+  // ibv_modify_srq (IBV_SRQ_MAX_WR, IBV_SRQ_LIMIT) and ibv_query_srq.
+  virtual int ModifySrq(ibv_srq* srq, ibv_srq_attr* attr, int attr_mask) = 0;
+  virtual int QuerySrq(ibv_srq* srq, ibv_srq_attr* attr) = 0;
 
   virtual int CreateQp(ibv_pd* pd, ibv_qp_init_attr* attr, ibv_qp** qp) = 0;
   virtual int ModifyQp(ibv_qp* qp, ibv_qp_attr* attr, int attr_mask) = 0;

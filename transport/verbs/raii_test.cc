@@ -142,6 +142,8 @@ class FakeDeviceOps final : public DeviceOps {
     return Create("create_srq", srq);
   }
   int DestroySrq(ibv_srq* srq) override { return Destroy("destroy_srq", srq); }
+  int ModifySrq(ibv_srq*, ibv_srq_attr*, int) override { return EOPNOTSUPP; }
+  int QuerySrq(ibv_srq*, ibv_srq_attr*) override { return EOPNOTSUPP; }
   int CreateQp(ibv_pd*, ibv_qp_init_attr* attr, ibv_qp** qp) override {
     if (int err = Create("create_qp", qp); err != 0) return err;
     (*qp)->qp_num = 77;

@@ -109,6 +109,10 @@ class RdmaCoreDeviceOps final : public DeviceOps {
     return *srq ? 0 : LastErrno();
   }
   int DestroySrq(ibv_srq* srq) override { return ibv_destroy_srq(srq); }
+  int ModifySrq(ibv_srq* srq, ibv_srq_attr* attr, int attr_mask) override {
+    return ibv_modify_srq(srq, attr, attr_mask);
+  }
+  int QuerySrq(ibv_srq* srq, ibv_srq_attr* attr) override { return ibv_query_srq(srq, attr); }
   int CreateQp(ibv_pd* pd, ibv_qp_init_attr* attr, ibv_qp** qp) override {
     errno = 0;
     *qp = ibv_create_qp(pd, attr);

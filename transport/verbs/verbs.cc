@@ -312,6 +312,23 @@ absl::StatusOr<std::shared_ptr<SharedReceiveQueue>> SharedReceiveQueue::Create(
       new SharedReceiveQueue(std::move(pd), srq, attr.attr.max_wr));
 }
 
+absl::Status SharedReceiveQueue::Modify(ibv_srq_attr attr, int mask) {
+  if (int err = pd_->context().ops().ModifySrq(srq_, &attr, mask); err != 0) {
+    return VerbsError("ibv_modify_srq", absl::StrCat("mask 0x", absl::Hex(mask)), err);
+  }
+  if (mask & IBV_SRQ_MAX_WR) max_wr_ = attr.max_wr;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ibv_srq_attr> SharedReceiveQueue::Query() {
+  ibv_srq_attr attr;
+  std::memset(&attr, 0, sizeof(attr));
+  if (int err = pd_->context().ops().QuerySrq(srq_, &attr); err != 0) {
+    return VerbsError("ibv_query_srq", err);
+  }
+  return attr;
+}
+
 SharedReceiveQueue::~SharedReceiveQueue() {
   if (int err = pd_->context().ops().DestroySrq(srq_); err != 0) {
     SWIRL_LOG(ERROR, "%s", VerbsError("ibv_destroy_srq", err).ToString());

@@ -213,6 +213,10 @@ class SharedReceiveQueue {
   ibv_srq* get() const { return srq_; }
   uint32_t max_wr() const { return max_wr_; }
 
+  // ibv_modify_srq with `mask` (IBV_SRQ_MAX_WR, IBV_SRQ_LIMIT) and ibv_query_srq.
+  absl::Status Modify(ibv_srq_attr attr, int mask);
+  absl::StatusOr<ibv_srq_attr> Query();
+
  private:
   SharedReceiveQueue(std::shared_ptr<ProtectionDomain> pd, ibv_srq* srq, uint32_t max_wr)
       : pd_(std::move(pd)), srq_(srq), max_wr_(max_wr) {}
