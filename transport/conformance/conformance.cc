@@ -158,15 +158,25 @@ absl::StatusOr<std::unique_ptr<Endpoint>> Endpoint::Create(
   std::unique_ptr<Endpoint> ep(new Endpoint());
   ep->pd_ = std::move(pd);
   const std::shared_ptr<verbs::Context>& ctx = ep->pd_->shared_context();
+  auto create_cq = [&](std::shared_ptr<verbs::CompletionChannel> channel) {
+    if (!options.extended_cqs) {
+      return verbs::CompletionQueue::Create(ctx, options.cq_entries, std::move(channel));
+    }
+    ibv_cq_init_attr_ex attr;
+    std::memset(&attr, 0, sizeof(attr));
+    attr.cqe = static_cast<uint32_t>(options.cq_entries);
+    attr.wc_flags = options.cq_wc_flags;
+    return verbs::CompletionQueue::CreateEx(ctx, attr, std::move(channel));
+  };
   ep->send_cq_ = options.send_cq;
   if (!ep->send_cq_) {
-    auto cq = verbs::CompletionQueue::Create(ctx, options.cq_entries);
+    auto cq = create_cq(nullptr);
     if (!cq.ok()) return cq.status();
     ep->send_cq_ = *cq;
   }
   ep->recv_cq_ = options.recv_cq;
   if (!ep->recv_cq_) {
-    auto cq = verbs::CompletionQueue::Create(ctx, options.cq_entries, options.recv_channel);
+    auto cq = create_cq(options.recv_channel);
     if (!cq.ok()) return cq.status();
     ep->recv_cq_ = *cq;
   }
@@ -182,6 +192,7 @@ absl::StatusOr<std::unique_ptr<Endpoint>> Endpoint::Create(
   config.max_recv_sge = options.max_recv_sge;
   config.max_inline_data = options.max_inline_data;
   config.sq_sig_all = options.sq_sig_all;
+  config.send_ops_flags = options.send_ops_flags;
   auto qp = verbs::QueuePair::Create(ep->pd_, config);
   if (!qp.ok()) return qp.status();
   ep->qp_ = std::move(*qp);

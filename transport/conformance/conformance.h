@@ -115,6 +115,12 @@ struct EndpointOptions {
   uint32_t max_recv_sge = 4;
   uint32_t max_inline_data = 0;
   bool sq_sig_all = false;
+  // The CQs created here are extended CQs (ibv_create_cq_ex) with these wc_flags.
+  bool extended_cqs = false;
+  uint64_t cq_wc_flags = IBV_WC_STANDARD_FLAGS;
+  // Non-zero: the QP is made by ibv_create_qp_ex for these IBV_QP_EX_WITH_* operations (the
+  // ibv_wr_* API, Endpoint::qpx()).
+  uint64_t send_ops_flags = 0;
   size_t buffer_size = 2 << 20;
   int mr_access = kFullAccess;
 };
@@ -138,6 +144,8 @@ class Endpoint {
   const std::shared_ptr<verbs::CompletionQueue>& shared_recv_cq() const { return recv_cq_; }
   verbs::QueuePair& qp() const { return *qp_; }
   ibv_qp* ibqp() const { return qp_->get(); }
+  // The QP's ibv_wr_* interface (EndpointOptions::send_ops_flags), or nullptr.
+  ibv_qp_ex* qpx() const { return qp_->ex(); }
   uint32_t qpn() const { return qp_->qp_num(); }
   verbs::MemoryRegion& mr() const { return *mr_; }
   uint32_t lkey() const { return mr_->lkey(); }

@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstring>
 #include <mutex>
+#include <vector>
 
 #include "transport/soft/qp_ops.h"
 
@@ -39,7 +40,7 @@ bool SoftCq::OverflowLocked() {
   ibv_async_event event;
   std::memset(&event, 0, sizeof(event));
   event.event_type = IBV_EVENT_CQ_ERR;
-  event.element.cq = this;
+  event.element.cq = ibv();
   sctx->RaiseAsyncEvent(event);
   return false;
 }
@@ -80,12 +81,30 @@ int CreateCq(SoftContext* sctx, int cqe, void* cq_context, ibv_comp_channel* cha
     sctx->hca->cqs.push_back(cq);
   }
   if (channel != nullptr) channel->refcnt++;
-  *out = cq;
+  *out = cq->ibv();
+  return 0;
+}
+
+int ResizeCq(ibv_cq* ibcq, int cqe) {
+  SoftCq* cq = AsSoft(ibcq);
+  if (cqe <= 0 || static_cast<uint32_t>(cqe) > kMaxCqe) return EINVAL;
+  const uint32_t slots = std::bit_ceil<uint32_t>(static_cast<uint32_t>(cqe) + 1);
+  std::vector<Cqe> ring(slots);  // allocated before taking the spin lock every poll takes
+  std::lock_guard<SpinLock> guard(cq->lock);
+  const uint32_t queued = cq->tail - cq->head;
+  // ibv_resize_cq(3): the new size must hold every completion not yet polled.
+  if (static_cast<uint32_t>(cqe) < queued) return EINVAL;
+  for (uint32_t i = 0; i < queued; ++i) ring[i] = cq->ring[(cq->head + i) & cq->ring_mask];
+  cq->ring.swap(ring);
+  cq->ring_mask = slots - 1;
+  cq->head = 0;
+  cq->tail = queued;
+  cq->cqe = static_cast<int>(slots - 1);  // the overflow bound Push checks, under this lock
   return 0;
 }
 
 int DestroyCq(ibv_cq* ibcq) {
-  auto* cq = static_cast<SoftCq*>(ibcq);
+  SoftCq* cq = AsSoft(ibcq);
   if (cq->attached.load() != 0) return EBUSY;
   cq->sctx->PurgeAsyncEvents(cq);
   {
@@ -111,7 +130,7 @@ int DestroyCq(ibv_cq* ibcq) {
 }
 
 int PollCq(ibv_cq* ibcq, int n, ibv_wc* wc) {
-  auto* cq = static_cast<SoftCq*>(ibcq);
+  SoftCq* cq = AsSoft(ibcq);
   cq->polls.store(cq->polls.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   if (n < 0) return 0;
   // Progress first unless enough is already queued; ibv_poll_cq(cq, 0, ...) only progresses.
@@ -151,7 +170,7 @@ int PollCq(ibv_cq* ibcq, int n, ibv_wc* wc) {
 }
 
 int ReqNotifyCq(ibv_cq* ibcq, int solicited_only) {
-  auto* cq = static_cast<SoftCq*>(ibcq);
+  SoftCq* cq = AsSoft(ibcq);
   cq->armed.store(solicited_only ? 1 : 2, std::memory_order_release);
   // The HCA thread now makes progress for this CQ until it fires.
   cq->sctx->hca->Kick();
@@ -195,14 +214,14 @@ int GetCqEvent(ibv_comp_channel* ibchannel, ibv_cq** out, void** cq_context) {
       swirl::MutexLock lock(&cq->events_mu);
       ++cq->events_delivered;
     }
-    *out = cq;
+    *out = cq->ibv();
     *cq_context = cq->cq_context;
     return 0;
   }
 }
 
 void AckCqEvents(ibv_cq* ibcq, unsigned int count) {
-  auto* cq = static_cast<SoftCq*>(ibcq);
+  SoftCq* cq = AsSoft(ibcq);
   swirl::MutexLock lock(&cq->events_mu);
   cq->events_acked += count;
   cq->comp_events_completed += count;

@@ -3,6 +3,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -45,7 +46,8 @@ void FillDeviceAttr(const Hca* hca, ibv_device_attr_ex* attr) {
   a.max_qp_wr = kMaxQpWr;
   a.device_cap_flags = IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_CURR_QP_STATE_MOD |
                        IBV_DEVICE_SYS_IMAGE_GUID | IBV_DEVICE_MEM_WINDOW |
-                       IBV_DEVICE_MEM_MGT_EXTENSIONS | IBV_DEVICE_MEM_WINDOW_TYPE_2B;
+                       IBV_DEVICE_MEM_MGT_EXTENSIONS | IBV_DEVICE_MEM_WINDOW_TYPE_2B |
+                       IBV_DEVICE_SRQ_RESIZE;
   a.max_sge = kMaxSge;
   a.max_sge_rd = kMaxSge;
   a.max_cq = kMaxCq;
@@ -85,15 +87,32 @@ void FillPortAttr(ibv_port_attr* attr) {
   attr->link_layer = IBV_LINK_LAYER_ETHERNET;
 }
 
-int OpQueryPort(ibv_context*, uint8_t port, ibv_port_attr* attr, size_t) {
+// A caller's struct may be older (smaller) or newer (larger) than ours: `size` is the caller's
+// sizeof. Fill ours, copy what fits and zero the rest, as libibverbs does, so a program built
+// against an older header is not overrun.
+void CopySized(void* dst, size_t size, const void* src, size_t ours) {
+  std::memcpy(dst, src, std::min(size, ours));
+  if (size > ours) std::memset(static_cast<char*>(dst) + ours, 0, size - ours);
+}
+
+int OpQueryPort(ibv_context*, uint8_t port, ibv_port_attr* attr, size_t port_attr_len) {
   if (port != 1) return EINVAL;
-  FillPortAttr(attr);
+  ibv_port_attr full;
+  FillPortAttr(&full);
+  CopySized(attr, port_attr_len, &full, sizeof(full));
   return 0;
 }
 
-int OpQueryDeviceEx(ibv_context* ctx, const ibv_query_device_ex_input*, ibv_device_attr_ex* attr,
-                    size_t) {
-  FillDeviceAttr(ToSoft(ctx)->hca, attr);
+int OpQueryDeviceEx(ibv_context* ctx, const ibv_query_device_ex_input* input,
+                    ibv_device_attr_ex* attr, size_t attr_size) {
+  // libibverbs' checks (ibv_cmd_query_device_any): no input fields are defined, and every
+  // caller's struct has at least the ibv_device_attr it starts with.
+  if ((input != nullptr && input->comp_mask != 0) || attr_size < sizeof(attr->orig_attr)) {
+    return EINVAL;
+  }
+  ibv_device_attr_ex full;
+  FillDeviceAttr(ToSoft(ctx)->hca, &full);
+  CopySized(attr, attr_size, &full, sizeof(full));
   return 0;
 }
 
@@ -125,6 +144,9 @@ class SoftDeviceOps final : public verbs::DeviceOps {
     *gid = sctx_->hca->gid;
     return 0;
   }
+  int QueryPkey(uint8_t port_num, int index, uint16_t* pkey) override {
+    return soft::QueryPkey(port_num, index, pkey);
+  }
   int QueryGidTable(uint8_t port_num, std::vector<ibv_gid_entry>* entries) override {
     if (port_num != 1) return EINVAL;
     ibv_gid_entry entry;
@@ -153,6 +175,10 @@ class SoftDeviceOps final : public verbs::DeviceOps {
     return soft::RegMr(sctx_, pd, addr, length, access, mr);
   }
   int DeregMr(ibv_mr* mr) override { return soft::DeregMr(mr); }
+  int ReregMr(ibv_mr* mr, int flags, ibv_pd* pd, void* addr, size_t length,
+              int access) override {
+    return soft::ReregMr(mr, flags, pd, addr, length, access);
+  }
   int CreateCompChannel(ibv_comp_channel** channel) override {
     return CreateChannel(sctx_, channel);
   }
@@ -163,6 +189,7 @@ class SoftDeviceOps final : public verbs::DeviceOps {
     return soft::CreateCq(sctx_, min_cqe, cq_context, channel, cq);
   }
   int DestroyCq(ibv_cq* cq) override { return soft::DestroyCq(cq); }
+  int ResizeCq(ibv_cq* cq, int cqe) override { return soft::ResizeCq(cq, cqe); }
   int GetCqEvent(ibv_comp_channel* channel, ibv_cq** cq, void** cq_context) override {
     return soft::GetCqEvent(channel, cq, cq_context);
   }
@@ -193,9 +220,14 @@ class SoftDeviceOps final : public verbs::DeviceOps {
     pthread_mutex_destroy(&srq->mutex);
     pthread_cond_destroy(&srq->cond);
     srq->spd->users.fetch_sub(1, std::memory_order_release);
+    sctx_->PurgeAsyncEvents(srq);  // its undelivered IBV_EVENT_SRQ_LIMIT_REACHED
     delete srq;
     return 0;
   }
+  int ModifySrq(ibv_srq* srq, ibv_srq_attr* attr, int attr_mask) override {
+    return soft::ModifySrq(srq, attr, attr_mask);
+  }
+  int QuerySrq(ibv_srq* srq, ibv_srq_attr* attr) override { return soft::QuerySrq(srq, attr); }
   int CreateQp(ibv_pd* pd, ibv_qp_init_attr* attr, ibv_qp** qp) override {
     return soft::CreateQp(sctx_, pd, attr, qp);
   }
@@ -287,6 +319,8 @@ absl::StatusOr<std::unique_ptr<verbs::DeviceOps>> OpenSoftDeviceAs(absl::string_
   v.sz = sizeof(verbs_context);
   v.query_port = OpQueryPort;
   v.query_device_ex = OpQueryDeviceEx;
+  v.create_cq_ex = CreateCqEx;
+  v.create_qp_ex = CreateQpEx;
   ibv_context& c = v.context;
   c.device = sctx->device;
   c.cmd_fd = -1;

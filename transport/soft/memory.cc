@@ -89,6 +89,70 @@ int DeregMr(ibv_mr* ibmr) {
   return 0;
 }
 
+int ReregMr(ibv_mr* ibmr, int flags, ibv_pd* pd, void* addr, size_t length, int access) {
+  auto* mr = static_cast<SoftMr*>(ibmr);
+  SoftContext* sctx = ToSoft(mr->context);
+  // libibverbs' checks (ibv_rereg_mr, verbs.c) and the kernel's (ib_uverbs_rereg_mr), which no
+  // provider ever sees fail: something to change, known flags, a translation with an address and
+  // a length, access flags only with CHANGE_ACCESS.
+  const bool translation = flags & IBV_REREG_MR_CHANGE_TRANSLATION;
+  const bool new_pd = flags & IBV_REREG_MR_CHANGE_PD;
+  const bool new_access = flags & IBV_REREG_MR_CHANGE_ACCESS;
+  if (flags == 0 || (flags & ~IBV_REREG_MR_FLAGS_SUPPORTED) ||
+      (translation && (addr == nullptr || length == 0)) || (access != 0 && !new_access)) {
+    return EINVAL;
+  }
+  if (new_pd && (pd == nullptr || pd->context != mr->context)) return EINVAL;
+  if (new_access && (access & ~kSupportedAccess)) {
+    return (access & (IBV_ACCESS_ON_DEMAND | IBV_ACCESS_ZERO_BASED)) ? EOPNOTSUPP : EINVAL;
+  }
+  const int final_access = new_access ? access : mr->entry->access;
+  if ((final_access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) &&
+      !(final_access & IBV_ACCESS_LOCAL_WRITE)) {
+    return EINVAL;  // as at registration (IB spec C10-10)
+  }
+  if (translation) {
+    if (length > kMaxMrSize ||
+        reinterpret_cast<uintptr_t>(addr) + length < reinterpret_cast<uintptr_t>(addr)) {
+      return EINVAL;
+    }
+    if (!RangeMapped(addr, length)) return EFAULT;
+  }
+  ibv_pd* const old_pd = mr->pd;
+  // The new PD counts the region from before it is moved in, so it cannot be freed under it.
+  if (new_pd) static_cast<SoftPd*>(pd)->users.fetch_add(1, std::memory_order_relaxed);
+  {
+    swirl::MutexLock lock(&sctx->hca->mw_mu);  // slot metadata changes under it (see RegMr)
+    KeyEntry* e = mr->entry;
+    // Conceptually a deregistration and a registration (ibv_rereg_mr(3)), so it fails where
+    // deregistration does: a window bound over the region keeps its own range and would go on
+    // granting access to memory the region no longer covers, or in another PD.
+    if (std::atomic_ref<uint32_t>(e->bound_windows).load(std::memory_order_acquire) != 0) {
+      if (new_pd) static_cast<SoftPd*>(pd)->users.fetch_sub(1, std::memory_order_release);
+      return EBUSY;
+    }
+    // The keys stay (as mlx5 keeps its mkey): the entry is unpublished, which waits out every
+    // access in flight under the old attributes, changed, and published again.
+    const uint32_t key = KeyTable::PublishedKey(e);
+    KeyTable::Revoke(e);
+    if (translation) {
+      e->addr = reinterpret_cast<uint64_t>(addr);
+      e->length = length;
+    }
+    if (new_pd) e->pd = pd;
+    e->access = final_access;
+    KeyTable::Publish(e, key);
+  }
+  if (new_pd) static_cast<SoftPd*>(old_pd)->users.fetch_sub(1, std::memory_order_release);
+  // What libibverbs' wrapper updates after a provider succeeds.
+  if (new_pd) mr->pd = pd;
+  if (translation) {
+    mr->addr = addr;
+    mr->length = length;
+  }
+  return 0;
+}
+
 ibv_mw* AllocMw(ibv_pd* pd, ibv_mw_type type) {
   SoftContext* sctx = ToSoft(pd->context);
   if (type != IBV_MW_TYPE_1 && type != IBV_MW_TYPE_2) {

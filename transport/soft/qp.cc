@@ -409,7 +409,6 @@ void FillWqe(SoftQp* qp, uint32_t index, const ibv_send_wr* wr) {
     const auto* mr = static_cast<const SoftMr*>(wr->bind_mw.bind_info.mr);
     w.bind_mr_entry = mr != nullptr ? mr->entry : nullptr;
     w.bind_mr_lkey = mr != nullptr ? mr->lkey : 0;
-    w.bind_mr_pd = mr != nullptr ? mr->pd : nullptr;
     w.bind_addr = wr->bind_mw.bind_info.addr;
     w.bind_length = wr->bind_mw.bind_info.length;
     w.bind_access = wr->bind_mw.bind_info.mw_access_flags;
@@ -751,8 +750,8 @@ int CreateQp(SoftContext* sctx, ibv_pd* pd, ibv_qp_init_attr* attr, ibv_qp** out
   qp->hca = sctx->hca;
   qp->tcp = sctx->hca->tcp;
   qp->spd = static_cast<SoftPd*>(pd);
-  qp->scq = static_cast<SoftCq*>(attr->send_cq);
-  qp->rcq = static_cast<SoftCq*>(attr->recv_cq);
+  qp->scq = AsSoft(attr->send_cq);
+  qp->rcq = AsSoft(attr->recv_cq);
   qp->ssrq = attr->srq ? static_cast<SoftSrq*>(attr->srq) : nullptr;
   qp->max_send_wr = cap.max_send_wr;
   qp->max_send_sge = cap.max_send_sge;
@@ -927,8 +926,9 @@ constexpr uint32_t kPayloadInFirstLine = wire::kCacheLine - sizeof(wire::FrameHe
 
 // The common case, kept short: one SEND (with immediate or invalidate) of at most one chunk,
 // inline or from one SGE, on an RTS QP with nothing queued ahead of it and room in the ring.
-// Returns false without side effects when the general path must handle the request.
-bool TryFastSend(SoftQp* qp, const ibv_send_wr* wr) {
+// Returns false without side effects when the general path must handle the request. Inline in
+// both of its callers (PostSend, PostSendAll): it is the common post.
+[[gnu::always_inline]] inline bool TryFastSend(SoftQp* qp, const ibv_send_wr* wr) {
   // Whatever the general path would reject or treat specially (SGE limits, an overflowed
   // CQ) goes there, so both paths answer alike.
   if (qp->qstate != IBV_QPS_RTS || qp->sq_tx != qp->sq_tail || wr->num_sge != 1 ||
@@ -1006,11 +1006,9 @@ bool TryFastSend(SoftQp* qp, const ibv_send_wr* wr) {
   return true;
 }
 
-}  // namespace
-
-int PostSend(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad_wr) {
-  SoftQp* qp = AsSoft(ibqp);
-  std::lock_guard<QpLock> lock(qp->lock);
+// ibv_post_send with the QP's lock held. Always inline: it is PostSend's whole body, and a call
+// would cost the common post a few instructions.
+[[gnu::always_inline]] inline int PostSendHeld(SoftQp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) {
   // Common requests go straight to the ring, one doorbell (publish and wake) for the chain;
   // the first one the fast path declines takes the general path with the rest.
   bool posted = false;
@@ -1023,6 +1021,30 @@ int PostSend(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad_wr) {
     return 0;
   }
   return PostSendLocked(qp, wr, bad_wr, false, posted);
+}
+
+}  // namespace
+
+int PostSend(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad_wr) {
+  SoftQp* qp = AsSoft(ibqp);
+  std::lock_guard<QpLock> lock(qp->lock);
+  return PostSendHeld(qp, wr, bad_wr);
+}
+
+int PostSendAll(SoftQp* qp, ibv_send_wr* wr) {
+  std::lock_guard<QpLock> lock(qp->lock);
+  // Everything PostSendLocked could refuse part-way is checked first (the state, each request,
+  // room for all of them); under the lock, none of it can change before the post below.
+  if (qp->qstate != IBV_QPS_RTS && qp->qstate != IBV_QPS_ERR) return EINVAL;
+  uint32_t count = 0;
+  for (const ibv_send_wr* w = wr; w != nullptr; w = w->next, ++count) {
+    if (int err = ValidateSendWr(qp, w, false); err != 0) return err;
+  }
+  if (qp->sq_tail - qp->sq_released.load(std::memory_order_acquire) + count > qp->max_send_wr) {
+    return ENOMEM;
+  }
+  ibv_send_wr* bad = nullptr;
+  return PostSendHeld(qp, wr, &bad);
 }
 
 int BindMw(ibv_qp* ibqp, ibv_mw* mw, ibv_mw_bind* bind) {

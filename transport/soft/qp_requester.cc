@@ -217,7 +217,9 @@ void ExecuteLocalOp(SoftQp* qp, SendWqe& w) {
   const bool unbind = mre == nullptr || w.bind_length == 0;
   if (type2 && unbind) return bind_error();
   if (!unbind) {
-    if (w.bind_mr_pd != qp->pd || KeyTable::PublishedKey(mre) != w.bind_mr_lkey) {
+    // The region's PD as it is now, not as it was at the post: ibv_rereg_mr may have moved it
+    // to another PD while the bind waited.
+    if (KeyTable::PublishedKey(mre) != w.bind_mr_lkey || mre->pd != qp->pd) {
       return bind_error();
     }
     if (!(mre->access & IBV_ACCESS_MW_BIND)) return bind_error();

@@ -77,8 +77,13 @@ bool TakeRecv(SoftQp* qp) {
   };
   bool got;
   if (qp->ssrq != nullptr) {
-    std::lock_guard<SpinLock> lock(qp->ssrq->lock);
-    got = take(qp->ssrq->rq);
+    bool limit_reached;
+    {
+      std::lock_guard<SpinLock> lock(qp->ssrq->lock);
+      got = take(qp->ssrq->rq);
+      limit_reached = got && qp->ssrq->CrossedLimit();
+    }
+    if (limit_reached) [[unlikely]] RaiseSrqLimitReached(qp->ssrq);
   } else {
     got = take(qp->rq);
   }
@@ -142,8 +147,13 @@ Outcome ReceiverNotReady(SoftQp* qp, const wire::FrameHeader& h) {
   if (qp->ssrq == nullptr) {
     taken = take(qp->rq);
   } else {
-    std::lock_guard<SpinLock> lock(qp->ssrq->lock);
-    taken = take(qp->ssrq->rq);
+    bool limit_reached;
+    {
+      std::lock_guard<SpinLock> lock(qp->ssrq->lock);
+      taken = take(qp->ssrq->rq);
+      limit_reached = taken && qp->ssrq->CrossedLimit();
+    }
+    if (limit_reached) [[unlikely]] RaiseSrqLimitReached(qp->ssrq);
   }
   if (!taken) return false;
   if (pinned != nullptr) {

@@ -114,5 +114,29 @@ TEST(QueuedBind, ARegionDeregisteredBeforeABindOverItRunsFailsTheBind) {
   EXPECT_TRUE((*newcomer)->Deregister().ok()) << "a window was bound over the newcomer";
 }
 
+// ibv_rereg_mr moves the region to another PD while a bind over it waits: the bind runs against
+// the region as it is then, in a PD its QP does not share, and fails.
+TEST(QueuedBind, ARegionMovedToAnotherPdBeforeABindOverItRunsFailsTheBind) {
+  Side a = MakeBindSide("soft0");
+  Side b = MakeBindSide("soft1");
+  ASSERT_NO_FATAL_FAILURE(Connect(a, b));
+  std::vector<char> other(1 << 16);
+  auto region = MemoryRegion::Register(a.pd, other.data(), other.size(), kAccess);
+  ASSERT_TRUE(region.ok()) << region.status();
+  auto mw = MemoryWindow::Allocate(a.pd, IBV_MW_TYPE_2);
+  ASSERT_TRUE(mw.ok()) << mw.status();
+  ASSERT_NO_FATAL_FAILURE(PostReadThenFencedBind(a, b, (*mw)->get(), **region));
+  auto elsewhere = verbs::ProtectionDomain::Create(a.ctx);
+  ASSERT_TRUE(elsewhere.ok()) << elsewhere.status();
+  ASSERT_TRUE((*region)->Reregister(IBV_REREG_MR_CHANGE_PD, *elsewhere, nullptr, 0, 0).ok())
+      << "no window is bound over it yet";
+  std::vector<ibv_wc> wcs = Collect(a, b, 2);
+  ASSERT_EQ(wcs.size(), 2u);
+  EXPECT_EQ(wcs[0].status, IBV_WC_SUCCESS) << ibv_wc_status_str(wcs[0].status);
+  EXPECT_EQ(wcs[1].wr_id, 2u);
+  EXPECT_EQ(wcs[1].status, IBV_WC_MW_BIND_ERR) << ibv_wc_status_str(wcs[1].status);
+  EXPECT_TRUE((*region)->Deregister().ok()) << "a window was bound over the moved region";
+}
+
 }  // namespace
 }  // namespace swirl::soft

@@ -7,6 +7,7 @@
 #include <infiniband/verbs.h>
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <deque>
@@ -91,7 +92,12 @@ struct Cqe {
   uint32_t sq_release;  // release SQ slots up to this index (exclusive); valid if qp != nullptr
 };
 
-struct SoftCq : ibv_cq {
+// Every CQ is an ibv_cq_ex, whose first fields are those of ibv_cq (ibv_cq_ex_to_cq is a cast),
+// so one object serves ibv_poll_cq and, for a CQ made by ibv_create_cq_ex, the extended polling
+// functions it carries (cq_ex.cc). Convert with AsSoft(ibv_cq*) and SoftCq::ibv().
+struct SoftCq : ibv_cq_ex {
+  ibv_cq* ibv() { return ibv_cq_ex_to_cq(this); }
+
   SoftContext* sctx;
   SoftChannel* sc;  // channel, or nullptr
   bool tcp = false;  // the HCA's links are TCP: polls read them (PullTcp)
@@ -169,11 +175,22 @@ struct SoftCq : ibv_cq {
   // before it.
   static void ReleaseSendSlots(SoftQp* qp, uint32_t sq_release);
 
+  // ibv_create_cq_ex's polling (cq_ex.cc): the completion start_poll/next_poll took last, which
+  // the read_* functions read, and the lock held from start_poll to end_poll (a batch is one
+  // poller's, as on real providers), unless the CQ was created single-threaded.
+  ibv_wc ex_wc{};
+  SpinLock ex_lock;
+  bool ex_single_threaded = false;
+
  private:
   // The slow halves of Push: overflow (lock held) and a completion event for an armed CQ.
   bool OverflowLocked();
   void NotifyIfArmed(bool solicited, ibv_wc_status status);
 };
+
+inline SoftCq* AsSoft(ibv_cq* cq) {
+  return static_cast<SoftCq*>(reinterpret_cast<ibv_cq_ex*>(cq));
+}
 
 // A receive queue: the QP's own, or an SRQ's.
 struct RecvQueue {
@@ -196,6 +213,17 @@ struct SoftSrq : ibv_srq {
   SpinLock lock;
   RecvQueue rq;
   std::atomic<int> qp_count{0};
+  // The armed srq_limit (ibv_modify_srq with IBV_SRQ_LIMIT), under `lock`; 0: not armed.
+  uint32_t limit = 0;
+
+  // Under `lock`, after a receive was taken: true, once, if that left fewer than the armed
+  // limit; the limit is then disarmed (ibv_query_srq reports 0) and the caller raises
+  // IBV_EVENT_SRQ_LIMIT_REACHED with RaiseSrqLimitReached once it has released the lock.
+  bool CrossedLimit() {
+    if (limit == 0 || rq.size() >= limit) return false;
+    limit = 0;
+    return true;
+  }
 };
 
 // ---- QP ---------------------------------------------------------------------------------------
@@ -227,7 +255,6 @@ struct SendWqe {
   const ibv_pd* bind_mw_pd;
   KeyEntry* bind_mr_entry;  // null: no region (a type 1 unbind)
   uint32_t bind_mr_lkey;
-  const ibv_pd* bind_mr_pd;
   uint64_t bind_addr;
   uint64_t bind_length;
   unsigned int bind_access;
@@ -318,7 +345,47 @@ class QpLock {
   std::atomic<const std::atomic<uint64_t>*> peer_state_{nullptr};
 };
 
-struct SoftQp : ibv_qp {
+// libibverbs' struct verbs_qp (driver.h, which is not installed): the QP is an ibv_qp and, over
+// the same bytes, an ibv_qp_ex (whose first member is that ibv_qp), followed by comp_mask and
+// xrcd. libibverbs' own ibv_qp_to_qp_ex reads comp_mask at that offset and, with VERBS_QP_EX
+// set, hands the application the ibv_qp_ex. The soft objects derive from their libibverbs
+// structure, so this one derives from ibv_qp and keeps the rest of ibv_qp_ex as storage that
+// qp_ex() overlays.
+struct VerbsQp : ibv_qp {
+  // verbs_qp's comp_mask bits (driver.h).
+  static constexpr uint32_t kVerbsQpEx = 1 << 1;
+
+  ibv_qp_ex* qp_ex() { return reinterpret_cast<ibv_qp_ex*>(static_cast<ibv_qp*>(this)); }
+
+  alignas(ibv_qp_ex) unsigned char qp_ex_rest[sizeof(ibv_qp_ex) - sizeof(ibv_qp)] = {};
+  uint32_t comp_mask = 0;
+  void* xrcd = nullptr;
+};
+// The overlay holds if ibv_qp_ex is an ibv_qp followed directly by its own fields, and nothing
+// pads the storage away from the ibv_qp base (its size is a multiple of the alignment).
+static_assert(offsetof(ibv_qp_ex, qp_base) == 0);
+static_assert(offsetof(ibv_qp_ex, comp_mask) == sizeof(ibv_qp));
+static_assert(sizeof(ibv_qp) % alignof(ibv_qp_ex) == 0);
+
+// The ibv_wr_* batch of a QP made by ibv_create_qp_ex with IBV_QP_INIT_ATTR_SEND_OPS_FLAGS
+// (qp_ex.cc): the requests built between wr_start and wr_complete, as an ibv_send_wr chain in
+// storage sized at creation (one slot per send-queue entry), posted by PostSendAll.
+struct WrBatch {
+  uint64_t send_ops = 0;       // IBV_QP_EX_WITH_* the QP was created for
+  uint32_t sge_slots = 1;      // ibv_sge per request: max_send_sge, at least one for inline data
+  uint32_t max_inline = 0;     // inline bytes per request (max_inline_data)
+  std::vector<ibv_send_wr> wrs;
+  std::vector<ibv_sge> sges;
+  std::unique_ptr<char[]> inline_data;  // max_inline per request: what the inline setters copy
+  // Everything below is the critical section's: wr_start takes `mu`, wr_complete and wr_abort
+  // release it (ibv_wr_post(3): no other thread enters between them).
+  swirl::Mutex mu;
+  uint32_t count = 0;
+  int error = 0;             // the first error a builder or setter met; wr_complete returns it
+  bool takes_data = false;   // the newest request accepts the SGE and inline-data setters
+};
+
+struct SoftQp : VerbsQp {
   SoftContext* sctx;
   Hca* hca;
   SoftPd* spd;
@@ -428,6 +495,9 @@ struct SoftQp : ibv_qp {
   std::atomic<bool> tcp_control_due{false};
   swirl::Mutex incoming_mu;
   std::vector<PeerSegment> incoming ABSL_GUARDED_BY(incoming_mu);
+
+  // ibv_qp_ex's work-request builders (null unless created for them; qp_ex.cc).
+  std::unique_ptr<WrBatch> wr_batch;
 };
 
 // A poll's check before taking a QP's lock (cq.cc): the QP is idle (QpLock) and the HCA thread
@@ -560,6 +630,9 @@ inline bool HcaAssists(const SoftQp* qp) {
 int64_t NowNs();
 
 // hca.cc
+// ibv_query_pkey: the one P_Key there is, the default (full-membership) 0xffff at index 0 of
+// port 1, in network order.
+int QueryPkey(uint8_t port_num, int index, __be16* pkey);
 Hca* AcquireHca(const std::string& name, std::string* error);
 void ReleaseHca(Hca* hca);
 std::string GidHex(const ibv_gid& gid);
@@ -635,6 +708,10 @@ int ModifyQp(ibv_qp* qp, ibv_qp_attr* attr, int mask);
 int QueryQp(ibv_qp* qp, ibv_qp_attr* attr, int mask, ibv_qp_init_attr* init);
 int DestroyQp(ibv_qp* qp);
 int PostSend(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr);
+// ibv_wr_complete's post: the chain at `wr`, all or nothing. Every request is validated as
+// ibv_post_send validates it, and the send queue must have room for all of them, before the
+// first is queued; on an error (which it returns) nothing is posted.
+int PostSendAll(SoftQp* qp, ibv_send_wr* wr);
 int PostRecv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr);
 int PostSrqRecv(ibv_srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad_wr);
 int BindMw(ibv_qp* qp, ibv_mw* mw, ibv_mw_bind* bind);
@@ -695,9 +772,27 @@ inline bool ProgressLocked(SoftQp* qp, PollSink* sink = nullptr) {
 // Flushes anything pending for a QP whose CQ overflowed.
 void FailQpLocked(SoftQp* qp, ibv_wc_status status);
 
+// qp_ex.cc: ibv_create_qp_ex (verbs_context::create_qp_ex). RC QPs with a PD, optionally with
+// the ibv_wr_* builders (IBV_QP_INIT_ATTR_SEND_OPS_FLAGS); returns nullptr with errno set
+// (EOPNOTSUPP for what the soft device does not do: other QP types, XRC, RSS, TSO, create flags,
+// send ops other than RC's).
+ibv_qp* CreateQpEx(ibv_context* context, ibv_qp_init_attr_ex* attr);
+
+// cq_ex.cc: ibv_create_cq_ex (verbs_context::create_cq_ex); nullptr with errno set (EOPNOTSUPP
+// for completion timestamps, CVLAN, flow tags, tag matching, parent domains, ignored overrun).
+ibv_cq_ex* CreateCqEx(ibv_context* context, ibv_cq_init_attr_ex* attr);
+
+// srq.cc
+int ModifySrq(ibv_srq* srq, ibv_srq_attr* attr, int mask);
+int QuerySrq(ibv_srq* srq, ibv_srq_attr* attr);
+void RaiseSrqLimitReached(SoftSrq* srq);
+
 // cq.cc
 int CreateCq(SoftContext* sctx, int cqe, void* cq_context, ibv_comp_channel* channel, ibv_cq** out);
 int DestroyCq(ibv_cq* cq);
+// ibv_resize_cq: room for at least `cqe`, keeping the queued completions in order; EINVAL if
+// more than `cqe` are queued. cq->cqe reports the new size.
+int ResizeCq(ibv_cq* cq, int cqe);
 int PollCq(ibv_cq* cq, int n, ibv_wc* wc);
 int ReqNotifyCq(ibv_cq* cq, int solicited_only);
 int CreateChannel(SoftContext* sctx, ibv_comp_channel** out);
@@ -712,6 +807,11 @@ void PurgeQp(SoftCq* cq, SoftQp* qp);
 // memory.cc
 int RegMr(SoftContext* sctx, ibv_pd* pd, void* addr, size_t length, int access, ibv_mr** out);
 int DeregMr(ibv_mr* mr);
+// ibv_rereg_mr's semantics (libibverbs' checks included, and its updates of mr->pd, addr and
+// length), with the provider convention of 0 or a positive errno: EINVAL for bad flags or
+// arguments, EFAULT for an unmapped range, EBUSY while memory windows are bound over the region.
+// The keys stay the same. On an error nothing changed and the region remains usable.
+int ReregMr(ibv_mr* mr, int flags, ibv_pd* pd, void* addr, size_t length, int access);
 ibv_mw* AllocMw(ibv_pd* pd, ibv_mw_type type);
 int DeallocMw(ibv_mw* mw);
 

@@ -13,6 +13,8 @@ Side MakeSide(const char* name, const SideOptions& options) {
   config.send_cq = s.cq;
   config.recv_cq = s.cq;
   config.max_inline_data = options.max_inline_data;
+  config.max_send_wr = options.max_send_wr;
+  config.send_ops_flags = options.send_ops_flags;
   s.qp = *verbs::QueuePair::Create(s.pd, config);
   s.buf.resize(options.buffer_size);
   s.mr = *verbs::MemoryRegion::Register(s.pd, s.buf.data(), s.buf.size(), options.mr_access);

@@ -21,6 +21,9 @@ struct SideOptions {
   int mr_access = IBV_ACCESS_LOCAL_WRITE;
   uint32_t max_inline_data = 256;
   int cq_entries = 256;
+  uint32_t max_send_wr = 128;
+  // Non-zero: the QP is made by ibv_create_qp_ex with these ibv_wr_* operations.
+  uint64_t send_ops_flags = 0;
 };
 
 // A context on one soft device, a PD, one CQ for sends and receives, a QP in RESET and a

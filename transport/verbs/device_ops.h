@@ -2,12 +2,14 @@
 //
 // Why an interface: libibverbs' inline data-path calls (ibv_post_send, ibv_post_recv,
 // ibv_post_srq_recv, ibv_poll_cq, ibv_req_notify_cq, ibv_alloc_mw, ibv_dealloc_mw, ibv_bind_mw,
-// ibv_query_device_ex, ibv_query_port) dispatch through `context->ops` and the verbs_context, so
-// they run unchanged on any device that fills those tables, including swirl's userspace soft
-// device. The control-path calls (ibv_alloc_pd, ibv_reg_mr, ibv_create_qp, ...) live inside
-// libibverbs.so and dispatch through its private provider table, which only rdma-core's own
-// providers can fill. swirl therefore routes every control-path call through DeviceOps: one
-// implementation forwards to libibverbs (rdma_core_device.h), another is the soft device.
+// ibv_query_device_ex, ibv_query_port, ibv_create_cq_ex and ibv_create_qp_ex, and the functions
+// the objects those two return carry: ibv_start_poll, ibv_wr_*) dispatch through
+// `context->ops`, the verbs_context or the object itself, so they run unchanged on any device
+// that fills those tables, including swirl's userspace soft device. The control-path calls
+// (ibv_alloc_pd, ibv_reg_mr, ibv_create_qp, ibv_rereg_mr, ...) live inside libibverbs.so and
+// dispatch through its private provider table, which only rdma-core's own providers can fill.
+// swirl therefore routes every control-path call through DeviceOps: one implementation forwards
+// to libibverbs (rdma_core_device.h), another is the soft device.
 //
 // Conventions: every method returns 0 or a positive errno value (never -1), and fills its out
 // parameter only on success. Objects returned are ordinary libibverbs structures; their
@@ -45,18 +47,27 @@ class DeviceOps {
   virtual int QueryGid(uint8_t port_num, int index, ibv_gid* gid) = 0;
   // The valid entries of port `port_num`'s GID table, with their types (RoCE v1/v2, IB).
   virtual int QueryGidTable(uint8_t port_num, std::vector<ibv_gid_entry>* entries) = 0;
+  // ibv_query_pkey: entry `index` of the port's P_Key table, in network order.
+  virtual int QueryPkey(uint8_t port_num, int index, uint16_t* pkey) = 0;
 
   virtual int AllocPd(ibv_pd** pd) = 0;
   virtual int DeallocPd(ibv_pd* pd) = 0;
 
   virtual int RegMr(ibv_pd* pd, void* addr, size_t length, int access, ibv_mr** mr) = 0;
   virtual int DeregMr(ibv_mr* mr) = 0;
+  // ibv_rereg_mr with IBV_REREG_MR_CHANGE_* `flags`; on success `mr` (pd, addr, length, keys)
+  // describes the new registration. EBUSY while memory windows are bound over it.
+  virtual int ReregMr(ibv_mr* mr, int flags, ibv_pd* pd, void* addr, size_t length,
+                      int access) = 0;
 
   virtual int CreateCompChannel(ibv_comp_channel** channel) = 0;
   virtual int DestroyCompChannel(ibv_comp_channel* channel) = 0;
   virtual int CreateCq(int min_cqe, void* cq_context, ibv_comp_channel* channel, int comp_vector,
                        ibv_cq** cq) = 0;
   virtual int DestroyCq(ibv_cq* cq) = 0;
+  // ibv_resize_cq: at least `cqe` entries (cq->cqe then reports the size), keeping what is
+  // queued; EINVAL if more than `cqe` completions are queued.
+  virtual int ResizeCq(ibv_cq* cq, int cqe) = 0;
   // Blocks (unless channel->fd is non-blocking) until a CQ armed with ibv_req_notify_cq on this
   // channel has a new completion. Returns EAGAIN for a non-blocking fd with nothing pending.
   virtual int GetCqEvent(ibv_comp_channel* channel, ibv_cq** cq, void** cq_context) = 0;
@@ -64,6 +75,9 @@ class DeviceOps {
 
   virtual int CreateSrq(ibv_pd* pd, ibv_srq_init_attr* attr, ibv_srq** srq) = 0;
   virtual int DestroySrq(ibv_srq* srq) = 0;
+  // ibv_modify_srq (IBV_SRQ_MAX_WR, IBV_SRQ_LIMIT) and ibv_query_srq.
+  virtual int ModifySrq(ibv_srq* srq, ibv_srq_attr* attr, int attr_mask) = 0;
+  virtual int QuerySrq(ibv_srq* srq, ibv_srq_attr* attr) = 0;
 
   virtual int CreateQp(ibv_pd* pd, ibv_qp_init_attr* attr, ibv_qp** qp) = 0;
   virtual int ModifyQp(ibv_qp* qp, ibv_qp_attr* attr, int attr_mask) = 0;

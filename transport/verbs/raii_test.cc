@@ -116,6 +116,7 @@ class FakeDeviceOps final : public DeviceOps {
     *gid = Table()[index].gid;
     return journal_->Enter("query_gid");
   }
+  int QueryPkey(uint8_t, int, uint16_t*) override { return EOPNOTSUPP; }
   int QueryGidTable(uint8_t, std::vector<ibv_gid_entry>* entries) override {
     *entries = Table();
     return journal_->Enter("query_gid_table");
@@ -131,6 +132,7 @@ class FakeDeviceOps final : public DeviceOps {
     return 0;
   }
   int DeregMr(ibv_mr* mr) override { return Destroy("dereg_mr", mr); }
+  int ReregMr(ibv_mr*, int, ibv_pd*, void*, size_t, int) override { return EOPNOTSUPP; }
   int CreateCompChannel(ibv_comp_channel** ch) override { return Create("create_channel", ch); }
   int DestroyCompChannel(ibv_comp_channel* ch) override { return Destroy("destroy_channel", ch); }
   int CreateCq(int cqe, void*, ibv_comp_channel*, int, ibv_cq** cq) override {
@@ -139,12 +141,15 @@ class FakeDeviceOps final : public DeviceOps {
     return 0;
   }
   int DestroyCq(ibv_cq* cq) override { return Destroy("destroy_cq", cq); }
+  int ResizeCq(ibv_cq*, int) override { return EOPNOTSUPP; }
   int GetCqEvent(ibv_comp_channel*, ibv_cq**, void**) override { return EAGAIN; }
   void AckCqEvents(ibv_cq*, unsigned int) override {}
   int CreateSrq(ibv_pd*, ibv_srq_init_attr*, ibv_srq** srq) override {
     return Create("create_srq", srq);
   }
   int DestroySrq(ibv_srq* srq) override { return Destroy("destroy_srq", srq); }
+  int ModifySrq(ibv_srq*, ibv_srq_attr*, int) override { return EOPNOTSUPP; }
+  int QuerySrq(ibv_srq*, ibv_srq_attr*) override { return EOPNOTSUPP; }
   int CreateQp(ibv_pd*, ibv_qp_init_attr* attr, ibv_qp** qp) override {
     if (int err = Create("create_qp", qp); err != 0) return err;
     (*qp)->qp_num = 77;

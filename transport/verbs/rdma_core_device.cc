@@ -60,6 +60,10 @@ class RdmaCoreDeviceOps final : public DeviceOps {
     }
     return 0;
   }
+  int QueryPkey(uint8_t port_num, int index, uint16_t* pkey) override {
+    errno = 0;
+    return ibv_query_pkey(context_, port_num, index, pkey) == 0 ? 0 : LastErrno();
+  }
   int AllocPd(ibv_pd** pd) override {
     errno = 0;
     *pd = ibv_alloc_pd(context_);
@@ -72,6 +76,12 @@ class RdmaCoreDeviceOps final : public DeviceOps {
     return *mr ? 0 : LastErrno();
   }
   int DeregMr(ibv_mr* mr) override { return ibv_dereg_mr(mr); }
+  int ReregMr(ibv_mr* mr, int flags, ibv_pd* pd, void* addr, size_t length,
+              int access) override {
+    // ibv_rereg_mr returns an IBV_REREG_MR_ERR_* code and leaves the reason in errno.
+    errno = 0;
+    return ibv_rereg_mr(mr, flags, pd, addr, length, access) == 0 ? 0 : LastErrno();
+  }
   int CreateCompChannel(ibv_comp_channel** channel) override {
     errno = 0;
     *channel = ibv_create_comp_channel(context_);
@@ -87,6 +97,7 @@ class RdmaCoreDeviceOps final : public DeviceOps {
     return *cq ? 0 : LastErrno();
   }
   int DestroyCq(ibv_cq* cq) override { return ibv_destroy_cq(cq); }
+  int ResizeCq(ibv_cq* cq, int cqe) override { return ibv_resize_cq(cq, cqe); }
   int GetCqEvent(ibv_comp_channel* channel, ibv_cq** cq, void** cq_context) override {
     errno = 0;
     return ibv_get_cq_event(channel, cq, cq_context) == 0 ? 0 : LastErrno();
@@ -98,6 +109,10 @@ class RdmaCoreDeviceOps final : public DeviceOps {
     return *srq ? 0 : LastErrno();
   }
   int DestroySrq(ibv_srq* srq) override { return ibv_destroy_srq(srq); }
+  int ModifySrq(ibv_srq* srq, ibv_srq_attr* attr, int attr_mask) override {
+    return ibv_modify_srq(srq, attr, attr_mask);
+  }
+  int QuerySrq(ibv_srq* srq, ibv_srq_attr* attr) override { return ibv_query_srq(srq, attr); }
   int CreateQp(ibv_pd* pd, ibv_qp_init_attr* attr, ibv_qp** qp) override {
     errno = 0;
     *qp = ibv_create_qp(pd, attr);

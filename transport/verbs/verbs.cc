@@ -1,5 +1,6 @@
 #include "transport/verbs/verbs.h"
 
+#include <endian.h>
 #include <poll.h>
 
 #include <algorithm>
@@ -60,6 +61,14 @@ absl::StatusOr<ibv_gid> Context::QueryGid(uint8_t port_num, int index) {
     return VerbsError("ibv_query_gid", absl::StrCat("port ", port_num, " index ", index), err);
   }
   return gid;
+}
+
+absl::StatusOr<uint16_t> Context::QueryPkey(uint8_t port_num, int index) {
+  uint16_t pkey = 0;
+  if (int err = ops_->QueryPkey(port_num, index, &pkey); err != 0) {
+    return VerbsError("ibv_query_pkey", absl::StrCat("port ", port_num, " index ", index), err);
+  }
+  return be16toh(pkey);
 }
 
 int ChooseGidIndex(const std::vector<ibv_gid_entry>& entries) {
@@ -171,6 +180,17 @@ absl::Status MemoryRegion::Deregister() {
   return absl::OkStatus();
 }
 
+absl::Status MemoryRegion::Reregister(int flags, std::shared_ptr<ProtectionDomain> pd,
+                                      void* addr, size_t length, int access) {
+  ibv_pd* new_pd = (flags & IBV_REREG_MR_CHANGE_PD) && pd ? pd->get() : nullptr;
+  if (int err = pd_->context().ops().ReregMr(mr_, flags, new_pd, addr, length, access);
+      err != 0) {
+    return VerbsError("ibv_rereg_mr", absl::StrCat("flags 0x", absl::Hex(flags)), err);
+  }
+  if (flags & IBV_REREG_MR_CHANGE_PD) pd_ = std::move(pd);
+  return absl::OkStatus();
+}
+
 MemoryRegion::~MemoryRegion() {
   if (absl::Status s = Deregister(); !s.ok()) {
     SWIRL_LOG(ERROR, "%s (memory region leaked)", s.ToString());
@@ -241,10 +261,32 @@ absl::StatusOr<std::shared_ptr<CompletionQueue>> CompletionQueue::Create(
       new CompletionQueue(std::move(ctx), std::move(channel), cq));
 }
 
+absl::StatusOr<std::shared_ptr<CompletionQueue>> CompletionQueue::CreateEx(
+    std::shared_ptr<Context> ctx, ibv_cq_init_attr_ex attr,
+    std::shared_ptr<CompletionChannel> channel) {
+  attr.channel = channel ? channel->get() : nullptr;
+  // Inline in libibverbs: it dispatches through the context's verbs_context on every device.
+  errno = 0;
+  ibv_cq_ex* ex = ibv_create_cq_ex(ctx->get(), &attr);
+  if (ex == nullptr) {
+    return VerbsError("ibv_create_cq_ex", absl::StrCat(attr.cqe, " entries"),
+                      errno != 0 ? errno : EOPNOTSUPP);
+  }
+  return std::shared_ptr<CompletionQueue>(
+      new CompletionQueue(std::move(ctx), std::move(channel), ibv_cq_ex_to_cq(ex), ex));
+}
+
 CompletionQueue::~CompletionQueue() {
   if (int err = context_->ops().DestroyCq(cq_); err != 0) {
     SWIRL_LOG(ERROR, "%s", VerbsError("ibv_destroy_cq", err).ToString());
   }
+}
+
+absl::Status CompletionQueue::Resize(int cqe) {
+  if (int err = context_->ops().ResizeCq(cq_, cqe); err != 0) {
+    return VerbsError("ibv_resize_cq", absl::StrCat(cqe, " entries"), err);
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CompletionQueue::RequestNotify(bool solicited_only) {
@@ -268,6 +310,23 @@ absl::StatusOr<std::shared_ptr<SharedReceiveQueue>> SharedReceiveQueue::Create(
   }
   return std::shared_ptr<SharedReceiveQueue>(
       new SharedReceiveQueue(std::move(pd), srq, attr.attr.max_wr));
+}
+
+absl::Status SharedReceiveQueue::Modify(ibv_srq_attr attr, int mask) {
+  if (int err = pd_->context().ops().ModifySrq(srq_, &attr, mask); err != 0) {
+    return VerbsError("ibv_modify_srq", absl::StrCat("mask 0x", absl::Hex(mask)), err);
+  }
+  if (mask & IBV_SRQ_MAX_WR) max_wr_ = attr.max_wr;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ibv_srq_attr> SharedReceiveQueue::Query() {
+  ibv_srq_attr attr;
+  std::memset(&attr, 0, sizeof(attr));
+  if (int err = pd_->context().ops().QuerySrq(srq_, &attr); err != 0) {
+    return VerbsError("ibv_query_srq", err);
+  }
+  return attr;
 }
 
 SharedReceiveQueue::~SharedReceiveQueue() {
@@ -296,7 +355,28 @@ absl::StatusOr<std::unique_ptr<QueuePair>> QueuePair::Create(std::shared_ptr<Pro
   attr.cap.max_inline_data = config.max_inline_data;
   attr.sq_sig_all = config.sq_sig_all ? 1 : 0;
   ibv_qp* qp = nullptr;
-  if (int err = pd->context().ops().CreateQp(pd->get(), &attr, &qp); err != 0) {
+  if (config.send_ops_flags != 0) {
+    ibv_qp_init_attr_ex ex;
+    std::memset(&ex, 0, sizeof(ex));
+    ex.send_cq = attr.send_cq;
+    ex.recv_cq = attr.recv_cq;
+    ex.srq = attr.srq;
+    ex.cap = attr.cap;
+    ex.qp_type = attr.qp_type;
+    ex.sq_sig_all = attr.sq_sig_all;
+    ex.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+    ex.pd = pd->get();
+    ex.send_ops_flags = config.send_ops_flags;
+    // Inline in libibverbs, dispatching through the verbs_context on every device.
+    errno = 0;
+    qp = ibv_create_qp_ex(pd->context().get(), &ex);
+    if (qp == nullptr) {
+      return VerbsError("ibv_create_qp_ex",
+                        absl::StrCat("RC, send_ops_flags 0x", absl::Hex(config.send_ops_flags)),
+                        errno != 0 ? errno : EOPNOTSUPP);
+    }
+    attr.cap = ex.cap;
+  } else if (int err = pd->context().ops().CreateQp(pd->get(), &attr, &qp); err != 0) {
     return VerbsError("ibv_create_qp",
                       absl::StrCat("RC, ", config.max_send_wr, " send WRs, inline ",
                                    config.max_inline_data),

@@ -50,6 +50,8 @@ class Context {
   absl::StatusOr<ibv_device_attr_ex> QueryDevice();
   absl::StatusOr<ibv_port_attr> QueryPort(uint8_t port_num);
   absl::StatusOr<ibv_gid> QueryGid(uint8_t port_num, int index);
+  // ibv_query_pkey: the P_Key at `index` of the port's table, in host order.
+  absl::StatusOr<uint16_t> QueryPkey(uint8_t port_num, int index);
   // The GID table index to use: `requested` itself if 0..255; for kAutoGidIndex the one
   // ChooseGidIndex picks on a RoCE port (0 on InfiniBand, where the LID routes, without looking
   // at the table). Anything else is INVALID_ARGUMENT.
@@ -96,6 +98,12 @@ class MemoryRegion {
   // Deregisters now and reports the device's answer (EBUSY while memory windows are bound over
   // it). On error the region stays registered and owned.
   absl::Status Deregister();
+
+  // ibv_rereg_mr: IBV_REREG_MR_CHANGE_TRANSLATION (addr, length), _PD (pd, which this region
+  // then holds instead of its old one) and _ACCESS (access), as `flags` says. On error the
+  // region keeps its old PD here (the device's state is its own: ibv_rereg_mr(3)).
+  absl::Status Reregister(int flags, std::shared_ptr<ProtectionDomain> pd, void* addr,
+                          size_t length, int access);
 
   ibv_mr* get() const { return mr_; }
   uint32_t lkey() const { return mr_->lkey; }
@@ -159,13 +167,24 @@ class CompletionQueue {
   static absl::StatusOr<std::shared_ptr<CompletionQueue>> Create(
       std::shared_ptr<Context> ctx, int min_cqe,
       std::shared_ptr<CompletionChannel> channel = nullptr, void* cq_context = nullptr);
+  // An extended CQ (ibv_create_cq_ex: start_poll/next_poll/end_poll and the ibv_wc_read_*
+  // accessors for attr.wc_flags). attr.channel is ignored in favour of `channel`.
+  static absl::StatusOr<std::shared_ptr<CompletionQueue>> CreateEx(
+      std::shared_ptr<Context> ctx, ibv_cq_init_attr_ex attr,
+      std::shared_ptr<CompletionChannel> channel = nullptr);
   ~CompletionQueue();
   CompletionQueue(const CompletionQueue&) = delete;
   CompletionQueue& operator=(const CompletionQueue&) = delete;
 
   ibv_cq* get() const { return cq_; }
+  // The extended CQ, or nullptr for one made by Create. ibv_poll_cq works on both.
+  ibv_cq_ex* ex() const { return ex_; }
   int capacity() const { return cq_->cqe; }
   CompletionChannel* channel() const { return channel_.get(); }
+
+  // ibv_resize_cq: at least `cqe` entries, keeping what is queued (INVALID_ARGUMENT if more is
+  // queued than `cqe`). capacity() then reports the new size.
+  absl::Status Resize(int cqe);
 
   // Hot path: straight to the device's poll_cq.
   int Poll(int max, ibv_wc* wc) { return ibv_poll_cq(cq_, max, wc); }
@@ -175,11 +194,12 @@ class CompletionQueue {
 
  private:
   CompletionQueue(std::shared_ptr<Context> ctx, std::shared_ptr<CompletionChannel> channel,
-                  ibv_cq* cq)
-      : context_(std::move(ctx)), channel_(std::move(channel)), cq_(cq) {}
+                  ibv_cq* cq, ibv_cq_ex* ex = nullptr)
+      : context_(std::move(ctx)), channel_(std::move(channel)), cq_(cq), ex_(ex) {}
   std::shared_ptr<Context> context_;
   std::shared_ptr<CompletionChannel> channel_;
   ibv_cq* cq_;
+  ibv_cq_ex* ex_;
 };
 
 class SharedReceiveQueue {
@@ -192,6 +212,10 @@ class SharedReceiveQueue {
 
   ibv_srq* get() const { return srq_; }
   uint32_t max_wr() const { return max_wr_; }
+
+  // ibv_modify_srq with `mask` (IBV_SRQ_MAX_WR, IBV_SRQ_LIMIT) and ibv_query_srq.
+  absl::Status Modify(ibv_srq_attr attr, int mask);
+  absl::StatusOr<ibv_srq_attr> Query();
 
  private:
   SharedReceiveQueue(std::shared_ptr<ProtectionDomain> pd, ibv_srq* srq, uint32_t max_wr)
@@ -220,6 +244,9 @@ struct QueuePairConfig {
   uint32_t max_recv_sge = 1;
   uint32_t max_inline_data = 0;
   bool sq_sig_all = false;
+  // Non-zero: the QP is made by ibv_create_qp_ex with these IBV_QP_EX_WITH_* operations, for the
+  // ibv_wr_* API (QueuePair::ex()).
+  uint64_t send_ops_flags = 0;
 };
 
 // A GID index that says "pick one" (ConnectOptions, and swirl's ServerOptions/ChannelOptions).
@@ -255,6 +282,9 @@ class QueuePair {
   QueuePair& operator=(const QueuePair&) = delete;
 
   ibv_qp* get() const { return qp_; }
+  // libibverbs' ibv_qp_to_qp_ex: the ibv_wr_* interface of a QP made with send_ops_flags, or
+  // nullptr.
+  ibv_qp_ex* ex() const { return ibv_qp_to_qp_ex(qp_); }
   uint32_t qp_num() const { return qp_->qp_num; }
   // The capabilities the device granted (may exceed what was asked).
   const ibv_qp_cap& cap() const { return cap_; }
