@@ -204,7 +204,8 @@ int ibv_close_device(ibv_context* context) {
 }
 
 ibv_context* ibv_import_device(int cmd_fd) {
-  // A kernel command fd: a real device's by definition.
+  // A soft context shares nothing through its cmd_fd (it has no kernel objects to share).
+  if (Registry::Get().IsSoftCmdFd(cmd_fd)) return FailNull<ibv_context>(EOPNOTSUPP);
   CALL_REAL(import_device, nullptr, cmd_fd);
 }
 
@@ -306,12 +307,12 @@ int ibv_query_gid_type(ibv_context* context, uint8_t port_num, unsigned int inde
 
 int ibv_query_pkey(ibv_context* context, uint8_t port_num, int index, __be16* pkey) {
   if (verbs::DeviceOps* ops = SoftOps(context)) {
-    ibv_port_attr port;
-    if (ops->QueryPort(port_num, &port) != 0 || index < 0 || index >= port.pkey_tbl_len) {
-      errno = EINVAL;
+    uint16_t value = 0;
+    if (int err = ops->QueryPkey(port_num, index, &value)) {
+      errno = err;
       return -1;
     }
-    *pkey = htobe16(0xffff);  // the one entry: the default partition, full membership
+    *pkey = htobe16(value);
     return 0;
   }
   CALL_REAL(query_pkey, -1, context, port_num, index, pkey);
@@ -390,9 +391,24 @@ ibv_mr* ibv_reg_dmabuf_mr(ibv_pd* pd, uint64_t offset, size_t length, uint64_t i
 }
 
 int ibv_rereg_mr(ibv_mr* mr, int flags, ibv_pd* pd, void* addr, size_t length, int access) {
-  if (SoftOf(mr) != nullptr) {
-    errno = EOPNOTSUPP;
-    return IBV_REREG_MR_ERR_CMD;
+  if (verbs::DeviceOps* ops = SoftOf(mr)) {
+    // libibverbs' own checks, before any provider: bad input is IBV_REREG_MR_ERR_INPUT.
+    if ((flags & ~IBV_REREG_MR_FLAGS_SUPPORTED) ||
+        ((flags & IBV_REREG_MR_CHANGE_TRANSLATION) && (length == 0 || addr == nullptr)) ||
+        (access != 0 && !(flags & IBV_REREG_MR_CHANGE_ACCESS))) {
+      errno = EINVAL;
+      return IBV_REREG_MR_ERR_INPUT;
+    }
+    if ((flags & IBV_REREG_MR_CHANGE_PD) && Foreign(pd, mr->context)) {
+      errno = EINVAL;
+      return IBV_REREG_MR_ERR_INPUT;
+    }
+    // The device's refusal is IBV_REREG_MR_ERR_CMD, with its reason in errno.
+    if (int err = ops->ReregMr(mr, flags, pd, addr, length, access)) {
+      errno = err;
+      return IBV_REREG_MR_ERR_CMD;
+    }
+    return 0;
   }
   CALL_REAL(rereg_mr, IBV_REREG_MR_ERR_CMD, mr, flags, pd, addr, length, access);
 }
@@ -465,7 +481,7 @@ ibv_cq* ibv_create_cq(ibv_context* context, int cqe, void* cq_context, ibv_comp_
 }
 
 int ibv_resize_cq(ibv_cq* cq, int cqe) {
-  if (SoftOf(cq) != nullptr) return EOPNOTSUPP;
+  if (verbs::DeviceOps* ops = SoftOf(cq)) return ops->ResizeCq(cq, cqe);
   CALL_REAL(resize_cq, EOPNOTSUPP, cq, cqe);
 }
 
@@ -511,12 +527,12 @@ ibv_srq* ibv_create_srq(ibv_pd* pd, ibv_srq_init_attr* attr) {
 }
 
 int ibv_modify_srq(ibv_srq* srq, ibv_srq_attr* attr, int attr_mask) {
-  if (SoftOf(srq) != nullptr) return EOPNOTSUPP;
+  if (verbs::DeviceOps* ops = SoftOf(srq)) return ops->ModifySrq(srq, attr, attr_mask);
   CALL_REAL(modify_srq, EOPNOTSUPP, srq, attr, attr_mask);
 }
 
 int ibv_query_srq(ibv_srq* srq, ibv_srq_attr* attr) {
-  if (SoftOf(srq) != nullptr) return EOPNOTSUPP;
+  if (verbs::DeviceOps* ops = SoftOf(srq)) return ops->QuerySrq(srq, attr);
   CALL_REAL(query_srq, EOPNOTSUPP, srq, attr);
 }
 
@@ -547,7 +563,8 @@ ibv_qp* ibv_create_qp(ibv_pd* pd, ibv_qp_init_attr* attr) {
 }
 
 ibv_qp_ex* ibv_qp_to_qp_ex(ibv_qp* qp) {
-  if (SoftOf(qp) != nullptr) return FailNull<ibv_qp_ex>(EOPNOTSUPP);
+  // Served by libibverbs for soft QPs too: it only reads the QP's layout (verbs_qp's comp_mask),
+  // which the soft device's QPs share with every provider's.
   CALL_REAL(qp_to_qp_ex, nullptr, qp);
 }
 

@@ -1,5 +1,9 @@
 #include "transport/soft_verbs/registry.h"
 
+#include <sys/eventfd.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -63,9 +67,34 @@ ibv_context* Registry::Open(ibv_device* device) {
     return nullptr;
   }
   ibv_context* context = (*ops)->context();
+  const int cmd_fd = eventfd(0, EFD_CLOEXEC);
+  struct stat st;
+  if (cmd_fd < 0 || fstat(cmd_fd, &st) != 0) {
+    if (cmd_fd >= 0) close(cmd_fd);
+    errno = EMFILE;
+    return nullptr;
+  }
+  context->cmd_fd = cmd_fd;
   absl::MutexLock lock(&mu_);
-  contexts_[context].ops = std::move(*ops);
+  OpenContext& open = contexts_[context];
+  open.ops = std::move(*ops);
+  open.cmd_fd = cmd_fd;
+  cmd_fd_files_[{st.st_dev, st.st_ino}] = cmd_fd;
   return context;
+}
+
+bool Registry::IsSoftCmdFd(int fd) const {
+  struct stat st;
+  if (fstat(fd, &st) != 0) return false;
+  absl::ReaderMutexLock lock(&mu_);
+  return cmd_fd_files_.contains({st.st_dev, st.st_ino});
+}
+
+void Registry::ForgetLocked(OpenContext& open) {
+  struct stat st;
+  if (open.cmd_fd >= 0 && fstat(open.cmd_fd, &st) == 0) cmd_fd_files_.erase({st.st_dev, st.st_ino});
+  if (open.cmd_fd >= 0) close(open.cmd_fd);
+  open.cmd_fd = -1;
 }
 
 int Registry::Close(ibv_context* context) {
@@ -78,6 +107,7 @@ int Registry::Close(ibv_context* context) {
       it->second.closed = true;
       return 0;
     }
+    ForgetLocked(it->second);
     ops = std::move(it->second.ops);
     contexts_.erase(it);
   }
@@ -104,6 +134,7 @@ void Registry::Destroyed(const ibv_context* context) {
     auto it = contexts_.find(context);
     if (it == contexts_.end()) return;
     if (--it->second.live_objects > 0 || !it->second.closed) return;
+    ForgetLocked(it->second);
     ops = std::move(it->second.ops);  // the last object of a closed context
     contexts_.erase(it);
   }

@@ -15,6 +15,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -45,6 +46,11 @@ class Registry {
   // The soft device behind `context`, or null if it is not a soft context.
   verbs::DeviceOps* Ops(const ibv_context* context) const;
 
+  // Whether `fd` is (a duplicate of) a soft context's cmd_fd. A kernel context's cmd_fd is its
+  // uverbs file; a soft context has none, so it gets an eventfd of its own, which programs may
+  // dup and hand to ibv_import_device (rdma-core's shared-PD tests do) to be told EOPNOTSUPP.
+  bool IsSoftCmdFd(int fd) const;
+
   // Objects alive on a soft context (PDs, MRs, CQs, QPs, SRQs, channels), for Close.
   void Created(const ibv_context* context);
   void Destroyed(const ibv_context* context);
@@ -59,15 +65,21 @@ class Registry {
 
   struct OpenContext {
     std::unique_ptr<verbs::DeviceOps> ops;
+    int cmd_fd = -1;  // ours, closed with the context
     int live_objects = 0;
     bool closed = false;  // ibv_close_device ran; freed once live_objects reaches 0
   };
+
+  // Drops a context's cmd_fd (closing it, forgetting its file).
+  void ForgetLocked(OpenContext& open) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   std::vector<ibv_device*> devices_;  // fixed after construction
   std::vector<std::string> names_;    // devices_[i]'s name
   mutable absl::Mutex mu_;
   absl::flat_hash_map<const ibv_context*, OpenContext> contexts_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<ibv_device**, ibv_device**> lists_ ABSL_GUARDED_BY(mu_);
+  // (st_dev, st_ino) of each open soft context's cmd_fd.
+  absl::flat_hash_map<std::pair<uint64_t, uint64_t>, int> cmd_fd_files_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace swirl::soft_verbs
