@@ -369,13 +369,17 @@ void SetSleeping(Hca* hca, uint64_t value) {
 
 void HcaLoop(Hca* hca) {
   // The thread was created by whichever application thread opened the device first, and would
-  // inherit its pinning: it must not compete with that thread for its core.
-  cpu_set_t all;
-  CPU_ZERO(&all);
-  for (int cpu = 0; cpu < CPU_SETSIZE && cpu < sysconf(_SC_NPROCESSORS_ONLN); ++cpu) {
-    CPU_SET(cpu, &all);
+  // inherit its pinning: it must not compete with that thread for its core. It takes the
+  // process's CPUs instead, as the main thread has them (`taskset -c 1 server` keeps its HCA
+  // thread on core 1, off a client pinned to core 0), or every CPU if that cannot be read.
+  cpu_set_t cpus;
+  if (sched_getaffinity(getpid(), sizeof(cpus), &cpus) != 0) {
+    CPU_ZERO(&cpus);
+    for (int cpu = 0; cpu < CPU_SETSIZE && cpu < sysconf(_SC_NPROCESSORS_ONLN); ++cpu) {
+      CPU_SET(cpu, &cpus);
+    }
   }
-  sched_setaffinity(0, sizeof(all), &all);
+  sched_setaffinity(0, sizeof(cpus), &cpus);
   epoll_event events[64];
   int64_t accept_paused_until = 0;  // out of descriptors: the listener rests, or it would spin
   for (;;) {
