@@ -320,6 +320,46 @@ TEST_P(QpStateTest, ResetAndReconnect) {
   EXPECT_EQ(FindPatternMismatch(b_->data(), 100, 2), -1);
 }
 
+// As rdma-core's test_mr_rereg_pd restates its QPs: one side is reset and brought back to RTS
+// while its peer is still in ERR, then the peer; the new connection must work, with nothing of
+// the old one (its link, its closed state) leaking into it. Repeated: it was a race.
+TEST_P(QpStateTest, OneSideReconnectsWhileThePeerIsStillInError) {
+  ASSERT_NO_FATAL_FAILURE(ConnectBoth());
+  for (int round = 0; round < 20; ++round) {
+    SCOPED_TRACE(testing::Message() << "round " << round);
+    SWIRL_ASSERT_OK(a_->qp().ToError());
+    SWIRL_ASSERT_OK(b_->qp().ToError());
+    // Flushes from the last round's ERR are not this round's business.
+    (void)Observe(a_->send_cq(), absl::Milliseconds(1));
+    (void)Observe(b_->recv_cq(), absl::Milliseconds(1));
+    SWIRL_ASSERT_OK(b_->qp().ToReset());
+    SWIRL_ASSERT_OK(b_->qp().Connect(a_address_, 2, options_));  // a_ is still in ERR
+    // While a_ is still in ERR: whatever b_'s connection sends it now, a_ cannot take.
+    (void)Observe(a_->recv_cq(), absl::Milliseconds(50));
+    SWIRL_ASSERT_OK(a_->qp().ToReset());
+    SWIRL_ASSERT_OK(a_->qp().Connect(b_address_, 1, options_));
+    FillPattern(a_->data(), 100, round);
+    ASSERT_EQ(b_->PostRecv(0xb0, 0, 4096), 0);
+    ASSERT_EQ(SendWr(1, IBV_WR_SEND).Local(*a_, 0, 100).Post(a_->ibqp()), 0);
+    ExpectWc(Poll(a_->send_cq()), {.wr_id = 1, .qp_num = a_->qpn(), .opcode = IBV_WC_SEND});
+    ExpectWc(Poll(b_->recv_cq()), {.wr_id = 0xb0,
+                                   .qp_num = b_->qpn(),
+                                   .opcode = IBV_WC_RECV,
+                                   .byte_len = 100,
+                                   .src_qp = a_->qpn()});
+    ASSERT_EQ(FindPatternMismatch(b_->data(), 100, round), -1);
+    // And back: the side that reconnected first sends too.
+    ASSERT_EQ(a_->PostRecv(0xa0, 4096, 4096), 0);
+    ASSERT_EQ(SendWr(2, IBV_WR_SEND).Local(*b_, 0, 100).Post(b_->ibqp()), 0);
+    ExpectWc(Poll(b_->send_cq()), {.wr_id = 2, .qp_num = b_->qpn(), .opcode = IBV_WC_SEND});
+    ExpectWc(Poll(a_->recv_cq()), {.wr_id = 0xa0,
+                                   .qp_num = a_->qpn(),
+                                   .opcode = IBV_WC_RECV,
+                                   .byte_len = 100,
+                                   .src_qp = b_->qpn()});
+  }
+}
+
 SWIRL_INSTANTIATE_FOR_EVERY_DEVICE(QpStateTest);
 
 }  // namespace

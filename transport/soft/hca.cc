@@ -593,6 +593,13 @@ bool AdoptWatch(Hca* hca, uint64_t id) {
   return true;
 }
 
+bool WatchDead(Hca* hca, uint64_t id) {
+  if (id == 0) return true;
+  swirl::MutexLock lock(&hca->watch_mu);
+  auto it = hca->watches.find(id);
+  return it == hca->watches.end() || it->second.dead;
+}
+
 void WatchEnded(LinkWatch& watch) {
   watch.dead = true;
   if (watch.adopted && watch.qp != nullptr) {

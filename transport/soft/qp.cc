@@ -129,6 +129,22 @@ bool HandleLinkEvent(SoftQp* qp) {
     qp->req_tx.SetConsumedSource(&c.control()->request_consumed.value);
     qp->resp_tx.SetConsumedSource(&c.control()->response_consumed.value);
     qp->linked = true;
+    if (!qp->hca->tcp && WatchDead(qp->hca, qp->out_watch)) {
+      // Our hello reached the peer when it could not take it (in ERR, about to be reset and
+      // connected again, as rdma-core's tests restate their QPs) and was closed. The peer is
+      // back, and without our segment it could never link: it gets the hello again. That
+      // close marked the peer gone (a hello's hang-up is how a linked peer's death shows), but
+      // it was a refusal, which the live link just adopted answers: the peer is not gone.
+      if (qp->out_watch != 0) qp->hca->Unwatch(qp->out_watch);
+      qp->out_watch = 0;
+      qp->peer_gone.store(false, std::memory_order_release);
+      const int fd = SendHello(qp->hca, qp->attr.ah_attr.grh.dgid, qp->qp_num,
+                               qp->attr.dest_qp_num, qp->memfd, qp->own_size);
+      if (fd >= 0) {
+        qp->out_socket = fd;
+        qp->out_watch = qp->hca->Watch(fd, qp);
+      }
+    }
     if (qp->hca->tcp && qp->out_watch == 0) {
       // The peer opened the connection: our segment goes back on it.
       qp->out_watch = ReplyOnTcpLink(qp->hca, qp, c.watch, qp->memfd, qp->own_size);
@@ -608,6 +624,8 @@ void PublishAndWake(SoftQp* qp, bool wrote) {
 
 namespace {
 
+constexpr int64_t kLinkRetryNs = 10 * 1000 * 1000;
+
 // Polls of a stalled request before the peer's HCA thread is kicked, and again between kicks:
 // tens of microseconds, far longer than a peer that makes progress takes to answer.
 constexpr uint32_t kKickAfterStalledPolls = 2048;
@@ -659,6 +677,37 @@ bool ProgressNormal(SoftQp* qp, bool responses_ready, bool requests_ready) {
   return did || wrote;
 }
 
+// TCP fabric, the side of the pair that connects: a connection the peer closed before it was
+// linked (the peer was in ERR, about to be reset and connected again) is opened again, 10 ms
+// after it was found closed and every 10 ms after that, until the QP links or its link deadline
+// passes: the peer never connects itself, so without this the pair could not link. (The wait
+// first leaves the HCA thread time to hand over what the peer sent before it closed: a peer
+// that answered, acknowledged and hung up is linked to, not dialled again.) On shared memory
+// the peer answers our hello with its own instead (HandleLinkEvent). Returns true if it opened
+// one.
+bool RetryTcpLink(SoftQp* qp) {
+  if (qp->linked || !WatchDead(qp->hca, qp->out_watch)) {
+    qp->next_link_attempt_ns = 0;
+    return false;
+  }
+  const int64_t now = NowNs();
+  if (qp->next_link_attempt_ns == 0) {
+    qp->next_link_attempt_ns = now + kLinkRetryNs;
+    return false;
+  }
+  if (now < qp->next_link_attempt_ns) return false;
+  qp->next_link_attempt_ns = now + kLinkRetryNs;
+  qp->hca->Unwatch(qp->out_watch);
+  // The close marked the peer gone, but it was a refusal of a link never made: not a loss.
+  qp->peer_gone.store(false, std::memory_order_release);
+  qp->out_watch = ConnectTcpLink(qp->hca, qp, qp->attr.ah_attr.grh.dgid, qp->attr.dest_qp_num,
+                                 qp->memfd, qp->own_size);
+  if (qp->out_watch != 0 && qp->qstate == IBV_QPS_RTS && qp->link_deadline_ns != 0) {
+    SetTcpLinkTimeout(qp->hca, qp->out_watch, std::max<int64_t>(qp->link_deadline_ns - now, 1));
+  }
+  return qp->out_watch != 0;
+}
+
 bool ProgressSlow(SoftQp* qp) {
   bool did = HandleLinkEvent(qp);
   if (qp->qstate == IBV_QPS_RESET || qp->qstate == IBV_QPS_INIT) return did;
@@ -699,6 +748,8 @@ bool ProgressSlow(SoftQp* qp) {
         did = true;  // (a QP that stays, with nothing to fail, did nothing: no busy assist)
       }
     }
+  } else if (qp->hca->tcp && qp->out_watch != 0 && RetryTcpLink(qp)) {
+    did = true;
   } else if (qp->link_deadline_ns != 0 && qp->sq_head != qp->sq_tail &&
              NowNs() > qp->link_deadline_ns && qp->qstate == IBV_QPS_RTS) {
     // Nobody ever answered at the peer's address: transport retries exhausted.

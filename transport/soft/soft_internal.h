@@ -486,6 +486,7 @@ struct SoftQp : VerbsQp {
   RingReader req_rx, resp_rx;
   bool linked = false;
   int64_t link_deadline_ns = 0;  // RETRY_EXC if not linked by then with work outstanding
+  int64_t next_link_attempt_ns = 0;  // TCP, connecting side: when to open a closed link again
 
   // Set by the HCA thread (no QP lock needed to set them).
   std::atomic<bool> link_event{false};
@@ -525,6 +526,8 @@ struct LinkWatch {
 // Marks watch `id` adopted by its QP, unless its connection has already ended: then returns
 // false and the candidate should be dropped. Takes watch_mu.
 bool AdoptWatch(Hca* hca, uint64_t id);
+// Whether watch `id` is gone or its connection ended (0: no watch is dead too).
+bool WatchDead(Hca* hca, uint64_t id);
 // The connection of watch `watch` ended: fails its QP if adopted, remembers it otherwise.
 // Caller holds watch_mu.
 void WatchEnded(LinkWatch& watch);
