@@ -353,8 +353,16 @@ def main(argv):
     if summary.passed == 0 and summary.failed == 0:
         summary.fail("no test ran")
 
+    # Skips by target and reason: one line for a lone case, one line per reason for many (the
+    # rdma-core suite skips ~200 tests of hardware soft0 is not).
+    groups = {}
     for name, reason in summary.skips:
-        print("skipped: %s: %s" % (name, reason))
+        groups.setdefault((name.split(" ", 1)[0], reason), []).append(name)
+    for (label, reason), names in groups.items():
+        if len(names) == 1:
+            print("skipped: %s: %s" % (names[0], reason))
+        else:
+            print("skipped: %s: %d cases: %s" % (label, len(names), reason))
     for note in summary.notes:
         print(note)
     for f in summary.failures:
