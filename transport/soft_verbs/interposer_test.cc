@@ -199,6 +199,35 @@ TEST_F(InterposerTest, ClosingADeviceWithObjectsLeftSucceedsAndTheyCanStillBeDes
   EXPECT_EQ(ibv_dealloc_pd(pd), 0);
 }
 
+// The same for objects made by libibverbs' inline extended calls, which reach the device through
+// the context's tables, not through an exported call.
+TEST_F(InterposerTest, ExtendedObjectsKeepAClosedDeviceAliveToo) {
+  ibv_context* context = ibv_open_device(device_);
+  ASSERT_NE(context, nullptr);
+  ibv_pd* pd = ibv_alloc_pd(context);
+  ASSERT_NE(pd, nullptr);
+  ibv_cq_init_attr_ex cq_attr{};
+  cq_attr.cqe = 16;
+  cq_attr.wc_flags = IBV_WC_EX_WITH_BYTE_LEN;
+  ibv_cq_ex* cq = ibv_create_cq_ex(context, &cq_attr);
+  ASSERT_NE(cq, nullptr) << std::strerror(errno);
+  ibv_qp_init_attr_ex qp_attr{};
+  qp_attr.qp_type = IBV_QPT_RC;
+  qp_attr.send_cq = qp_attr.recv_cq = ibv_cq_ex_to_cq(cq);
+  qp_attr.cap.max_send_wr = qp_attr.cap.max_recv_wr = 4;
+  qp_attr.cap.max_send_sge = qp_attr.cap.max_recv_sge = 1;
+  qp_attr.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+  qp_attr.pd = pd;
+  qp_attr.send_ops_flags = IBV_QP_EX_WITH_SEND;
+  ibv_qp* qp = ibv_create_qp_ex(context, &qp_attr);
+  ASSERT_NE(qp, nullptr) << std::strerror(errno);
+  ASSERT_EQ(ibv_dealloc_pd(pd), EBUSY);
+  EXPECT_EQ(ibv_close_device(context), 0);
+  EXPECT_EQ(ibv_destroy_qp(qp), 0);
+  EXPECT_EQ(ibv_destroy_cq(ibv_cq_ex_to_cq(cq)), 0);
+  EXPECT_EQ(ibv_dealloc_pd(pd), 0);
+}
+
 TEST_F(InterposerTest, AProtectionDomainInUseIsBusy) {
   ibv_pd* pd = ibv_alloc_pd(context_);
   ASSERT_NE(pd, nullptr);

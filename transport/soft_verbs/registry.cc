@@ -75,12 +75,51 @@ ibv_context* Registry::Open(ibv_device* device) {
     return nullptr;
   }
   context->cmd_fd = cmd_fd;
+  verbs_context* vctx = verbs_get_ctx(context);
   absl::MutexLock lock(&mu_);
   OpenContext& open = contexts_[context];
   open.ops = std::move(*ops);
+  open.create_cq_ex = vctx->create_cq_ex;
+  open.create_qp_ex = vctx->create_qp_ex;
+  if (open.create_cq_ex != nullptr) vctx->create_cq_ex = &Registry::CreateCqEx;
+  if (open.create_qp_ex != nullptr) vctx->create_qp_ex = &Registry::CreateQpEx;
   open.cmd_fd = cmd_fd;
   cmd_fd_files_[{st.st_dev, st.st_ino}] = cmd_fd;
   return context;
+}
+
+ibv_cq_ex* Registry::CreateCqEx(ibv_context* context, ibv_cq_init_attr_ex* attr) {
+  Registry& r = Get();
+  decltype(verbs_context::create_cq_ex) create = nullptr;
+  {
+    absl::ReaderMutexLock lock(&r.mu_);
+    auto it = r.contexts_.find(context);
+    if (it != r.contexts_.end()) create = it->second.create_cq_ex;
+  }
+  if (create == nullptr) {
+    errno = EOPNOTSUPP;
+    return nullptr;
+  }
+  ibv_cq_ex* cq = create(context, attr);
+  if (cq != nullptr) r.Created(context);
+  return cq;
+}
+
+ibv_qp* Registry::CreateQpEx(ibv_context* context, ibv_qp_init_attr_ex* attr) {
+  Registry& r = Get();
+  decltype(verbs_context::create_qp_ex) create = nullptr;
+  {
+    absl::ReaderMutexLock lock(&r.mu_);
+    auto it = r.contexts_.find(context);
+    if (it != r.contexts_.end()) create = it->second.create_qp_ex;
+  }
+  if (create == nullptr) {
+    errno = EOPNOTSUPP;
+    return nullptr;
+  }
+  ibv_qp* qp = create(context, attr);
+  if (qp != nullptr) r.Created(context);
+  return qp;
 }
 
 bool Registry::IsSoftCmdFd(int fd) const {

@@ -65,10 +65,18 @@ class Registry {
 
   struct OpenContext {
     std::unique_ptr<verbs::DeviceOps> ops;
+    // The device's own extended-create entries, which the context's verbs_context now routes
+    // through Registry (so that what libibverbs' inline ibv_create_cq_ex/ibv_create_qp_ex make
+    // counts as alive, like what the exported calls make).
+    decltype(verbs_context::create_cq_ex) create_cq_ex = nullptr;
+    decltype(verbs_context::create_qp_ex) create_qp_ex = nullptr;
     int cmd_fd = -1;  // ours, closed with the context
     int live_objects = 0;
     bool closed = false;  // ibv_close_device ran; freed once live_objects reaches 0
   };
+
+  static ibv_cq_ex* CreateCqEx(ibv_context* context, ibv_cq_init_attr_ex* attr);
+  static ibv_qp* CreateQpEx(ibv_context* context, ibv_qp_init_attr_ex* attr);
 
   // Drops a context's cmd_fd (closing it, forgetting its file).
   void ForgetLocked(OpenContext& open) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
