@@ -137,7 +137,6 @@ def bulk(n, quick):
     for test in ("bulk_read", "bulk_write"):
         for size in sizes:
             for label, mode, target in (
-                    ("unsafe static rkey", "unsafe-static", ">= 0.9 at >= 64 KiB"),
                     ("local-inv. fallback", "server-exposes+local-inv", "> 1"),
                     ("mirror (remote inv.)", "mirror", "-")):
                 results = [run([RPC, "--test", test, "--size", size, "--depth", "8",

@@ -4,7 +4,7 @@
 //   rpc_perf --test throughput --depth 32 --json      # pipelined async echo calls per second
 //   rpc_perf --test bulk_read --size 1048576 --bulk_mode server-exposes --json
 //   rpc_perf --test bulk_write --size 65536 --bulk_mode mirror --local_invalidation_only
-//   rpc_perf --test bulk_read --size 65536 --compare unsafe-static --json   # two modes, in turns
+//   rpc_perf --test bulk_read --size 65536 --compare server-exposes+local-inv --json  # in turns
 //
 // With neither --server nor --connect it starts the server itself in a second process pinned
 // to --server_core (one worker) and runs the client on --client_core. --json prints one object
@@ -51,7 +51,7 @@ ABSL_FLAG(int, warmup, 5000, "latency: untimed round trips first");
 ABSL_FLAG(double, seconds, 2.0, "throughput and bulk tests: how long to run");
 ABSL_FLAG(int, depth, 16, "throughput and bulk tests: calls in flight");
 ABSL_FLAG(std::string, bulk_mode, "server-exposes",
-          "server-exposes|mirror|unsafe-static (the last is for comparison only)");
+          "server-exposes|mirror");
 ABSL_FLAG(bool, local_invalidation_only, false,
           "force the explicit local-invalidation fallback (measure it)");
 ABSL_FLAG(std::string, compare, "",
@@ -135,7 +135,6 @@ int RunServer() {
   options.window_credits = 32;
   options.credits = 64;
   options.max_connections = 16;
-  options.allow_unsafe_static_rkey_for_benchmarks = true;
   EchoImpl echo;
   BulkBench bulk;
   swirl::Server server(options);
@@ -211,8 +210,8 @@ struct Result {
   }
 };
 
-// The bulk mode a --bulk_mode / --compare value names: "server-exposes", "mirror",
-// "unsafe-static", each optionally with "+local-inv" (local invalidation only).
+// The bulk mode a --bulk_mode / --compare value names: "server-exposes" or "mirror", each
+// optionally with "+local-inv" (local invalidation only).
 swirl::ChannelOptions ParseMode(const std::string& spec, swirl::ChannelOptions options) {
   std::string mode = spec;
   options.local_invalidation_only = false;
@@ -222,8 +221,6 @@ swirl::ChannelOptions ParseMode(const std::string& spec, swirl::ChannelOptions o
   }
   if (mode == "mirror") {
     options.bulk_mode = swirl::BulkMode::kMirror;
-  } else if (mode == "unsafe-static") {
-    options.bulk_mode = swirl::BulkMode::kUnsafeStaticRkeyBenchmarkOnly;
   } else if (mode == "server-exposes") {
     options.bulk_mode = swirl::BulkMode::kServerExposes;
   } else {

@@ -105,9 +105,6 @@ enum class BulkMode {
   // NFS/RDMA and SMB Direct style: the client exposes its buffers through its own per-request
   // windows and the server's reply is the SEND_WITH_INV.
   kMirror,
-  // One long-lived rkey for the whole server pool, no windows, no invalidation. Exists only to
-  // measure what per-request windows cost; the server must opt in. Never use it otherwise.
-  kUnsafeStaticRkeyBenchmarkOnly,
 };
 
 const char* BulkModeName(BulkMode mode);

@@ -13,7 +13,6 @@ const char* BulkModeName(BulkMode mode) {
   switch (mode) {
     case BulkMode::kServerExposes: return "server-exposes";
     case BulkMode::kMirror: return "mirror";
-    case BulkMode::kUnsafeStaticRkeyBenchmarkOnly: return "UNSAFE-static-rkey(benchmark only)";
   }
   return "?";
 }
@@ -29,7 +28,7 @@ void BulkBuffer::ReleaseSlow() {
 namespace internal {
 
 absl::StatusOr<std::shared_ptr<BulkPool>> BulkPool::Create(
-    std::shared_ptr<verbs::ProtectionDomain> pd, size_t bytes, bool unsafe_remote_access) {
+    std::shared_ptr<verbs::ProtectionDomain> pd, size_t bytes) {
   std::shared_ptr<BulkPool> pool(new BulkPool());
   pool->bytes_ = (bytes + kMinClass - 1) & ~(kMinClass - 1);
   void* memory =
@@ -43,13 +42,6 @@ absl::StatusOr<std::shared_ptr<BulkPool>> BulkPool::Create(
                                           IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND);
   if (!mr.ok()) return mr.status();
   pool->mr_ = std::move(*mr);
-  if (unsafe_remote_access) {
-    auto unsafe = verbs::MemoryRegion::Register(
-        pd, pool->base_, pool->bytes_,
-        IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE);
-    if (!unsafe.ok()) return unsafe.status();
-    pool->unsafe_mr_ = std::move(*unsafe);
-  }
   swirl::MutexLock lock(&pool->mu_);
   int classes = 0;
   for (size_t c = kMinClass; c <= pool->bytes_; c <<= 1) ++classes;
@@ -58,7 +50,6 @@ absl::StatusOr<std::shared_ptr<BulkPool>> BulkPool::Create(
 }
 
 BulkPool::~BulkPool() {
-  unsafe_mr_.reset();
   mr_.reset();
   if (base_ != nullptr) munmap(base_, bytes_);
 }

@@ -23,10 +23,10 @@ class BulkPool : public std::enable_shared_from_this<BulkPool> {
  public:
   static constexpr size_t kMinClass = 4096;
 
-  // `bytes` of registered memory. `unsafe_remote_access` additionally registers the region
-  // for remote read/write under one long-lived rkey (BulkMode::kUnsafeStaticRkeyBenchmarkOnly).
+  // `bytes` of registered memory, for local access and window binds only: its own rkey grants
+  // no remote access.
   static absl::StatusOr<std::shared_ptr<BulkPool>> Create(
-      std::shared_ptr<verbs::ProtectionDomain> pd, size_t bytes, bool unsafe_remote_access);
+      std::shared_ptr<verbs::ProtectionDomain> pd, size_t bytes);
   ~BulkPool();
 
   // A buffer of at least `size` bytes, or RESOURCE_EXHAUSTED.
@@ -37,8 +37,6 @@ class BulkPool : public std::enable_shared_from_this<BulkPool> {
 
   ibv_mr* mr() const { return mr_->get(); }
   uint32_t lkey() const { return mr_->lkey(); }
-  // Only with unsafe_remote_access.
-  uint32_t unsafe_rkey() const { return unsafe_mr_ ? unsafe_mr_->rkey() : 0; }
   bool Contains(const void* p, size_t n) const {
     const char* c = static_cast<const char*>(p);
     return c >= base_ && n <= bytes_ && c - base_ <= static_cast<ptrdiff_t>(bytes_ - n);
@@ -53,7 +51,6 @@ class BulkPool : public std::enable_shared_from_this<BulkPool> {
   char* base_ = nullptr;
   size_t bytes_ = 0;
   std::unique_ptr<verbs::MemoryRegion> mr_;
-  std::unique_ptr<verbs::MemoryRegion> unsafe_mr_;
   mutable swirl::Mutex mu_;
   size_t carved_ ABSL_GUARDED_BY(mu_) = 0;
   size_t in_use_ ABSL_GUARDED_BY(mu_) = 0;

@@ -16,7 +16,7 @@ std::shared_ptr<BulkPool> MakePool(size_t bytes) {
   auto pd = verbs::ProtectionDomain::Create(*context);
   EXPECT_TRUE(pd.ok()) << pd.status();
   if (!pd.ok()) return nullptr;
-  auto pool = BulkPool::Create(*pd, bytes, /*unsafe_remote_access=*/false);
+  auto pool = BulkPool::Create(*pd, bytes);
   EXPECT_TRUE(pool.ok()) << pool.status();
   return pool.ok() ? *pool : nullptr;
 }

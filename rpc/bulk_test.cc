@@ -108,7 +108,7 @@ struct Mode {
 class BulkModesTest : public ::testing::TestWithParam<Mode> {
  protected:
   static void SetUpTestSuite() {
-    auto server = testing::SpawnServer(kServer, {"--allow_unsafe"});
+    auto server = testing::SpawnServer(kServer, {});
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = new testing::ChildProcess(std::move(server->first));
     port_ = server->second;
@@ -184,10 +184,7 @@ TEST_P(BulkModesTest, LargePayloadsMoveCorrectlyAndEveryWindowIsAccountedFor) {
   const control::ConnectionStats mine = (*channel)->LocalStats();
   EXPECT_EQ(mine.invalidation_violations(), 0u);
   EXPECT_EQ(after.violations, before.violations);
-  if (mode.bulk == BulkMode::kUnsafeStaticRkeyBenchmarkOnly) {
-    EXPECT_EQ(after.remote, before.remote);
-    EXPECT_EQ(after.local, before.local);
-  } else if (mode.local_only) {
+  if (mode.local_only) {
     EXPECT_EQ(after.remote + mine.windows_remote_invalidated(), before.remote);
     EXPECT_GT(after.local + mine.windows_locally_invalidated(), before.local);
   } else {
@@ -207,7 +204,6 @@ class ClientSide : public Service {
 };
 
 TEST_P(BulkModesTest, ServerToClientCallsCarryLargePayloadsBothWays) {
-  const Mode mode = GetParam();
   ClientSide client_side;
   ChannelOptions options;
   options.services = {&client_side};
@@ -219,12 +215,6 @@ TEST_P(BulkModesTest, ServerToClientCallsCarryLargePayloadsBothWays) {
     const std::string request = Payload(size, 3);
     std::string response;
     absl::Status s = CallRaw(**channel, Id("/test.E2E/CallBack"), request, &response, {});
-    if (mode.bulk == BulkMode::kUnsafeStaticRkeyBenchmarkOnly) {
-      // Only the server's pool is registered for the static key: the client exposes nothing
-      // and says so, and the connection lives on.
-      EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
-      continue;
-    }
     ASSERT_TRUE(s.ok()) << size << ": " << s;
     EXPECT_TRUE(response == request) << size;
   }
@@ -320,8 +310,7 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Mode{"ServerExposesRemote", BulkMode::kServerExposes, false},
                       Mode{"ServerExposesLocalFallback", BulkMode::kServerExposes, true},
                       Mode{"MirrorRemote", BulkMode::kMirror, false},
-                      Mode{"MirrorLocalFallback", BulkMode::kMirror, true},
-                      Mode{"UnsafeStaticRkey", BulkMode::kUnsafeStaticRkeyBenchmarkOnly, false}),
+                      Mode{"MirrorLocalFallback", BulkMode::kMirror, true}),
     [](const ::testing::TestParamInfo<Mode>& info) { return std::string(info.param.name); });
 
 TEST(BulkNegotiation, FallbackIsRefusedWhenRemoteInvalidationIsRequired) {
@@ -354,43 +343,17 @@ TEST(BulkNegotiation, FallbackInForceIsLoggedAsAWarning) {
   EXPECT_EQ(logged[line == std::string::npos ? 0 : line + 1], 'W') << "not a warning: " << logged;
 }
 
-TEST(BulkNegotiation, UnsafeStaticRkeyNeedsTheServersOptIn) {
+// The static-rkey benchmark mode (one long-lived rkey for a whole pool, no windows) is gone: a
+// client that still asks for it (its old enum value, 2) is refused as asking for an unknown
+// mode, never served without windows, and the server serves everyone else as before.
+TEST(BulkNegotiation, TheRetiredStaticRkeyModeIsRefused) {
   auto server = testing::SpawnServer(kServer, {});
-  ASSERT_TRUE(server.ok()) << server.status();
-  ChannelOptions options;
-  options.auth_token = "e2e";
-  options.bulk_mode = BulkMode::kUnsafeStaticRkeyBenchmarkOnly;
-  auto channel = Channel::Create(absl::StrCat("127.0.0.1:", server->second), options);
-  ASSERT_FALSE(channel.ok());
-  EXPECT_EQ(channel.status().code(), absl::StatusCode::kFailedPrecondition);
-}
-
-// The unsafe static-rkey mode keeps upload grants and downloads apart: an upload that names the
-// buffer of a download (exposed under the same static key) is refused as naming nothing granted,
-// instead of handing the download's buffer to a handler and unbalancing the grant accounting.
-TEST(BulkNegotiation, UnsafeStaticRkeyUploadsNameOnlyGrantedBuffers) {
-  auto server = testing::SpawnServer(kServer, {"--allow_unsafe"});
   ASSERT_TRUE(server.ok()) << server.status();
   testing::ChildProcess child = std::move(server->first);
   testing::RogueConnection rogue;
-  ASSERT_TRUE(rogue.Connect(server->second, "e2e", control::BULK_UNSAFE_STATIC_RKEY_BENCHMARK_ONLY)
-                  .ok());
-  uint64_t id;
-  ASSERT_TRUE(rogue.Call("/test.E2E/Fill", "65536", 0, 0, &id).ok());
-  auto response = rogue.Receive(rpc_wire::kResponse);
-  ASSERT_TRUE(response.ok()) << response.status();
-  ASSERT_TRUE(response->header.flags & rpc_wire::kFlagBulk);
-  BulkDescriptor download;
-  ASSERT_GE(response->payload.size(), sizeof(download));
-  std::memcpy(&download, response->payload.data(), sizeof(download));
-  const BulkDescriptor upload{download.addr, 4096, download.rkey};
-  ASSERT_TRUE(rogue
-                  .Call("/test.E2E/Sum",
-                        std::string(reinterpret_cast<const char*>(&upload), sizeof(upload)),
-                        rpc_wire::kFlagBulk)
-                  .ok());
-  EXPECT_TRUE(rogue.CutOff(absl::Seconds(10)));
-  // The server serves everyone else as before.
+  const absl::Status refused = rogue.Connect(server->second, "e2e", static_cast<control::BulkMode>(2));
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+  EXPECT_NE(refused.message().find("unknown bulk mode"), absl::string_view::npos) << refused;
   ChannelOptions options;
   options.auth_token = "e2e";
   auto good = Channel::Create(absl::StrCat("127.0.0.1:", server->second), options);

@@ -37,7 +37,7 @@ namespace swirl {
 
 namespace internal {
 class Worker;
-class Connection;
+class CallTable;
 }  // namespace internal
 
 struct CallOptions {
@@ -106,7 +106,7 @@ class ClientCall {
 
  private:
   friend class internal::Worker;
-  friend class internal::Connection;
+  friend class internal::CallTable;
 
   enum State : int { kIdle = 0, kQueued, kPending, kDone };
 
@@ -129,21 +129,11 @@ class ClientCall {
   const BulkBuffer* request_bulk_ = nullptr;
   BulkBuffer* response_bulk_ = nullptr;
   BulkBuffer owned_response_bulk_;
-  // Worker bookkeeping.
-  BulkBuffer scratch_;             // a large request serialized into registered memory
-  int32_t request_window_ = -1;    // mirror mode: the window exposing the request
-  int32_t reply_window_ = -1;      // mirror mode: the window exposing the response buffer
-  int32_t read_op_ = -1;           // download: the RDMA READ into this call's buffer
-  int32_t write_op_ = -1;          // upload: the RDMA WRITE from this call's buffer
-  // Mirror mode: the caller gave up (cancel, deadline) while the server may still use our
-  // windows. The call keeps its slot until the server is done with them (its ack and
-  // response, or the windows' lease), then completes with this status.
-  absl::Status abandoned_status_;  // OK: not abandoned
+  // Where the call was started. What the worker keeps of it while it runs lives in the
+  // connection's call table (rpc/call_table.h), at state_index_.
   internal::Worker* worker_ = nullptr;
-  internal::Connection* connection_ = nullptr;
   uint64_t connection_id_ = 0;
-  uint64_t request_id_ = 0;
-  ClientCall* next_ = nullptr;  // intrusive lists (backlog, deadline scan)
+  uint32_t state_index_ = 0;
 };
 
 // Something calls can be started on.

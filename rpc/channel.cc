@@ -180,9 +180,7 @@ class Channel::Impl {
     local.max_inline = std::min<uint32_t>(runtime->caps.max_inline_data, 1024);
     local.require_remote_invalidation = options.require_remote_invalidation;
     local.bulk_mode = options.bulk_mode == BulkMode::kMirror ? control::BULK_MIRROR
-                      : options.bulk_mode == BulkMode::kUnsafeStaticRkeyBenchmarkOnly
-                          ? control::BULK_UNSAFE_STATIC_RKEY_BENCHMARK_ONLY
-                          : control::BULK_SERVER_EXPOSES;
+                                                             : control::BULK_SERVER_EXPOSES;
     local.max_bulk_size = runtime->worker->bulk_pool() == nullptr
                               ? 0
                               : runtime->worker->bulk_pool()->max_allocation();
@@ -249,10 +247,6 @@ class Channel::Impl {
                 connection_id, address,
                 options.local_invalidation_only ? "this side asked for the fallback"
                                                 : "not supported end to end");
-    }
-    if (negotiated.bulk_mode() == control::BULK_UNSAFE_STATIC_RKEY_BENCHMARK_ONLY) {
-      SWIRL_LOG(WARNING, "connection %u to %s: UNSAFE static-rkey bulk mode (benchmarks only)",
-                connection_id, address);
     }
     return absl::OkStatus();
   }

@@ -29,7 +29,6 @@ control::Capabilities DescribeLocal(const verbs::Capabilities& caps, const Local
   out.set_require_remote_invalidation(config.require_remote_invalidation);
   out.set_bulk_mode(config.bulk_mode);
   out.set_max_bulk_size(config.max_bulk_size);
-  out.set_allow_unsafe_static_rkey(config.allow_unsafe_static_rkey);
   return out;
 }
 
@@ -138,11 +137,6 @@ absl::StatusOr<control::Negotiated> Negotiate(const control::ConnectRequest& req
                                                                : control::INVALIDATION_LOCAL);
   if (!control::BulkMode_IsValid(client.bulk_mode())) {
     return absl::InvalidArgumentError("unknown bulk mode");
-  }
-  if (client.bulk_mode() == control::BULK_UNSAFE_STATIC_RKEY_BENCHMARK_ONLY &&
-      !server.allow_unsafe_static_rkey) {
-    return absl::FailedPreconditionError(
-        "the unsafe static-rkey bulk mode is for benchmarks; this server does not allow it");
   }
   n.set_bulk_mode(client.bulk_mode());
   n.set_max_bulk_size(std::min<uint64_t>(server.max_bulk_size, client.max_bulk_size()));

@@ -40,7 +40,6 @@ struct LocalConfig {
   bool allow_local_fallback = true;
   control::BulkMode bulk_mode = control::BULK_SERVER_EXPOSES;  // client: requested
   uint64_t max_bulk_size = 0;                                   // 0: no bulk pool
-  bool allow_unsafe_static_rkey = false;                        // server: opt-in
 };
 
 control::Capabilities DescribeLocal(const verbs::Capabilities& caps, const LocalConfig& config);

@@ -132,7 +132,6 @@ class Server::Impl final : public control::Control::Service {
       wo.grant_bytes_per_connection = options_.grant_bytes_per_connection;
       wo.download_bytes_per_connection = options_.download_bytes_per_connection;
       wo.bulk_bytes_per_client = options_.bulk_bytes_per_client;
-      wo.unsafe_static_rkey = options_.allow_unsafe_static_rkey_for_benchmarks;
       wo.window_lease = options_.window_lease;
       wo.on_closed = [this](uint64_t id, const absl::Status& why) {
         OnClosed(id, /*was_accepted=*/true, why);
@@ -411,10 +410,6 @@ class Server::Impl final : public control::Control::Service {
                 "windows_locally_invalidated)",
                 id, peer);
     }
-    if (negotiated.bulk_mode() == control::BULK_UNSAFE_STATIC_RKEY_BENCHMARK_ONLY) {
-      SWIRL_LOG(WARNING, "connection %u from %s: UNSAFE static-rkey bulk mode (benchmarks only)",
-                id, peer);
-    }
     return absl::OkStatus();
   }
 
@@ -557,7 +552,6 @@ class Server::Impl final : public control::Control::Service {
                               ? 0
                               : std::min(options_.max_bulk_size,
                                          std::bit_floor(options_.bulk_pool_bytes));
-    local.allow_unsafe_static_rkey = options_.allow_unsafe_static_rkey_for_benchmarks;
     return local;
   }
 

@@ -92,8 +92,6 @@ struct ServerOptions {
   bool allow_local_invalidation_fallback = true;
   // A window not acknowledged within its lease is revoked by the server itself.
   absl::Duration window_lease = absl::Seconds(5);
-  // Allow BulkMode::kUnsafeStaticRkeyBenchmarkOnly (one long-lived rkey for the whole pool).
-  bool allow_unsafe_static_rkey_for_benchmarks = false;
 };
 
 class Server {

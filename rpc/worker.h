@@ -1,272 +1,70 @@
 // Internal: the data-plane event loop shared by servers and channels.
 //
-// A Worker owns one CQ, one SRQ fed from a registered receive pool, a registered send pool, and
-// the connections (one RC QP each) assigned to it. It is driven either by its own thread (pinned
-// to a core, busy-polling, optionally falling back to the CQ's completion channel when idle) or,
-// for caller-driven channels, by whichever application thread is waiting for a call.
+// A Worker owns one CQ, one SRQ fed from a registered receive pool, the send side (Outbox: the
+// send pool, the inline arena, the doorbells), a bulk pool, and the connections (one RC QP
+// each) assigned to it. It is driven either by its own thread (pinned to a core, busy-polling,
+// optionally falling back to the CQ's completion channel when idle) or, for caller-driven
+// channels, by whichever application thread is waiting for a call.
 //
 // One loop iteration (RunOnce), all on the driving thread, no locks, no allocation, no syscalls
 // in steady state:
 //   1. take submitted work (calls, cancellations, new connections, pool-handler responses) from
 //      a lock-free MPSC queue;
 //   2. poll the CQ: receives are validated and dispatched (handlers run inline), responses
-//      complete calls; send completions free send buffers;
+//      complete calls; send completions free send buffers and finish bulk operations;
 //   3. re-post consumed receive buffers to the SRQ (one doorbell);
-//   4. post each connection's queued sends (one doorbell per connection), with credits
-//      returned piggybacked on every message;
-//   5. now and then: deadlines, keepalives, lease expiry.
+//   4. now and then: deadlines, keepalives, lease expiry;
+//   5. ring each connection's doorbell once for everything the steps above queued.
 //
-// Flow control: each side reserves `credits` receive buffers for the other. A message costs one
-// credit; credits come back in the header of the peer's messages (or a kCredit message when
-// there is nothing to piggyback on). Since the SRQ always holds at least the credits granted to
-// all connections, a peer that honours its credits never meets an empty receive queue (no RNR).
+// The code, by concern (each file's functions run on the loop thread only, and the entry points
+// check it with SWIRL_DCHECK(OnLoopThread())):
+//   worker.cc            construction, the control path, the loop, submissions, observation
+//   worker_receive.cc    receive completions: validation, credits, routing, send completions
+//   worker_serve.cc      the server role: dispatch, handlers inline and on the pool, responses
+//   worker_calls.cc      the client role: sending calls, completing them, giving up
+//   worker_teardown.cc   protocol errors, failing and closing connections, timers
+//   bulk_windows.cc      windows, bulk operations and their completions, acks, grants
+//   bulk_upload.cc       calls with bulk data: granted (server-exposed) and mirrored uploads
+//   bulk_download.cc     responses with bulk data
+// The per-connection state is in the connection's parts (rpc/connection.h).
+//
+// Flow control (rpc/credit_ledger.h): each side reserves `credits` receive buffers for the
+// other; since the SRQ always holds at least the credits granted to all connections, a peer
+// that honours its credits never meets an empty receive queue (no RNR).
 
 #ifndef SWIRL_RPC_WORKER_H_
 #define SWIRL_RPC_WORKER_H_
 
 #include <atomic>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
-#include "absl/functional/function_ref.h"
+#include "absl/functional/any_invocable.h"
 #include "absl/random/random.h"
 #include "absl/status/statusor.h"
-#include "base/mutex.h"
 #include "absl/time/time.h"
 #include "base/mpsc_queue.h"
+#include "base/mutex.h"
 #include "base/spinlock.h"
-#include "proto/control.pb.h"
 #include "rpc/buffer_pool.h"
-#include "rpc/bulk.h"
 #include "rpc/bulk_pool.h"
 #include "rpc/call.h"
-#include "rpc/service.h"
+#include "rpc/connection.h"
+#include "rpc/outbox.h"
+#include "rpc/thread_pool.h"
 #include "rpc/wire.h"
 #include "transport/verbs/capabilities.h"
 #include "transport/verbs/verbs.h"
 
 namespace swirl::internal {
 
-class ThreadPool;
-class Worker;
-
-// Method id -> method, for one side's services.
-class MethodTable {
- public:
-  // Fails on a method id collision.
-  absl::Status Add(const Service& service);
-  const Service::Method* Find(uint32_t id) const {
-    auto it = methods_.find(id);
-    return it == methods_.end() ? nullptr : it->second;
-  }
-  bool empty() const { return methods_.empty(); }
-
- private:
-  absl::flat_hash_map<uint32_t, const Service::Method*> methods_;
-};
-
-struct ConnectionCounters {
-  std::atomic<uint64_t> requests_received{0};
-  std::atomic<uint64_t> responses_sent{0};
-  std::atomic<uint64_t> requests_sent{0};
-  std::atomic<uint64_t> responses_received{0};
-  std::atomic<uint64_t> bytes_received{0};
-  std::atomic<uint64_t> bytes_sent{0};
-  std::atomic<uint64_t> protocol_errors{0};
-  // Bulk windows (docs/BULK.md).
-  std::atomic<uint64_t> windows_granted{0};
-  std::atomic<uint64_t> windows_remote_invalidated{0};
-  std::atomic<uint64_t> windows_locally_invalidated{0};
-  std::atomic<uint64_t> windows_lease_expired{0};
-  std::atomic<uint64_t> invalidation_violations{0};
-};
-
-// One RC connection. Fields below "worker only" are touched by the driving thread alone.
-class Connection : public std::enable_shared_from_this<Connection> {
- public:
-  enum class State : int { kNew, kActive, kDraining, kClosing, kClosed };
-
-  Connection(Worker* worker, uint64_t id, std::unique_ptr<verbs::QueuePair> qp,
-             const MethodTable* methods);
-  ~Connection();
-
-  uint64_t id() const { return id_; }
-  Worker* worker() const { return worker_; }
-  verbs::QueuePair& qp() { return *qp_; }
-  State state() const { return state_.load(std::memory_order_acquire); }
-  const std::string& peer() const { return peer_; }
-  const std::string& client_name() const { return client_name_; }
-  const control::Negotiated& negotiated() const { return negotiated_; }
-  ConnectionCounters& counters() { return counters_; }
-  const absl::Status& close_reason() const { return close_reason_; }
-
-  // Set on the control path before activation.
-  void Configure(const control::Negotiated& negotiated, bool is_server, std::string peer,
-                 std::string client_name);
-
-  // A handle for calling the other side over this connection.
-  std::shared_ptr<CallTarget> AsCallTarget();
-
- private:
-  friend class Worker;
-
-  Worker* const worker_;
-  const uint64_t id_;
-  std::unique_ptr<verbs::QueuePair> qp_;
-  const MethodTable* methods_;
-  // Most requests repeat the previous method: that lookup, checked first (worker only).
-  uint32_t last_method_id_ = 0;
-  const Service::Method* last_method_ = nullptr;  // most requests repeat the previous method
-  // Handlers' reusable state (parsed request, response) per method, for the worker's thread.
-  absl::flat_hash_map<const Service::Method*, std::unique_ptr<Service::Invoker>> invokers_;
-  Service::Invoker* last_invoker_ = nullptr;  // last_method_'s
-  std::atomic<State> state_{State::kNew};
-  std::string peer_;
-  std::string client_key_;  // internal::ClientKey(peer_): what per-client limits count by
-  std::string client_name_;
-  control::Negotiated negotiated_;
-  bool is_server_ = false;
-  ConnectionCounters counters_;
-  absl::Status close_reason_;  // written before state becomes kClosed
-
-  // ---- worker only ----
-  uint32_t send_credits_ = 0;     // messages we may still send
-  uint32_t peer_credits_ = 0;     // what the peer reserved for us (the cap on send_credits_)
-  uint32_t local_credits_ = 0;    // what we reserved for the peer
-  uint32_t credits_to_return_ = 0;
-  uint32_t max_payload_ = 0;      // negotiated max message payload
-  uint32_t max_inline_ = 0;       // our QP's inline limit
-
-  // Outstanding calls we made: slot table indexed by request_id's low bits.
-  std::vector<ClientCall*> pending_;
-  std::vector<uint32_t> generation_;
-  std::vector<uint32_t> free_slots_;
-  uint32_t pending_count_ = 0;
-  ClientCall* backlog_head_ = nullptr;  // calls waiting for a credit or a slot
-  ClientCall* backlog_tail_ = nullptr;
-
-  // Responses ready but without a credit, in send-pool buffers.
-  // Everything this side sends that is not a new call waits here, in one queue, so that what
-  // was emitted first leaves first (a bulk ack before the response to the same request).
-  struct QueuedMessage {
-    uint32_t buffer;
-    uint32_t length;
-    uint32_t invalidate_rkey;
-    unsigned int flags;  // extra send flags (IBV_SEND_FENCE for acks behind a READ)
-  };
-  std::deque<QueuedMessage> response_backlog_;
-
-  // Send queue accounting: seq of every posted WR; a signaled completion for seq S retires all
-  // WRs up to S. sent_buffer_[seq & mask] is the send-pool buffer a WR used, or -1.
-  uint64_t next_seq_ = 1;
-  uint64_t completed_seq_ = 0;
-  uint32_t unsignaled_ = 0;
-  uint32_t sq_depth_ = 0;
-  std::vector<int32_t> sent_buffer_;
-
-  // WRs queued for the next doorbell.
-  static constexpr int kBatch = 32;
-  ibv_send_wr batch_wr_[kBatch];
-  ibv_sge batch_sge_[kBatch];
-  int batch_size_ = 0;
-  bool dirty_ = false;
-
-  // ---- bulk (rpc/bulk.cc), worker only ----
- public:
-  // A type 2 memory window this connection owns. Windows are allocated once and reused: a
-  // fresh rkey per bind, never an ibv_alloc_mw per request.
-  struct Window {
-    std::unique_ptr<verbs::MemoryWindow> mw;
-    uint32_t rkey = 0;  // the key of the current (or last) binding
-    enum class State : uint8_t { kFree, kExposed, kRevoking } state = State::kFree;
-    enum class Purpose : uint8_t { kDownload, kGrant, kMirrorRequest, kMirrorReply } purpose;
-    BulkBuffer buffer;  // what it exposes (when we own that memory)
-    uint64_t request_id = 0;
-    uint64_t addr = 0;
-    uint32_t length = 0;
-    absl::Time lease = absl::InfiniteFuture();
-    int32_t revoke_op = -1;  // kRevoking: the LOCAL_INV op in flight
-  };
-  std::vector<Window> windows_;
-  // A window keeps its rkey's index bits for life (a bind changes only the key byte): they find
-  // the window a peer names without scanning.
-  absl::flat_hash_map<uint32_t, int32_t> window_by_index_;
-  std::vector<uint32_t> free_windows_;
-  uint32_t max_windows_ = 0;
-  // Upload windows the peer granted us (we are the client in kServerExposes mode).
-  std::vector<rpc_wire::BulkDescriptor> grants_;
-  bool grant_requested_ = false;
-  // Upload windows we granted and the peer has not used yet, per size class (each up to
-  // window_credits), and their bytes (capped by WorkerOptions::grant_bytes_per_connection).
-  absl::flat_hash_map<uint32_t, uint32_t> grants_by_size_;
-  uint64_t granted_bytes_ = 0;
-  // A grant that found no send buffer: sent from the timers once one is free.
-  bool grant_owed_ = false;
-  uint32_t grant_owed_size_ = 0;
-  uint32_t grant_owed_count_ = 0;
-  // Unsafe benchmark mode: buffers handed out under the static rkey. Upload grants by address,
-  // downloads by request id: apart, so that an upload naming a download's buffer (or an ack
-  // naming a grant) is refused as naming nothing granted for it.
-  absl::flat_hash_map<uint64_t, BulkBuffer> static_granted_;
-  absl::flat_hash_map<uint64_t, BulkBuffer> static_download_;
-  // Operations waiting on a signaled completion, by send-queue seq.
-  struct BulkOp {
-    enum class Kind : uint8_t {
-      kNone,
-      kDownloadRead,    // client: READ of a response's bulk data
-      kMirrorRead,      // server: READ of a mirror request's bulk data, then dispatch
-      kRevoke,          // LOCAL_INV of a window (fallback, lease expiry)
-      kRevokeThenDispatch,  // server: LOCAL_INV of an upload window, then dispatch (fallback)
-      kRevokeThenComplete,  // client: LOCAL_INV of a mirror reply window, then complete
-      kHold,            // keep `buffer` until this WR is done (RDMA WRITE source)
-      kUploadWrite,     // client: RDMA WRITE of an upload, reading the caller's buffer
-    } kind = Kind::kNone;
-    ClientCall* call = nullptr;
-    uint64_t request_id = 0;
-    int32_t window = -1;
-    bool lease_expired = false;
-    BulkBuffer buffer;
-    // A request whose dispatch waits for this op.
-    rpc_wire::MessageHeader header{};
-    std::string eager;
-    bool has_chunk = false;
-    rpc_wire::BulkDescriptor chunk{};
-    uint32_t length = 0;
-    uint32_t peer_rkey = 0;  // kMirrorRead: the caller's window to invalidate afterwards
-    absl::Status status;     // kRevokeThenComplete, cancelled kDownloadRead: how the call ends
-    bool admitted = false;   // the request arrived before a drain began (Incoming::admitted)
-    bool cancelled = false;  // kDownloadRead, kUploadWrite: the caller gave up; finish when the
-                             // READ or WRITE is done with its buffer
-  };
-
- private:
-  std::vector<int32_t> op_at_seq_;  // op index or -1, indexed like sent_buffer_
-  std::vector<BulkOp> ops_;
-  std::vector<int32_t> free_ops_;
-  ClientCall* grant_wait_head_ = nullptr;  // calls waiting for an upload window
-  ClientCall* grant_wait_tail_ = nullptr;
-
-  uint32_t peer_available_ = 0;         // credits the peer holds (it may send this many more)
-  uint32_t pool_handlers_ = 0;          // blocking handlers still running
-  uint64_t pool_bytes_ = 0;             // requests and attachments they hold
-  uint64_t download_bytes_ = 0;         // buffers behind download windows not yet acknowledged
-  absl::flat_hash_map<uint64_t, std::shared_ptr<std::atomic<bool>>> running_;  // pool handlers
-  // One-way pool handlers (no request id to key them by): at most 2 * credits of them.
-  std::vector<std::shared_ptr<std::atomic<bool>>> running_one_way_;
-  bool received_ = false;               // something arrived since the last timer pass
-  bool heard_from_peer_ = false;        // something ever arrived (WorkerOptions::setup_timeout)
-  absl::Time last_received_;
-  absl::Time activated_at_;
-  bool ping_outstanding_ = false;
-  absl::Time ping_sent_;
-  absl::Time closing_since_;
-};
+class MessageWriter;
 
 struct WorkerOptions {
   std::string name = "worker";
@@ -296,7 +94,6 @@ struct WorkerOptions {
   // channel's worker the "client" is the server). 0: half the bulk pool, or what one connection
   // may hold (grants + downloads) if that is more.
   uint64_t bulk_bytes_per_client = 0;
-  bool unsafe_static_rkey = false;   // also register the pool for remote access (benchmarks)
   absl::Duration window_lease = absl::Seconds(5);
   // Called on the loop thread when a connection is gone for good, with the reason it closed.
   std::function<void(uint64_t connection_id, const absl::Status& why)> on_closed;
@@ -317,7 +114,9 @@ struct WorkerStats {
 
 class Worker {
  public:
-  // `methods` may be null for a worker that only makes calls; per-connection tables override.
+  // Send-queue entries kept beyond the credits for bulk WRs (binds, invalidations, RDMA).
+  static constexpr uint32_t kBulkSqReserve = 64;
+
   static absl::StatusOr<std::unique_ptr<Worker>> Create(std::shared_ptr<verbs::Context> context,
                                                         std::shared_ptr<verbs::ProtectionDomain> pd,
                                                         const verbs::Capabilities& caps,
@@ -332,7 +131,7 @@ class Worker {
 
   // ---- Control path (any thread) ----
   // Reserves receive credits and creates a QP in INIT for a new connection. RESOURCE_EXHAUSTED
-  // when the worker is full.
+  // when the worker is full. `methods` may be null for a connection that only makes calls.
   absl::StatusOr<std::shared_ptr<Connection>> CreateConnection(uint64_t id,
                                                                const MethodTable* methods,
                                                                const verbs::ConnectOptions& co);
@@ -387,23 +186,6 @@ class Worker {
     absl::Status status;
   };
 
-  class Writer;  // ResponseWriter into the inline arena or a send buffer
-  friend class Writer;
-
-  Worker(std::shared_ptr<verbs::Context> context, std::shared_ptr<verbs::ProtectionDomain> pd,
-         const verbs::Capabilities& caps, const WorkerOptions& options, ThreadPool* pool);
-  absl::Status Init();
-
-  void Submit(WorkItem item);
-  void Loop();
-  bool RunOnce();
-  void SleepUntilWork();
-  bool DrainSubmissions();
-  void HandleItem(WorkItem& item);
-
-  // Receive side.
-  void HandleRecv(const ibv_wc& wc);
-  void HandleSendCompletion(const ibv_wc& wc);
   // A request or response as it reaches the dispatcher: eager bytes plus, for bulk, the data
   // already in registered memory with its window revoked.
   struct Incoming {
@@ -416,130 +198,189 @@ class Worker {
     // it is served, not refused, while the server drains.
     bool admitted = false;
   };
+
+  Worker(std::shared_ptr<verbs::Context> context, std::shared_ptr<verbs::ProtectionDomain> pd,
+         const verbs::Capabilities& caps, const WorkerOptions& options, ThreadPool* pool);
+  absl::Status Init();
+  // Fewer connections when the device's SRQ or CQs cannot hold them all.
+  absl::Status FitConnections(uint32_t slack, uint32_t sq_depth);
+  uint32_t send_queue_depth() const;
+
+  // ---- The loop (worker.cc) ----
+  void Submit(WorkItem item);
+  void Loop();
+  bool RunOnce();
+  void SleepUntilWork();
+  bool DrainSubmissions();
+  void HandleItem(WorkItem& item);
+  void ActivateOnLoop(std::shared_ptr<Connection> connection);
+  void CancelOnLoop(Connection* c, ClientCall* call);
+  void RepostRecvs();
+  Connection* FindByQpn(uint32_t qpn);
+  Connection* FindById(uint64_t id);
+
+  // ---- Receiving (worker_receive.cc) ----
+  void HandleRecv(const ibv_wc& wc);
+  // The connection a receive completion names (nullptr: a stray, counted).
+  Connection* ReceivingConnection(const ibv_wc& wc);
+  // Validates the header and takes the credits: false if the connection failed.
+  bool AcceptMessage(Connection* c, const ibv_wc& wc, const rpc_wire::MessageHeader& h);
+  void Route(Connection* c, const rpc_wire::MessageHeader& h, const char* payload,
+             const ibv_wc& wc);
   void Dispatch(Connection* c, const rpc_wire::MessageHeader& h, const char* payload);
+  // After a message: credits back if half are owed, and what waited for credits.
+  void AfterReceive(Connection* c);
+  void HandleSendCompletion(const ibv_wc& wc);
+
+  // ---- Serving (worker_serve.cc) ----
   void DispatchCall(Connection* c, Incoming& in);
+  // The method a request names (the last one's, most often), or nullptr after answering why.
+  const Service::Method* ResolveMethod(Connection* c, const rpc_wire::MessageHeader& h);
+  Service::Invoker* InvokerFor(Connection* c, const Service::Method* method);
   // Sends a handler's outcome (inline or pool): the error, the response in `writer` (eagerly or
   // through a window once it outgrew the eager threshold), or the message with `attachment`
   // (taken from the caller's buffer if it is sent).
-  void SendHandlerResult(Connection* c, Incoming& in, absl::Status status, Writer* writer,
+  void SendHandlerResult(Connection* c, Incoming& in, absl::Status status, MessageWriter* writer,
                          BulkBuffer& attachment);
-  void CompleteCall(Connection* c, const rpc_wire::MessageHeader& h, const char* payload);
-  void RepostRecvs();
-
-  // Send side.
-  void StartCallLocked(Connection* c, ClientCall* call);
-  bool TrySendCall(Connection* c, ClientCall* call);
+  void RunOnPool(Connection* c, Incoming& in, const Service::Method* method);
+  // Whether one more blocking handler of `c` holding `held` bytes may queue.
+  bool PoolHasRoom(const Connection* c, uint64_t held) const;
+  void FinishPoolHandler(Connection* c, const rpc_wire::MessageHeader& header, uint64_t held,
+                         const std::shared_ptr<std::atomic<bool>>& cancelled);
   void SendResponse(Connection* c, uint64_t request_id, const absl::Status& status,
-                    Writer* writer);
+                    MessageWriter* writer);
   void SendResponseBytes(Connection* c, uint64_t request_id, const absl::Status& status,
                          absl::string_view payload);
-  void EmitResponse(Connection* c, Writer* writer, uint64_t request_id, uint32_t code);
-  void RunOnPool(Connection* c, Incoming& in, const Service::Method* method);
-  // Space for a message of `length` bytes: the inline arena or a send-pool buffer (then
-  // *buffer >= 0). nullptr if the send pool is exhausted.
-  char* AllocMessage(Connection* c, uint32_t length, int32_t* buffer);
-  void SendControl(Connection* c, rpc_wire::MessageType type, uint64_t request_id);
-  // Queues one message (header+payload already written at `data`) for the next doorbell.
-  // `buffer` is its send-pool buffer or -1 for the inline arena.
-  void QueueWr(Connection* c, const char* data, uint32_t length, int32_t buffer,
-               uint32_t invalidate_rkey = 0, unsigned int extra_flags = 0);
-  // Queues any work request (its sge, if any, in `sge`) with seq accounting.
-  uint64_t QueueRawWr(Connection* c, ibv_send_wr& wr, const ibv_sge* sge, int32_t buffer,
-                      int32_t op);
-  // Sequence, signaling and batch accounting of the WR just written at the batch's end.
-  uint64_t Track(Connection* c, ibv_send_wr& wr, int32_t buffer, int32_t op);
-  void FlushSends();
-  void FlushConnection(Connection* c);
-  void PumpBacklog(Connection* c);
-  // Takes the backlog's calls that `drop` selects out of it, leaving the list and its tail
-  // whole before any of them completes (their callbacks may start calls that join it).
-  std::vector<ClientCall*> UnlinkBacklog(Connection* c,
-                                         absl::FunctionRef<bool(const ClientCall*)> drop);
-  void FillHeader(Connection* c, rpc_wire::MessageHeader* h);
-  char* InlineSlot();
+  void EmitResponse(Connection* c, MessageWriter* writer, uint64_t request_id, uint32_t code);
 
-  // Bulk (rpc/bulk.cc).
-  bool SendBulkCall(Connection* c, ClientCall* call, size_t message_size, bool message_in_bulk);
-  void SendBulkResponse(Connection* c, const Incoming& request, Writer* writer,
-                        BulkBuffer data, bool is_message);
-  void HandleBulkRequest(Connection* c, const rpc_wire::MessageHeader& h, const char* payload,
-                         const ibv_wc& wc);
-  void HandleBulkResponse(Connection* c, const rpc_wire::MessageHeader& h, const char* payload,
-                          const ibv_wc& wc);
-  void HandleBulkAck(Connection* c, const rpc_wire::MessageHeader& h, const ibv_wc& wc);
-  void HandleWindowGrant(Connection* c, const rpc_wire::MessageHeader& h, const char* payload);
-  void GrantWindows(Connection* c, uint32_t count, uint32_t size);
-  void SendOwedGrant(Connection* c);
-  void HandleBulkOp(Connection* c, int32_t op, const ibv_wc& wc);
-  int32_t AcquireWindow(Connection* c);
-  // The exposed window whose current key is `rkey`, or -1.
-  int32_t ExposedWindow(const Connection* c, uint32_t rkey) const;
-  // Binds window `w` over [addr, addr+length) of the pool with `access`, for `purpose` on behalf
-  // of `request_id` (0 for grants); returns the new rkey. Every purpose but a grant is leased:
-  // this side revokes it if no acknowledgement arrives within window_lease.
-  uint32_t BindWindow(Connection* c, int32_t w, uint64_t addr, uint32_t length, int access,
-                      Connection::Window::Purpose purpose, uint64_t request_id);
-  // Posts a LOCAL_INV of window `w` and returns the op that completes it.
-  int32_t RevokeWindow(Connection* c, int32_t w, Connection::BulkOp::Kind kind,
-                       bool lease_expired);
-  // Completes `call`, first revoking any window still exposing its buffers (mirror mode).
-  void FinishCall(Connection* c, ClientCall* call, absl::Status status);
-  // The call waiting for `request_id` (the slot stays taken), or nullptr.
-  ClientCall* PendingCall(Connection* c, uint64_t request_id) const;
-  // A call that gave up (cancel, deadline) while an RDMA READ into its buffer (download) or an
-  // RDMA WRITE from it (upload) is in flight: it completes when that is done, never while the
-  // device may still use the buffer.
-  bool DeferIfReading(Connection* c, ClientCall* call, absl::Status status);
+  // ---- Calling (worker_calls.cc) ----
+  void StartCallOnLoop(Connection* c, ClientCall* call);
+  // Sends `s` now if credits, a slot and buffers allow: false to leave it in the backlog. True
+  // also when it completed instead (refused, or one-way).
+  bool TrySendCall(Connection* c, CallState& s);
+  // Why `s` cannot be sent as it is (then it completes with that), or OK.
+  absl::Status CheckCall(Connection* c, const CallState& s, bool message_in_bulk) const;
+  // Serializes a large request once, straight into registered memory; a retry reuses it.
+  absl::Status SerializeIntoBulk(CallState& s, size_t size);
+  bool SendEagerCall(Connection* c, CallState& s, size_t size);
+  void PumpBacklog(Connection* c);
+  void CompleteCall(Connection* c, const rpc_wire::MessageHeader& h, const char* payload);
+  // Fills the call's response from `message` (protobuf or bytes).
+  absl::Status ParseResponse(const ClientCall* call, absl::string_view message) const;
+  // Completes `s`, first revoking any window still exposing its buffers (mirror mode).
+  void FinishCall(Connection* c, CallState& s, absl::Status status);
+  // Completes `s` now: its state is retired, the call told (with the abandoned status, if it
+  // gave up earlier).
+  void CompleteLocally(Connection* c, CallState& s, absl::Status status);
+  // A pending call given up on (cancel, deadline): completes it with `status`, or once the
+  // device and the server are done with its buffers (the Defer* below), telling the server
+  // either way.
+  void GiveUp(Connection* c, CallState& s, absl::Status status);
+  // A call that gave up while an RDMA READ into its buffer (download) or an RDMA WRITE from it
+  // (upload) is in flight: it completes when that is done, never while the device may still
+  // use the buffer.
+  bool DeferIfReading(Connection* c, CallState& s, absl::Status status);
   // Mirror mode: a call given up on while the server may still READ its request window or
   // WRITE its reply window. Revoking them now would fail the server's access and with it the
   // connection; instead the call stays pending (no deadline) until the server's ack and
   // response, or the windows' lease, end the exposure, and then completes with `status`.
-  bool DeferIfExposing(Connection* c, ClientCall* call, absl::Status status);
-  // A pending call given up on (cancel, deadline), found in slot `request_id`: completes it
-  // with `status`, or once the device and the server are done with its buffers (the Defer*
-  // above), telling the server either way.
-  void GiveUp(Connection* c, ClientCall* call, uint64_t request_id, absl::Status status);
+  bool DeferIfExposing(Connection* c, CallState& s, absl::Status status);
   // Completes an abandoned call (above) once none of its windows is left.
-  void FinishIfAbandoned(Connection* c, ClientCall* call);
-  // The QP is in ERR: calls waiting on bulk operations complete now.
-  void SettleBulkOps(Connection* c);
-  // Sends a message already written at `data` now, or parks it until a credit comes back.
-  void EmitMessage(Connection* c, char* data, uint32_t length, int32_t buffer,
-                   uint32_t invalidate_rkey, unsigned int flags = 0);
-  void FreeWindow(Connection* c, int32_t w);
-  // Bulk memory held through grants and unacknowledged downloads by all of `c`'s client's
-  // connections on this worker, and the change of one of `c`'s counters (granted_bytes_,
-  // download_bytes_) by `delta`, kept in step with it.
-  uint64_t ClientBulkBytes(const Connection* c) const;
-  void ChargeBulk(Connection* c, uint64_t* counter, int64_t delta);
-  // True while a bulk transfer of `c` is under way: a window other than an unused upload grant
-  // is exposed or being revoked, or an operation waits for its completion. A drain waits.
-  bool BulkInFlight(const Connection* c) const;
-  int32_t NewOp(Connection* c);
-  void PostRdma(Connection* c, ibv_wr_opcode opcode, const BulkBuffer& local, uint32_t length,
-                uint64_t remote_addr, uint32_t rkey, int32_t op);
-  void PostLocalInv(Connection* c, uint32_t rkey, int32_t op);
-  void SendBulkAck(Connection* c, uint64_t request_id, uint32_t rkey);
-  void BulkViolation(Connection* c, const std::string& why);
-  void BulkTimers(Connection* c, absl::Time now);
-  void ReleaseBulk(Connection* c);
-  // Windows of this connection are revoked by the peer's SEND_WITH_INV (false for the local
-  // fallback, and for the unsafe static-rkey mode, which has no windows at all).
-  bool remote_invalidation(const Connection* c) const {
-    return c->negotiated_.invalidation() == control::INVALIDATION_REMOTE &&
-           c->negotiated_.bulk_mode() != control::BULK_UNSAFE_STATIC_RKEY_BENCHMARK_ONLY;
-  }
+  void FinishIfAbandoned(Connection* c, CallState& s);
+  void FailPendingCalls(Connection* c, const absl::Status& why);
+  void CallTimers(Connection* c, absl::Time now);
 
-  // Failure and teardown.
+  // ---- Failure, teardown, timers (worker_teardown.cc) ----
   void ProtocolError(Connection* c, const absl::Status& why);
   void FailConnection(Connection* c, const absl::Status& why);
   void FinishClose(Connection* c);
   void Timers(absl::Time now);
-  void FailPendingCalls(Connection* c, const absl::Status& why);
-  uint64_t AllocateSlot(Connection* c, ClientCall* call);
-  ClientCall* ReleaseSlot(Connection* c, uint64_t request_id);
-  void CompleteLocally(ClientCall* call, absl::Status status);
+  // One connection's timers; false if it is not busy (for the drain).
+  bool ConnectionTimers(Connection* c, absl::Time now);
+  void CheckLiveness(Connection* c, absl::Time now);
 
+  // ---- Bulk: windows, operations, acks, grants (bulk_windows.cc) ----
+  // A free window of `c` (allocated on first use), or -1.
+  int32_t AcquireWindow(Connection* c);
+  // Binds window `w` over [addr, addr+length) of the pool with `access`, for `purpose` on behalf
+  // of `request_id` (0 for grants); returns the new rkey. Every purpose but a grant is leased:
+  // this side revokes it if no acknowledgement arrives within window_lease.
+  uint32_t BindWindow(Connection* c, int32_t w, uint64_t addr, uint32_t length, int access,
+                      Window::Purpose purpose, uint64_t request_id);
+  // Posts a LOCAL_INV of window `w` for operation `op` (added by the caller).
+  void RevokeWindow(Connection* c, int32_t w, BulkOp op);
+  void FreeWindow(Connection* c, int32_t w);
+  void PostRdma(Connection* c, ibv_wr_opcode opcode, const BulkBuffer& local, uint32_t length,
+                uint64_t remote_addr, uint32_t rkey, int32_t op);
+  // Checks how a message that ends the exposure of our window `rkey` arrived: true if the
+  // peer's SEND_WITH_INV revoked it on delivery, false if this side revokes it (the local
+  // fallback); a violation (the connection fails) otherwise: a missing, wrong or unexpected
+  // invalidation. `what` names the message for the error.
+  std::optional<bool> CheckSeal(Connection* c, const ibv_wc& wc, uint32_t rkey,
+                                absl::string_view what);
+  void SendBulkAck(Connection* c, uint64_t request_id, uint32_t rkey);
+  void HandleBulkAck(Connection* c, const rpc_wire::MessageHeader& h, const ibv_wc& wc);
+  void HandleWindowGrant(Connection* c, const rpc_wire::MessageHeader& h, const char* payload);
+  void HandleWindowRequest(Connection* c, const rpc_wire::MessageHeader& h);
+  void GrantWindows(Connection* c, uint32_t count, uint32_t size);
+  // One more upload window of `size` (class `class_size`) into `out`; false if none may be.
+  bool GrantOne(Connection* c, uint32_t size, uint32_t class_size, rpc_wire::BulkDescriptor* out);
+  void SendOwedGrant(Connection* c);
+  void HandleBulkOp(Connection* c, int32_t op, const ibv_wc& wc);
+  void CompleteDownload(Connection* c, bulk_op::DownloadRead& o, bool ok);
+  void CompleteRevoke(Connection* c, int32_t window, bool lease_expired, bool ok);
+  void CompleteRevokeThenComplete(Connection* c, bulk_op::RevokeThenComplete& o, bool ok);
+  // Dispatches a request whose bulk data is in `bulk` now.
+  void DispatchDeferred(Connection* c, bulk_op::Request& request, BulkBuffer bulk);
+  // The QP is in ERR: calls waiting on bulk operations complete now.
+  void SettleBulkOps(Connection* c);
+  void BulkViolation(Connection* c, const std::string& why);
+  void BulkTimers(Connection* c, absl::Time now);
+  void ReleaseBulk(Connection* c);
+  // True while a bulk transfer of `c` is under way: a window other than an unused upload grant
+  // is exposed or being revoked, or an operation waits for its completion. A drain waits.
+  bool BulkInFlight(const Connection* c) const;
+  // Bulk memory held through grants and unacknowledged downloads by all of `c`'s client's
+  // connections on this worker, and the change of one of `c`'s counters (granted.bytes,
+  // download_bytes) by `delta`, kept in step with it.
+  uint64_t ClientBulkBytes(const Connection* c) const;
+  void ChargeBulk(Connection* c, uint64_t* counter, int64_t delta);
+
+  // ---- Bulk: calls with bulk data (bulk_upload.cc) ----
+  bool SendBulkCall(Connection* c, CallState& s, size_t message_size, bool message_in_bulk);
+  // Granted uploads (server exposes): RDMA WRITE into a window the peer granted.
+  bool SendGrantedUpload(Connection* c, CallState& s, const BulkBuffer& data, uint32_t payload,
+                         bool message_in_bulk);
+  // Mirror: the request (and reply) buffers exposed through our own windows.
+  bool SendMirroredUpload(Connection* c, CallState& s, const BulkBuffer& data, uint32_t payload,
+                          bool message_in_bulk, bool chunk);
+  // Writes the request (header, `count` descriptors, the eager message) into `msg` and queues
+  // it, SEND_WITH_INV of `invalidate` if not 0.
+  void QueueBulkRequest(Connection* c, CallState& s, char* msg, int32_t buffer, uint32_t payload,
+                        bool message_in_bulk, const rpc_wire::BulkDescriptor* descriptors,
+                        uint32_t count, uint32_t invalidate);
+  void AskForGrants(Connection* c, uint32_t length);
+  void HandleBulkRequest(Connection* c, const rpc_wire::MessageHeader& h, const char* payload,
+                         const ibv_wc& wc);
+  void ReceiveGrantedUpload(Connection* c, Incoming& in, const rpc_wire::BulkDescriptor& d,
+                            const ibv_wc& wc);
+  void ReceiveMirroredUpload(Connection* c, Incoming& in, const rpc_wire::BulkDescriptor& d,
+                             const ibv_wc& wc);
+
+  // ---- Bulk: responses with bulk data (bulk_download.cc) ----
+  void SendBulkResponse(Connection* c, const Incoming& request, MessageWriter* writer,
+                        BulkBuffer data, bool is_message);
+  // The descriptor of `data`, exposed for the caller to READ (or WRITTEN into its reply
+  // window); an error to answer with instead.
+  absl::Status ExposeResponse(Connection* c, const Incoming& request, BulkBuffer& data,
+                              bool is_message, rpc_wire::BulkDescriptor* d, uint32_t* invalidate);
+  void HandleBulkResponse(Connection* c, const rpc_wire::MessageHeader& h, const char* payload,
+                          const ibv_wc& wc);
+  void ReceiveIntoReplyWindow(Connection* c, CallState& s, const rpc_wire::MessageHeader& h,
+                              const rpc_wire::BulkDescriptor& d, absl::string_view eager,
+                              const ibv_wc& wc);
+  void StartDownload(Connection* c, CallState& s, const rpc_wire::MessageHeader& h,
+                     const rpc_wire::BulkDescriptor& d, absl::string_view eager);
 
   std::shared_ptr<verbs::Context> context_;
   std::shared_ptr<verbs::ProtectionDomain> pd_;
@@ -551,13 +392,13 @@ class Worker {
   std::shared_ptr<verbs::CompletionQueue> cq_;
   std::shared_ptr<verbs::SharedReceiveQueue> srq_;
   std::unique_ptr<BufferPool> recv_pool_;
-  std::unique_ptr<BufferPool> send_pool_;
+  Outbox outbox_;
   std::shared_ptr<BulkPool> bulk_pool_;
   uint32_t max_inline_ = 0;
   absl::BitGen bitgen_;  // loop thread only: rkey key bytes
   ConnectionCounters totals_;  // bulk counters summed over connections, closed ones included
   std::atomic<uint64_t> windows_exposed_{0};  // written by the loop thread only
-  // Loop thread: ClientBulkBytes, by Connection::client_key_ (entries at zero are erased).
+  // Loop thread: ClientBulkBytes, by Connection::client_key() (entries at zero are erased).
   absl::flat_hash_map<std::string, uint64_t> client_bulk_bytes_;
   uint64_t bulk_bytes_per_client_ = 0;  // WorkerOptions::bulk_bytes_per_client, resolved
 
@@ -570,28 +411,11 @@ class Worker {
 
   // Loop state (driver only).
   absl::flat_hash_map<uint32_t, Connection*> by_qpn_;
-  // Completions come in runs from one QP: the last lookup, checked first.
-  uint32_t last_qpn_ = 0;
-  Connection* last_connection_ = nullptr;
-  Connection* FindByQpn(uint32_t qpn) {
-    if (last_connection_ != nullptr && qpn == last_qpn_) return last_connection_;
-    auto it = by_qpn_.find(qpn);
-    if (it == by_qpn_.end()) return nullptr;
-    last_qpn_ = qpn;
-    last_connection_ = it->second;
-    return it->second;
-  }
   absl::flat_hash_map<uint64_t, std::shared_ptr<Connection>> by_id_;
-  // A call usually goes to the connection whose completion was handled last: checked first.
-  Connection* FindById(uint64_t id) {
-    if (last_connection_ != nullptr && last_connection_->id() == id) return last_connection_;
-    auto it = by_id_.find(id);
-    return it == by_id_.end() ? nullptr : it->second.get();
-  }
-  std::vector<Connection*> dirty_;
+  // Completions come in runs from one QP, and a call usually goes to the connection whose
+  // completion was handled last: that one, checked first.
+  Connection* last_connection_ = nullptr;
   std::vector<uint32_t> repost_;
-  std::vector<char> inline_arena_;
-  uint32_t inline_used_ = 0;
   uint32_t recv_posted_ = 0;
   uint64_t iterations_ = 0;
   absl::Time next_timer_ = absl::InfinitePast();
@@ -607,24 +431,6 @@ class Worker {
   std::atomic<uint64_t> requests_{0};
   std::atomic<uint64_t> stray_{0};  // completions naming no connection we know
   std::atomic<uint32_t> recv_posted_snapshot_{0};
-};
-
-// Fixed-size pool for blocking handlers (Execution::kThreadPool).
-class ThreadPool {
- public:
-  explicit ThreadPool(int threads);
-  ~ThreadPool();  // Stop()
-  // Queues `task`; after Stop() it is dropped instead.
-  void Schedule(absl::AnyInvocable<void()> task);
-  // Drops the queued tasks and waits for the running ones. Idempotent.
-  void Stop();
-
- private:
-  void Run();
-  swirl::Mutex mu_;
-  std::deque<absl::AnyInvocable<void()>> tasks_ ABSL_GUARDED_BY(mu_);
-  bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  std::vector<std::thread> threads_;
 };
 
 }  // namespace swirl::internal

@@ -8,39 +8,45 @@
 #include <algorithm>
 #include <cstring>
 
-#include "rpc/worker.h"
+#include "rpc/bulk_pool.h"
+#include "rpc/connection.h"
+#include "rpc/outbox.h"
+#include "rpc/service.h"
 
 namespace swirl::internal {
 
 // ResponseWriter straight into the outgoing message: the inline arena while it fits, else a
-// send-pool buffer. Nothing is copied twice for small responses.
-class Worker::Writer final : public ResponseWriter {
+// send-pool buffer. Nothing is copied twice for small responses. Loop thread only.
+class MessageWriter final : public ResponseWriter {
   static constexpr uint32_t kHeader = sizeof(rpc_wire::MessageHeader);
 
  public:
-  Writer(Worker* worker, Connection* c) : worker_(worker), c_(c) {}
-  ~Writer() override { Abandon(); }
+  // `bulk`: the worker's bulk pool, or null.
+  MessageWriter(Outbox* outbox, BulkPool* bulk, Connection* c)
+      : outbox_(outbox), bulk_pool_(bulk), c_(c) {}
+  ~MessageWriter() override { Abandon(); }
 
   char* Reserve(size_t size) override {
-    if (in_bulk_ || (length_ + size > c_->negotiated_.eager_threshold() &&
-                     worker_->bulk_pool_ != nullptr && c_->negotiated_.max_bulk_size() > 0)) {
+    if (in_bulk_ || (length_ + size > c_->negotiated().eager_threshold() &&
+                     bulk_pool_ != nullptr && c_->negotiated().max_bulk_size() > 0)) {
       return ReserveBulk(size);
     }
-    if (length_ + size > c_->max_payload_) return nullptr;
+    if (length_ + size > c_->max_payload()) return nullptr;
     const uint32_t needed = static_cast<uint32_t>(kHeader + length_ + size);
+    BufferPool& pool = outbox_->pool();
     if (data_ == nullptr) {
-      data_ = worker_->AllocMessage(c_, needed, &buffer_);
+      data_ = outbox_->Alloc(needed, &buffer_);
       if (data_ == nullptr) return nullptr;
-      capacity_ = buffer_ < 0 ? worker_->max_inline_ : worker_->send_pool_->size();
+      capacity_ = buffer_ < 0 ? outbox_->max_inline() : pool.size();
     } else if (needed > capacity_) {
-      if (buffer_ >= 0 || worker_->send_pool_->empty()) return nullptr;
+      if (buffer_ >= 0 || pool.empty()) return nullptr;
       // Outgrew the inline slot: move to a send buffer.
-      uint32_t index = worker_->send_pool_->Take();
-      char* bigger = worker_->send_pool_->at(index);
+      uint32_t index = pool.Take();
+      char* bigger = pool.at(index);
       std::memcpy(bigger, data_, kHeader + length_);
       data_ = bigger;
       buffer_ = static_cast<int32_t>(index);
-      capacity_ = worker_->send_pool_->size();
+      capacity_ = pool.size();
       if (needed > capacity_) return nullptr;
     }
     return data_ + kHeader + length_;
@@ -52,7 +58,7 @@ class Worker::Writer final : public ResponseWriter {
 
   // Releases the space without sending (one-way methods, failures).
   void Abandon() {
-    if (buffer_ >= 0) worker_->send_pool_->Give(static_cast<uint32_t>(buffer_));
+    outbox_->Give(buffer_);
     buffer_ = -1;
     data_ = nullptr;
     bulk_.Release();
@@ -78,13 +84,13 @@ class Worker::Writer final : public ResponseWriter {
  private:
   char* ReserveBulk(size_t size) {
     const size_t needed = length_ + size;
-    if (needed > c_->negotiated_.max_bulk_size()) return nullptr;
+    if (needed > c_->negotiated().max_bulk_size()) return nullptr;
     if (!in_bulk_ || needed > bulk_.capacity()) {
-      auto bigger = worker_->bulk_pool_->Allocate(std::max<size_t>(needed, 2 * length_));
+      auto bigger = bulk_pool_->Allocate(std::max<size_t>(needed, 2 * length_));
       if (!bigger.ok()) return nullptr;
       // Whatever was written so far (eagerly or in a smaller bulk buffer) moves along.
       if (length_ > 0) std::memcpy(bigger->data(), in_bulk_ ? bulk_.data() : data_ + kHeader, length_);
-      if (!in_bulk_ && buffer_ >= 0) worker_->send_pool_->Give(static_cast<uint32_t>(buffer_));
+      if (!in_bulk_) outbox_->Give(buffer_);
       buffer_ = -1;
       data_ = nullptr;
       bulk_ = std::move(*bigger);
@@ -93,7 +99,8 @@ class Worker::Writer final : public ResponseWriter {
     return bulk_.data() + length_;
   }
 
-  Worker* worker_;
+  Outbox* outbox_;
+  BulkPool* bulk_pool_;
   Connection* c_;
   BulkBuffer bulk_;
   bool in_bulk_ = false;

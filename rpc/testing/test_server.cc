@@ -55,7 +55,6 @@ ABSL_FLAG(int64_t, download_bytes, 64 << 20, "unacknowledged download bytes per 
 ABSL_FLAG(int64_t, grant_bytes, 32 << 20,
           "ServerOptions::grant_bytes_per_connection (unused grants, queued blocking handlers)");
 ABSL_FLAG(int64_t, bulk_bytes_per_client, 0, "ServerOptions::bulk_bytes_per_client");
-ABSL_FLAG(bool, allow_unsafe, false, "allow the unsafe static-rkey bulk mode");
 ABSL_FLAG(bool, no_local_fallback, false, "refuse clients without remote invalidation");
 
 namespace {
@@ -287,7 +286,6 @@ int main(int argc, char** argv) {
   options.download_bytes_per_connection = static_cast<size_t>(absl::GetFlag(FLAGS_download_bytes));
   options.grant_bytes_per_connection = static_cast<size_t>(absl::GetFlag(FLAGS_grant_bytes));
   options.bulk_bytes_per_client = static_cast<size_t>(absl::GetFlag(FLAGS_bulk_bytes_per_client));
-  options.allow_unsafe_static_rkey_for_benchmarks = absl::GetFlag(FLAGS_allow_unsafe);
   options.allow_local_invalidation_fallback = !absl::GetFlag(FLAGS_no_local_fallback);
   E2E service;
   swirl::Server server(options);

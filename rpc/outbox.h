@@ -1,0 +1,96 @@
+// Internal: a worker's send side. Every message is written in place, in an inline slot of the
+// arena (up to the device's inline limit: the NIC copies it at post time) or in a send-pool
+// buffer; queued on its connection's send queue carrying every credit owed to the peer; and
+// sent with one doorbell per connection at the end of the loop iteration (FlushAll). A message
+// that finds no credit is parked in a send buffer until one comes back. Loop thread only.
+//
+// A failed post, or a peer that lets too many messages park, fails its connection through the
+// function the worker gives at Init (Worker::FailConnection).
+
+#ifndef SWIRL_RPC_OUTBOX_H_
+#define SWIRL_RPC_OUTBOX_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/functional/any_invocable.h"
+#include "absl/status/status.h"
+#include "rpc/buffer_pool.h"
+#include "rpc/connection.h"
+#include "rpc/wire.h"
+
+namespace swirl::internal {
+
+class Outbox {
+ public:
+  struct Config {
+    uint32_t send_buffers;  // in the send pool
+    uint32_t buffer_size;   // header included
+    uint32_t max_inline;    // the device's inline limit (0: none)
+    // Messages one connection may park: at least this many (the worker's share per connection
+    // of the send pool), and at least four per credit it grants.
+    uint32_t park_share;
+  };
+  absl::Status Init(const std::shared_ptr<verbs::ProtectionDomain>& pd, const Config& config,
+                    absl::AnyInvocable<void(Connection*, const absl::Status&)> fail);
+
+  // ---- Writing messages ----
+  // Space for a message of `length` bytes: an inline slot, or a send buffer (then *buffer >= 0).
+  // nullptr if the send pool is exhausted. Never rings a doorbell.
+  char* Alloc(uint32_t length, int32_t* buffer);
+  // Gives back the send buffer of a message not sent (-1: none).
+  void Give(int32_t buffer) {
+    if (buffer >= 0) pool_->Give(static_cast<uint32_t>(buffer));
+  }
+  BufferPool& pool() { return *pool_; }
+  uint32_t max_inline() const { return max_inline_; }
+
+  // ---- Queueing ----
+  // Queues the message at `data` on `c`, spending a credit (c->credits().CanSend()) and filling
+  // in the credits its header returns. SEND_WITH_INV of `invalidate_rkey` if not 0.
+  void Queue(Connection* c, char* data, uint32_t length, int32_t buffer,
+             uint32_t invalidate_rkey = 0, unsigned int flags = 0);
+  // Queues any other WR (a bind, a LOCAL_INV, an RDMA READ or WRITE) for bulk operation `op`
+  // (or -1); `sge` may be null.
+  uint64_t QueueRaw(Connection* c, const ibv_send_wr& wr, const ibv_sge* sge, int32_t op);
+  // Queues the message now, or parks it until a credit comes back (in order behind anything
+  // parked). A connection that parks more than its share fails; so does one closing already,
+  // whose messages are dropped.
+  void Emit(Connection* c, char* data, uint32_t length, int32_t buffer, uint32_t invalidate_rkey,
+            unsigned int flags = 0);
+  // A header-only control message (ping, pong, credit return, cancel), best effort: only if a
+  // credit is free now (credits come back with the next message anyway).
+  void SendControl(Connection* c, rpc_wire::MessageType type, uint64_t request_id);
+  // Queues parked messages while credits last; true if none is left parked.
+  bool Unpark(Connection* c);
+
+  // ---- Doorbells ----
+  // Rings the doorbell of every connection with queued WRs.
+  void FlushAll();
+  bool idle() const { return doorbells_.empty(); }
+
+  // ---- Teardown ----
+  // The connection failed: its parked and queued-but-unposted messages give their buffers back.
+  void DropUnsent(Connection* c);
+  // The connection is going: it leaves the doorbell list, and the buffers of WRs that will
+  // never complete come back.
+  void Forget(Connection* c);
+
+ private:
+  void Flush(Connection* c);
+  // Numbers the WR just written at the end of c's batch, and rings the doorbell if it is full.
+  uint64_t Commit(Connection* c, int32_t buffer, int32_t op);
+
+  std::unique_ptr<BufferPool> pool_;
+  uint32_t max_inline_ = 0;
+  uint32_t park_share_ = 0;
+  std::vector<char> arena_;  // inline slots: what the NIC copies at post time
+  uint32_t arena_used_ = 0;
+  std::vector<Connection*> doorbells_;
+  absl::AnyInvocable<void(Connection*, const absl::Status&)> fail_;
+};
+
+}  // namespace swirl::internal
+
+#endif  // SWIRL_RPC_OUTBOX_H_

@@ -1,0 +1,84 @@
+// Internal: one connection's send queue as the worker keeps it: the work requests gathered for
+// the next doorbell, a sequence number for every WR posted, what each one holds until it is
+// known complete (a send buffer, a bulk operation), and selective signaling. Loop thread only.
+// The doorbell itself is the caller's (Flush takes the post function), so send_queue_test
+// drives all of it without a device.
+//
+// Selective signaling: a WR is signaled when something waits for its completion (it holds a
+// buffer or an operation), every kSignalInterval WRs, and whenever unsignaled WRs could
+// otherwise fill the QP's send queue. A signaled completion for sequence S retires every WR up
+// to S (RC completes in order), so the unsignaled ones before it are accounted then.
+
+#ifndef SWIRL_RPC_SEND_QUEUE_H_
+#define SWIRL_RPC_SEND_QUEUE_H_
+
+#include <infiniband/verbs.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/functional/function_ref.h"
+
+namespace swirl::internal {
+
+class SendQueue {
+ public:
+  static constexpr int kBatch = 32;  // WRs per doorbell at most
+  static constexpr uint32_t kSignalInterval = 16;
+  static constexpr int32_t kNothing = -1;  // no buffer, no operation
+
+  // `depth`: the QP's send queue (max_send_wr).
+  void Init(uint32_t depth);
+  uint32_t depth() const { return depth_; }
+
+  // ---- Queueing ----
+  // The next WR of the batch and its scatter entry, written in place (the message path is the
+  // hot path), then Commit()ed. Only while !full().
+  ibv_send_wr& next_wr() { return batch_wr_[batch_size_]; }
+  ibv_sge& next_sge() { return batch_sge_[batch_size_]; }
+  // Numbers the WR just written, signals it if it must be, and records what it holds until it
+  // completes: a send-pool `buffer` and a bulk `op` (or kNothing). Returns its sequence.
+  uint64_t Commit(int32_t buffer, int32_t op);
+  bool full() const { return batch_size_ == kBatch; }
+  bool empty() const { return batch_size_ == 0; }
+  // Chains the batch and rings the doorbell once: `post` gets the first WR and returns 0 or an
+  // errno. The batch is empty afterwards either way (a failed post fails the connection).
+  int Flush(absl::FunctionRef<int(ibv_send_wr*)> post);
+
+  // ---- Completions ----
+  // A completion for `seq` retires every WR up to it: `retired(s, buffer, op)` for each, in
+  // order. False, retiring nothing, if `seq` names no WR posted (a stray completion).
+  bool Retire(uint64_t seq, absl::FunctionRef<void(uint64_t, int32_t, int32_t)> retired);
+  // Every WR posted is known complete.
+  bool all_retired() const { return completed_ + 1 >= next_; }
+  uint64_t outstanding() const { return next_ - 1 - completed_; }
+
+  // ---- Failure and teardown ----
+  // Drops the WRs queued but never posted, `release(buffer)` for each buffer they held; their
+  // sequence numbers are used again.
+  void DropUnposted(absl::FunctionRef<void(int32_t)> release);
+  // A sequence number for a WR posted by hand (the signaled marker after an error), and giving
+  // it back if that post failed.
+  uint64_t TakeSeq() { return next_++; }
+  void UntakeSeq() { --next_; }
+  // The WRs posted will never complete (the QP is gone): `release(buffer)` for each.
+  void ForgetOutstanding(absl::FunctionRef<void(int32_t)> release);
+
+ private:
+  size_t Slot(uint64_t seq) const { return seq & (held_buffer_.size() - 1); }
+
+  uint32_t depth_ = 0;
+  uint64_t next_ = 1;       // sequence of the next WR
+  uint64_t completed_ = 0;  // every WR up to this one is complete
+  uint32_t unsignaled_ = 0;
+  // By sequence, modulo a power of two >= depth: what the WR holds.
+  std::vector<int32_t> held_buffer_;
+  std::vector<int32_t> held_op_;
+  ibv_send_wr batch_wr_[kBatch];
+  ibv_sge batch_sge_[kBatch];
+  int batch_size_ = 0;
+};
+
+}  // namespace swirl::internal
+
+#endif  // SWIRL_RPC_SEND_QUEUE_H_

@@ -1,0 +1,281 @@
+// The worker's client role: calls are admitted to their connection's call table, sent when a
+// credit and a slot allow (else they wait in its backlog, in order), completed by their
+// response, and given up on (cancel, deadline) only once neither the device nor the server
+// uses their buffers any more.
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "base/check.h"
+#include "google/protobuf/message_lite.h"
+#include "rpc/worker.h"
+
+namespace swirl::internal {
+namespace {
+
+using rpc_wire::MessageHeader;
+
+constexpr uint32_t kHeader = sizeof(MessageHeader);
+
+}  // namespace
+
+void Worker::StartCallOnLoop(Connection* c, ClientCall* call) {
+  SWIRL_DCHECK(OnLoopThread());
+  if (c == nullptr || !c->active()) {
+    call->Complete(absl::UnavailableError(
+        c != nullptr && !c->close_reason().ok()
+            ? absl::StrCat("connection closed: ", c->close_reason().message())
+            : "connection closed"));
+    return;
+  }
+  CallState& s = c->calls().Admit(call);
+  if (c->calls().backlog_empty() && TrySendCall(c, s)) return;
+  c->calls().PushBack(s);
+}
+
+absl::Status Worker::CheckCall(Connection* c, const CallState& s, bool message_in_bulk) const {
+  const ClientCall* call = s.call;
+  if (call->request_bulk_ != nullptr && (message_in_bulk || call->one_way_)) {
+    return absl::InvalidArgumentError(
+        call->one_way_ ? "one-way calls cannot carry bulk data"
+                       : absl::StrFormat("a request with a bulk attachment must keep its message "
+                                         "within the eager threshold (%u bytes)",
+                                         c->negotiated().eager_threshold()));
+  }
+  const BulkBuffer* out = call->response_bulk_;
+  if (out != nullptr && *out &&
+      (bulk_pool_ == nullptr || !bulk_pool_->Contains(out->data(), out->capacity()))) {
+    return absl::InvalidArgumentError("response_bulk must come from this channel's AllocateBulk");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Worker::SerializeIntoBulk(CallState& s, size_t size) {
+  if (s.scratch) return absl::OkStatus();  // a retry: serialized already
+  auto scratch = bulk_pool_->Allocate(size);
+  if (!scratch.ok()) return scratch.status();
+  s.scratch = std::move(*scratch);
+  const ClientCall* call = s.call;
+  if (call->request_ != nullptr) {
+    call->request_->SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(s.scratch.data()));
+  } else {
+    std::memcpy(s.scratch.data(), call->request_bytes_.data(), size);
+  }
+  return absl::OkStatus();
+}
+
+bool Worker::TrySendCall(Connection* c, CallState& s) {
+  if (!c->credits().CanSendCall()) return false;
+  const ClientCall* call = s.call;
+  if (!call->one_way_ && c->calls().full()) return false;
+  const size_t size =
+      call->request_ != nullptr ? call->request_->ByteSizeLong() : call->request_bytes_.size();
+  const bool message_in_bulk = size > c->negotiated().eager_threshold() &&
+                               bulk_pool_ != nullptr && c->negotiated().max_bulk_size() > 0;
+  if (absl::Status refused = CheckCall(c, s, message_in_bulk); !refused.ok()) {
+    FinishCall(c, s, std::move(refused));
+    return true;
+  }
+  if ((message_in_bulk || call->request_bulk_ != nullptr) && !call->one_way_) {
+    if (message_in_bulk) {
+      if (absl::Status serialized = SerializeIntoBulk(s, size); !serialized.ok()) {
+        FinishCall(c, s, std::move(serialized));
+        return true;
+      }
+    }
+    return SendBulkCall(c, s, size, message_in_bulk);
+  }
+  return SendEagerCall(c, s, size);
+}
+
+bool Worker::SendEagerCall(Connection* c, CallState& s, size_t size) {
+  ClientCall* call = s.call;
+  if (size > c->max_payload()) {
+    FinishCall(c, s, absl::ResourceExhaustedError(absl::StrFormat(
+                         "request of %u bytes exceeds the %u-byte maximum message size", size,
+                         c->max_payload())));
+    return true;
+  }
+  int32_t buffer;
+  char* data = outbox_.Alloc(static_cast<uint32_t>(kHeader + size), &buffer);
+  if (data == nullptr) return false;
+  const bool one_way = call->one_way_;
+  *reinterpret_cast<MessageHeader*>(data) = MessageHeader{
+      .version = rpc_wire::kProtocolVersion,
+      .type = static_cast<uint8_t>(one_way ? rpc_wire::kOneWay : rpc_wire::kRequest),
+      .method_id = call->method_id_,
+      .request_id = one_way ? 0 : c->calls().Allocate(s),
+      .payload_len = static_cast<uint32_t>(size),
+  };
+  if (call->request_ != nullptr) {
+    call->request_->SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(data + kHeader));
+  } else if (size > 0) {
+    std::memcpy(data + kHeader, call->request_bytes_.data(), size);
+  }
+  // Pending before the doorbell: if queueing rings it and the post fails, the connection fails
+  // and completes the call, which must not be marked pending after that.
+  if (!one_way) call->state_.store(ClientCall::kPending, std::memory_order_relaxed);
+  outbox_.Queue(c, data, static_cast<uint32_t>(kHeader + size), buffer);
+  Bump(c->counters().requests_sent);
+  if (one_way) {
+    CompleteLocally(c, s, c->closing() ? absl::UnavailableError("connection lost")
+                                       : absl::OkStatus());
+  }
+  return true;
+}
+
+void Worker::PumpBacklog(Connection* c) {
+  // What waited for credits first (responses, acks, grants), in order; then new calls.
+  if (!outbox_.Unpark(c)) return;
+  CallTable& calls = c->calls();
+  while (CallState* s = calls.backlog_front()) {
+    if (c->credits().parked() > 0) break;
+    // Unlinked before it is tried: TrySendCall may complete it (a one-way call, a failure),
+    // whose callback may start calls that join the backlog.
+    calls.PopFront();
+    if (!TrySendCall(c, *s)) {  // not completed: back to the front, and wait for credits
+      calls.PushFront(*s);
+      break;
+    }
+  }
+}
+
+absl::Status Worker::ParseResponse(const ClientCall* call, absl::string_view message) const {
+  if (call->response_ != nullptr) {
+    if (!call->response_->ParseFromArray(message.data(), static_cast<int>(message.size()))) {
+      return absl::DataLossError("response does not parse");
+    }
+  } else if (call->response_bytes_ != nullptr) {
+    call->response_bytes_->assign(message.data(), message.size());
+  }
+  return absl::OkStatus();
+}
+
+void Worker::CompleteCall(Connection* c, const MessageHeader& h, const char* payload) {
+  SWIRL_DCHECK(OnLoopThread());
+  CallState* s = c->calls().Find(h.request_id);
+  if (s == nullptr) return;  // cancelled or timed out already; the late response is dropped
+  c->calls().Release(*s);
+  Bump(c->counters().responses_received);
+  const absl::string_view body(payload, h.payload_len);
+  absl::Status status =
+      h.status == 0 ? ParseResponse(s->call, body)
+                    : absl::Status(static_cast<absl::StatusCode>(h.status), body);
+  FinishCall(c, *s, std::move(status));
+}
+
+void Worker::FinishCall(Connection* c, CallState& s, absl::Status status) {
+  if (s.write_op >= 0) {
+    // Answered (or failed) with its upload WRITE's completion not yet seen: the server placed
+    // the data before it saw the request, so the WRITE is done with the buffer.
+    if (auto* o = std::get_if<bulk_op::UploadWrite>(&c->ops().at(s.write_op))) o->call = nullptr;
+    s.write_op = -1;
+  }
+  // Mirror mode: buffers still exposed are revoked before the caller gets them back (and the
+  // scratch buffer, which a request window may expose, is kept until then). Once the QP is in
+  // ERR its windows are unusable, and nothing waits on a revocation.
+  bool revoking = false;
+  for (int32_t w : {s.request_window, s.reply_window}) {
+    if (w < 0 || c->closing()) continue;
+    const Window& win = c->windows().at(w);
+    if (win.state == Window::State::kExposed) {
+      RevokeWindow(c, w, bulk_op::RevokeThenComplete{w, false, &s, status});
+      revoking = true;
+    } else if (win.state == Window::State::kRevoking && win.revoke_op >= 0) {
+      // A revocation is on its way already (fallback ack, lease): complete behind it.
+      BulkOp& op = c->ops().at(win.revoke_op);
+      if (auto* r = std::get_if<bulk_op::Revoke>(&op)) {
+        bulk_op::RevokeThenComplete then{r->window, r->lease_expired, &s, status};
+        op = std::move(then);
+      } else if (auto* rc = std::get_if<bulk_op::RevokeThenComplete>(&op)) {
+        rc->call = &s;
+        rc->status = status;
+      }
+      revoking = true;
+    }
+  }
+  if (!revoking) CompleteLocally(c, s, std::move(status));
+}
+
+void Worker::CompleteLocally(Connection* c, CallState& s, absl::Status status) {
+  SWIRL_DCHECK(OnLoopThread());
+  if (!s.abandoned.ok()) status = std::move(s.abandoned);  // the caller gave up: that stands
+  ClientCall* call = s.call;
+  c->calls().Release(s);
+  c->calls().Retire(s);  // before the callback, which may start the call again
+  call->Complete(std::move(status));
+}
+
+void Worker::GiveUp(Connection* c, CallState& s, absl::Status status) {
+  const uint64_t request_id = s.request_id;
+  if (DeferIfExposing(c, s, status)) {  // mirror: the server still holds our windows
+    outbox_.SendControl(c, rpc_wire::kCancel, request_id);
+    return;
+  }
+  c->calls().Release(s);
+  const bool downloading = s.read_op >= 0;
+  if (DeferIfReading(c, s, status)) {
+    // A download's response is here already, only its READ is left; an upload's request may
+    // still be answered, and the server can stop early.
+    if (!downloading) outbox_.SendControl(c, rpc_wire::kCancel, request_id);
+    return;
+  }
+  outbox_.SendControl(c, rpc_wire::kCancel, request_id);
+  FinishCall(c, s, std::move(status));
+}
+
+bool Worker::DeferIfReading(Connection* c, CallState& s, absl::Status status) {
+  if (s.read_op >= 0) {
+    auto& o = std::get<bulk_op::DownloadRead>(c->ops().at(s.read_op));
+    o.cancelled = true;
+    o.status = std::move(status);
+    return true;
+  }
+  if (s.write_op >= 0) {
+    auto& o = std::get<bulk_op::UploadWrite>(c->ops().at(s.write_op));
+    o.call = &s;
+    o.cancelled = true;
+    o.status = std::move(status);
+    return true;
+  }
+  return false;
+}
+
+bool Worker::DeferIfExposing(Connection* c, CallState& s, absl::Status status) {
+  if (!s.abandoned.ok()) return true;  // given up on already
+  bool exposed = false;
+  for (int32_t w : {s.request_window, s.reply_window}) {
+    if (w >= 0 && c->windows().at(w).state == Window::State::kExposed) exposed = true;
+  }
+  if (!exposed) return false;
+  s.abandoned = std::move(status);  // never OK: a cancel or a deadline
+  s.deadline = absl::InfiniteFuture();
+  return true;
+}
+
+void Worker::FinishIfAbandoned(Connection* c, CallState& s) {
+  if (s.abandoned.ok() || s.request_window >= 0 || s.reply_window >= 0) return;
+  // The server is done with our memory; a response still on its way finds no call.
+  CompleteLocally(c, s, absl::OkStatus());  // completes with the abandoned status
+}
+
+void Worker::FailPendingCalls(Connection* c, const absl::Status& why) {
+  CallTable& calls = c->calls();
+  std::vector<CallState*> all = calls.All();
+  calls.Clear();
+  for (CallState* s : all) CompleteLocally(c, *s, why);
+}
+
+void Worker::CallTimers(Connection* c, absl::Time now) {
+  CallTable& calls = c->calls();
+  calls.ForEachInFlight([&](CallState& s) {
+    if (s.deadline <= now) GiveUp(c, s, absl::DeadlineExceededError("deadline exceeded"));
+  });
+  if (calls.backlog_empty()) return;
+  for (CallState* s : calls.Unlink([now](const CallState& s) { return s.deadline <= now; })) {
+    FinishCall(c, *s, absl::DeadlineExceededError("deadline exceeded before sending"));
+  }
+}
+
+}  // namespace swirl::internal
