@@ -85,9 +85,11 @@ absl::Status Worker::ExposeResponse(Connection* c, const Incoming& request, Bulk
   if (c->negotiated().bulk_mode() == control::BULK_MIRROR && request.has_chunk && !is_message &&
       length <= request.chunk.length) {
     // Mirror: write into the caller's reply window; the response then revokes it.
-    const int32_t op = c->ops().Add(bulk_op::Hold{std::move(data)});
-    PostRdma(c, IBV_WR_RDMA_WRITE, std::get<bulk_op::Hold>(c->ops().at(op)).buffer, length,
-             request.chunk.addr, request.chunk.rkey, op);
+    int32_t op;
+    bulk_op::Hold& hold = c->ops().Emplace<bulk_op::Hold>(&op);
+    hold.buffer = std::move(data);
+    PostRdma(c, IBV_WR_RDMA_WRITE, hold.buffer, length, request.chunk.addr, request.chunk.rkey,
+             op);
     *d = {request.chunk.addr, length, request.chunk.rkey};
     *invalidate = c->remote_invalidation() ? request.chunk.rkey : 0;
     return absl::OkStatus();
@@ -128,7 +130,8 @@ void Worker::HandleBulkResponse(Connection* c, const MessageHeader& h, const cha
   if (d.length == 0 || d.length > c->negotiated().max_bulk_size()) {
     return BulkViolation(c, absl::StrCat("bulk response of ", d.length, " bytes"));
   }
-  CallState* s = c->calls().Find(h.request_id);  // AcceptMessage refused a second response
+  CallState* s = c->calls().Find(h.request_id);
+  if (s != nullptr && s->read_op >= 0) return SecondResponse(c, h.request_id);
   if (s != nullptr && s->reply_window >= 0 && c->windows().at(s->reply_window).rkey == d.rkey) {
     ReceiveIntoReplyWindow(c, *s, h, d, eager, wc);
     return;
@@ -208,7 +211,11 @@ void Worker::StartDownload(Connection* c, CallState& s, const MessageHeader& h,
     *dest = std::move(*fresh);
   }
   dest->resize(d.length);
-  s.read_op = c->ops().Add(bulk_op::DownloadRead{&s, h.request_id, is_message, std::string(eager)});
+  bulk_op::DownloadRead& read = c->ops().Emplace<bulk_op::DownloadRead>(&s.read_op);
+  read.call = &s;
+  read.request_id = h.request_id;
+  read.is_message = is_message;
+  read.eager.assign(eager.data(), eager.size());
   PostRdma(c, IBV_WR_RDMA_READ, *dest, d.length, d.addr, d.rkey, s.read_op);
   // The acknowledgement travels right behind the READ (fenced) and revokes the window.
   SendBulkAck(c, h.request_id, d.rkey);

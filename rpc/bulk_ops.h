@@ -90,15 +90,17 @@ using BulkOp = std::variant<std::monostate, bulk_op::DownloadRead, bulk_op::Mirr
 
 class BulkOpTable {
  public:
-  int32_t Add(BulkOp op) {
-    if (!free_.empty()) {
-      const int32_t i = free_.back();
-      free_.pop_back();
-      ops_[static_cast<size_t>(i)] = std::move(op);
-      return i;
+  // A new operation of kind `Op`, built in its slot (whose index goes to *index) for the
+  // caller to fill in.
+  template <typename Op>
+  Op& Emplace(int32_t* index) {
+    if (free_.empty()) {
+      *index = static_cast<int32_t>(ops_.size());
+      return ops_.emplace_back().template emplace<Op>();
     }
-    ops_.push_back(std::move(op));
-    return static_cast<int32_t>(ops_.size() - 1);
+    *index = free_.back();
+    free_.pop_back();
+    return ops_[static_cast<size_t>(*index)].template emplace<Op>();
   }
   BulkOp& at(int32_t i) { return ops_[static_cast<size_t>(i)]; }
   // The operation completed: moved out, its slot free.

@@ -97,7 +97,7 @@ bool Worker::SendGrantedUpload(Connection* c, CallState& s, const BulkBuffer& da
   // The payload goes straight into the server's window; the request that follows seals it.
   // Tracked: a caller that gives up before the response gets its buffer back only once the
   // WRITE is done reading it.
-  s.write_op = c->ops().Add(bulk_op::UploadWrite{&s});
+  c->ops().Emplace<bulk_op::UploadWrite>(&s.write_op).call = &s;
   PostRdma(c, IBV_WR_RDMA_WRITE, data, length, g.addr, g.rkey, s.write_op);
   if (c->closing()) {
     outbox_.Give(buffer);
@@ -225,9 +225,14 @@ void Worker::ReceiveGrantedUpload(Connection* c, Incoming& in, const BulkDescrip
   if (!revoked.has_value()) return;
   if (!*revoked) {
     // Explicit fallback: revoke it ourselves and run the handler once the revocation is done.
-    RevokeWindow(c, w,
-                 bulk_op::RevokeThenDispatch{
-                     w, {h, std::string(in.eager), false, {}, d.length, !draining_}});
+    int32_t op;
+    bulk_op::RevokeThenDispatch& then = c->ops().Emplace<bulk_op::RevokeThenDispatch>(&op);
+    then.window = w;
+    then.request.header = h;
+    then.request.eager.assign(in.eager.data(), in.eager.size());
+    then.request.length = d.length;
+    then.request.admitted = !draining_;
+    RevokeWindow(c, w, op);
     return;
   }
   // The window was revoked as this message arrived; the payload can no longer change.
@@ -255,12 +260,17 @@ void Worker::ReceiveMirroredUpload(Connection* c, Incoming& in, const BulkDescri
     SendResponseBytes(c, h.request_id, buffer.status(), {});
     return;
   }
-  const int32_t op = c->ops().Add(bulk_op::MirrorRead{
-      {h, std::string(in.eager), in.has_chunk, in.chunk, d.length, /*admitted=*/true},
-      d.rkey,
-      std::move(*buffer)});
-  PostRdma(c, IBV_WR_RDMA_READ, std::get<bulk_op::MirrorRead>(c->ops().at(op)).buffer, d.length,
-           d.addr, d.rkey, op);
+  int32_t op;
+  bulk_op::MirrorRead& read = c->ops().Emplace<bulk_op::MirrorRead>(&op);
+  read.request.header = h;
+  read.request.eager.assign(in.eager.data(), in.eager.size());
+  read.request.has_chunk = in.has_chunk;
+  read.request.chunk = in.chunk;
+  read.request.length = d.length;
+  read.request.admitted = true;  // not draining (above)
+  read.peer_rkey = d.rkey;
+  read.buffer = std::move(*buffer);
+  PostRdma(c, IBV_WR_RDMA_READ, read.buffer, d.length, d.addr, d.rkey, op);
 }
 
 }  // namespace swirl::internal

@@ -76,13 +76,20 @@ uint32_t Worker::BindWindow(Connection* c, int32_t w, uint64_t addr, uint32_t le
   return rkey;
 }
 
-void Worker::RevokeWindow(Connection* c, int32_t w, BulkOp op) {
-  const int32_t index = c->ops().Add(std::move(op));
+void Worker::RevokeWindow(Connection* c, int32_t w, int32_t index) {
   c->windows().BeginRevoke(w, index);
   ibv_send_wr wr{};
   wr.opcode = IBV_WR_LOCAL_INV;
   wr.invalidate_rkey = c->windows().at(w).rkey;
   outbox_.QueueRaw(c, wr, nullptr, index);
+}
+
+int32_t Worker::NewRevoke(Connection* c, int32_t w, bool lease_expired) {
+  int32_t index;
+  bulk_op::Revoke& revoke = c->ops().Emplace<bulk_op::Revoke>(&index);
+  revoke.window = w;
+  revoke.lease_expired = lease_expired;
+  return index;
 }
 
 void Worker::FreeWindow(Connection* c, int32_t w) {
@@ -151,7 +158,7 @@ void Worker::BulkTimers(Connection* c, absl::Time now) {
     SWIRL_LOG(INFO, "%s: connection %u: window for request %u not acknowledged in %s; revoking",
               options_.name, c->id(), c->windows().at(w).request_id,
               absl::FormatDuration(options_.window_lease));
-    RevokeWindow(c, w, bulk_op::Revoke{w, /*lease_expired=*/true});
+    RevokeWindow(c, w, NewRevoke(c, w, /*lease_expired=*/true));
   });
 }
 
@@ -207,7 +214,7 @@ void Worker::HandleBulkAck(Connection* c, const MessageHeader& h, const ibv_wc& 
   if (!*revoked) {
     // Fallback: revoke it ourselves. A mirror request window stays attached to its call until
     // the LOCAL_INV completes, so the call cannot complete (and hand its buffer back) before.
-    RevokeWindow(c, w, bulk_op::Revoke{w, false});
+    RevokeWindow(c, w, NewRevoke(c, w, /*lease_expired=*/false));
     return;
   }
   Bump(c->counters().windows_remote_invalidated);

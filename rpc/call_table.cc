@@ -6,125 +6,74 @@ namespace swirl::internal {
 
 void CallTable::Init(uint32_t slots) {
   SWIRL_CHECK(slots > 0 && (slots & (slots - 1)) == 0);
-  slot_state_.assign(slots, CallState::kNone);
-  generations_.assign(slots, 0);
-  free_slots_.clear();
-  for (uint32_t i = slots; i > 0; --i) free_slots_.push_back(i - 1);
+  slots_.assign(slots, Slot());
+  slot_count_ = slots;
+  for (uint32_t i = 0; i + 1 < slots; ++i) slots_[i].next_free = i + 1;
+  free_slot_ = 0;
   in_flight_ = 0;
 }
 
-CallState& CallTable::Admit(ClientCall* call) {
-  uint32_t index;
-  if (!free_states_.empty()) {
-    index = free_states_.back();
-    free_states_.pop_back();
-  } else {
-    index = static_cast<uint32_t>(states_.size());
-    states_.emplace_back();
-    states_.back().index = index;
+size_t CallTable::admitted() const {
+  size_t free = 0;
+  for (uint32_t i = free_state_; i != CallState::kNone;
+       i = blocks_[i >> kBlockBits][i & (kBlock - 1)].next) {
+    ++free;
   }
-  CallState& state = states_[index];
-  state.call = call;
-  state.deadline = call->deadline_;
-  call->state_index_ = index;
-  return state;
+  return states_ - free;
 }
 
-CallState* CallTable::StateOf(const ClientCall* call) {
-  const uint32_t index = call->state_index_;
-  if (index >= states_.size() || states_[index].call != call) return nullptr;
-  return &states_[index];
-}
-
-void CallTable::Retire(CallState& state) {
-  SWIRL_DCHECK(state.call != nullptr && state.request_id == 0 && state.next == CallState::kNone);
-  // Field by field (not `state = CallState()`): this runs once per call.
-  state.call = nullptr;
-  state.scratch.Release();
-  state.request_window = state.reply_window = state.read_op = state.write_op = -1;
-  if (!state.abandoned.ok()) state.abandoned = absl::OkStatus();
-  free_states_.push_back(state.index);
-}
-
-uint64_t CallTable::Allocate(CallState& state) {
-  SWIRL_DCHECK(!free_slots_.empty() && state.request_id == 0);
-  const uint32_t slot = free_slots_.back();
-  free_slots_.pop_back();
-  ++generations_[slot];
-  slot_state_[slot] = state.index;
-  ++in_flight_;
-  state.request_id = (uint64_t{generations_[slot]} << 32) | slot;
-  return state.request_id;
-}
-
-CallState* CallTable::Find(uint64_t request_id) {
-  const uint32_t slot = static_cast<uint32_t>(request_id);
-  if (slot >= slot_state_.size() || generations_[slot] != (request_id >> 32)) return nullptr;
-  const uint32_t index = slot_state_[slot];
-  return index == CallState::kNone ? nullptr : &states_[index];
-}
-
-void CallTable::Release(CallState& state) {
-  if (state.request_id == 0) return;
-  const uint32_t slot = static_cast<uint32_t>(state.request_id);
-  slot_state_[slot] = CallState::kNone;
-  free_slots_.push_back(slot);
-  --in_flight_;
-  state.request_id = 0;
-}
-
-bool CallTable::NeverMade(uint64_t request_id) const {
-  const uint32_t slot = static_cast<uint32_t>(request_id);
-  return slot >= slot_state_.size() ||
-         static_cast<int32_t>(static_cast<uint32_t>(request_id >> 32) - generations_[slot]) > 0;
+uint32_t CallTable::Grow() {
+  const uint32_t index = states_++;
+  if ((index & (kBlock - 1)) == 0) blocks_.push_back(std::make_unique<CallState[]>(kBlock));
+  state(index).index = index;
+  return index;
 }
 
 void CallTable::ForEachInFlight(absl::FunctionRef<void(CallState&)> fn) {
   if (in_flight_ == 0) return;
-  for (uint32_t slot = 0; slot < slot_state_.size(); ++slot) {
-    const uint32_t index = slot_state_[slot];
-    if (index != CallState::kNone) fn(states_[index]);
+  for (Slot& entry : slots_) {
+    if (entry.state != nullptr) fn(*entry.state);
   }
 }
 
 CallState* CallTable::backlog_front() {
-  return backlog_head_ == CallState::kNone ? nullptr : &states_[backlog_head_];
+  return backlog_head_ == CallState::kNone ? nullptr : &state(backlog_head_);
 }
 
-void CallTable::PushBack(CallState& state) {
-  state.next = CallState::kNone;
+void CallTable::PushBack(CallState& s) {
+  s.next = CallState::kNone;
   if (backlog_tail_ != CallState::kNone) {
-    states_[backlog_tail_].next = state.index;
+    state(backlog_tail_).next = s.index;
   } else {
-    backlog_head_ = state.index;
+    backlog_head_ = s.index;
   }
-  backlog_tail_ = state.index;
+  backlog_tail_ = s.index;
 }
 
-void CallTable::PushFront(CallState& state) {
-  state.next = backlog_head_;
-  backlog_head_ = state.index;
-  if (backlog_tail_ == CallState::kNone) backlog_tail_ = state.index;
+void CallTable::PushFront(CallState& s) {
+  s.next = backlog_head_;
+  backlog_head_ = s.index;
+  if (backlog_tail_ == CallState::kNone) backlog_tail_ = s.index;
 }
 
 void CallTable::PopFront() {
-  CallState& front = states_[backlog_head_];
+  CallState& front = state(backlog_head_);
   backlog_head_ = front.next;
   if (backlog_head_ == CallState::kNone) backlog_tail_ = CallState::kNone;
   front.next = CallState::kNone;
 }
 
-bool CallTable::Remove(CallState& state) {
+bool CallTable::Remove(CallState& s) {
   uint32_t prev = CallState::kNone;
-  for (uint32_t i = backlog_head_; i != CallState::kNone; prev = i, i = states_[i].next) {
-    if (i != state.index) continue;
+  for (uint32_t i = backlog_head_; i != CallState::kNone; prev = i, i = state(i).next) {
+    if (i != s.index) continue;
     if (prev == CallState::kNone) {
-      backlog_head_ = state.next;
+      backlog_head_ = s.next;
     } else {
-      states_[prev].next = state.next;
+      state(prev).next = s.next;
     }
     if (backlog_tail_ == i) backlog_tail_ = prev;
-    state.next = CallState::kNone;
+    s.next = CallState::kNone;
     return true;
   }
   return false;
@@ -134,16 +83,16 @@ std::vector<CallState*> CallTable::Unlink(absl::FunctionRef<bool(const CallState
   std::vector<CallState*> out;
   uint32_t prev = CallState::kNone;
   for (uint32_t i = backlog_head_; i != CallState::kNone;) {
-    CallState& state = states_[i];
-    const uint32_t next = state.next;
-    if (drop(state)) {
+    CallState& s = state(i);
+    const uint32_t next = s.next;
+    if (drop(s)) {
       if (prev == CallState::kNone) {
         backlog_head_ = next;
       } else {
-        states_[prev].next = next;
+        state(prev).next = next;
       }
-      state.next = CallState::kNone;
-      out.push_back(&state);
+      s.next = CallState::kNone;
+      out.push_back(&s);
     } else {
       prev = i;
     }
@@ -155,18 +104,18 @@ std::vector<CallState*> CallTable::Unlink(absl::FunctionRef<bool(const CallState
 
 std::vector<CallState*> CallTable::All() {
   std::vector<CallState*> out;
-  ForEachInFlight([&](CallState& state) { out.push_back(&state); });
-  for (uint32_t i = backlog_head_; i != CallState::kNone; i = states_[i].next) {
-    out.push_back(&states_[i]);
+  ForEachInFlight([&](CallState& s) { out.push_back(&s); });
+  for (uint32_t i = backlog_head_; i != CallState::kNone; i = state(i).next) {
+    out.push_back(&state(i));
   }
   return out;
 }
 
 void CallTable::Clear() {
-  ForEachInFlight([&](CallState& state) { Release(state); });
+  ForEachInFlight([&](CallState& s) { Release(s); });
   for (uint32_t i = backlog_head_; i != CallState::kNone;) {
-    const uint32_t next = states_[i].next;
-    states_[i].next = CallState::kNone;
+    const uint32_t next = state(i).next;
+    state(i).next = CallState::kNone;
     i = next;
   }
   backlog_head_ = backlog_tail_ = CallState::kNone;

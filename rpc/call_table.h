@@ -14,12 +14,13 @@
 #define SWIRL_RPC_CALL_TABLE_H_
 
 #include <cstdint>
-#include <deque>
+#include <memory>
 #include <vector>
 
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "base/check.h"
 #include "rpc/bulk.h"
 #include "rpc/call.h"
 
@@ -50,28 +51,84 @@ class CallTable {
 
   // ---- Admission: every call this connection is making has a state ----
   // A state for `call` (which remembers its index), with the call's deadline.
-  CallState& Admit(ClientCall* call);
+  CallState& Admit(ClientCall* call) {
+    uint32_t index = free_state_;
+    if (index != CallState::kNone) {
+      free_state_ = state(index).next;  // free states are linked through `next`
+    } else {
+      index = Grow();
+    }
+    CallState& s = state(index);
+    s.next = CallState::kNone;
+    s.call = call;
+    s.deadline = call->deadline_;
+    call->state_index_ = index;
+    return s;
+  }
   // The state of admitted `call`, or nullptr if it is not admitted here (a stale cancel).
-  CallState* StateOf(const ClientCall* call);
+  CallState* StateOf(const ClientCall* call) {
+    const uint32_t index = call->state_index_;
+    if (index >= states_ || state(index).call != call) return nullptr;
+    return &state(index);
+  }
   // Frees `state` (its call completes): its scratch buffer goes back to the pool. It must hold
   // no slot and be out of the backlog.
-  void Retire(CallState& state);
-  // Admitted calls (for tests and teardown checks).
-  size_t admitted() const { return states_.size() - free_states_.size(); }
+  void Retire(CallState& s) {
+    SWIRL_DCHECK(s.call != nullptr && s.request_id == 0 && s.next == CallState::kNone);
+    // Field by field (not `s = CallState()`): this runs once per call.
+    s.call = nullptr;
+    s.scratch.Release();
+    s.request_window = s.reply_window = s.read_op = s.write_op = -1;
+    if (!s.abandoned.ok()) s.abandoned = absl::OkStatus();
+    s.next = free_state_;
+    free_state_ = s.index;
+  }
+  // Admitted calls (for tests: it walks the free list).
+  size_t admitted() const;
 
   // ---- Slots: calls in flight ----
-  bool full() const { return free_slots_.empty(); }
+  bool full() const { return free_slot_ == CallState::kNone; }
+  uint32_t slots() const { return slot_count_; }
   uint32_t in_flight() const { return in_flight_; }
   // Takes a slot for `state` and returns its request id. !full().
-  uint64_t Allocate(CallState& state);
+  uint64_t Allocate(CallState& s) {
+    SWIRL_DCHECK(!full() && s.request_id == 0);
+    const uint32_t slot = free_slot_;
+    Slot& entry = slots_[slot];
+    free_slot_ = entry.next_free;
+    ++entry.generation;
+    entry.state = &s;
+    ++in_flight_;
+    s.request_id = (uint64_t{entry.generation} << 32) | slot;
+    return s.request_id;
+  }
   // The state in flight under `request_id`, or nullptr (a late answer to a call given up, or a
   // request id of an earlier generation of its slot). The slot stays taken.
-  CallState* Find(uint64_t request_id);
+  CallState* Find(uint64_t request_id) const {
+    const uint32_t slot = static_cast<uint32_t>(request_id);
+    if (slot >= slot_count_) return nullptr;
+    const Slot& entry = slots_[slot];
+    return entry.generation == (request_id >> 32) ? entry.state : nullptr;
+  }
   // Frees `state`'s slot, if it holds one.
-  void Release(CallState& state);
+  void Release(CallState& s) {
+    if (s.request_id == 0) return;
+    const uint32_t slot = static_cast<uint32_t>(s.request_id);
+    Slot& entry = slots_[slot];
+    entry.state = nullptr;
+    entry.next_free = free_slot_;
+    free_slot_ = slot;
+    --in_flight_;
+    s.request_id = 0;
+  }
   // Whether `request_id` names a call this table never made: a slot beyond it, or a generation
   // its slot has not reached yet (compared modulo 2^32: generations wrap).
-  bool NeverMade(uint64_t request_id) const;
+  bool NeverMade(uint64_t request_id) const {
+    const uint32_t slot = static_cast<uint32_t>(request_id);
+    return slot >= slot_count_ ||
+           static_cast<int32_t>(static_cast<uint32_t>(request_id >> 32) -
+                                slots_[slot].generation) > 0;
+  }
   // Calls `fn` for each state holding a slot; `fn` may release it.
   void ForEachInFlight(absl::FunctionRef<void(CallState&)> fn);
 
@@ -93,13 +150,26 @@ class CallTable {
   void Clear();
 
  private:
-  // Admitted calls. A deque: references to states stay valid while more are admitted (a
-  // callback may start calls while the worker holds its call's state).
-  std::deque<CallState> states_;
-  std::vector<uint32_t> free_states_;
-  std::vector<uint32_t> slot_state_;     // by slot: the state holding it, or kNone
-  std::vector<uint32_t> generations_;    // by slot
-  std::vector<uint32_t> free_slots_;     // the next one taken last
+  // Admitted calls, in blocks that never move: references to states stay valid while more are
+  // admitted (a callback may start calls while the worker holds its call's state), and finding
+  // one by index is two loads.
+  uint32_t Grow();  // a new state's index
+  static constexpr uint32_t kBlockBits = 6;
+  static constexpr uint32_t kBlock = 1u << kBlockBits;
+  CallState& state(uint32_t index) {
+    return blocks_[index >> kBlockBits][index & (kBlock - 1)];
+  }
+  struct Slot {
+    uint32_t generation = 0;
+    CallState* state = nullptr;  // the call in flight in it, or null
+    uint32_t next_free = CallState::kNone;
+  };
+  std::vector<std::unique_ptr<CallState[]>> blocks_;
+  uint32_t states_ = 0;  // made so far (all blocks but the last are full)
+  uint32_t free_state_ = CallState::kNone;  // free states, linked through CallState::next
+  std::vector<Slot> slots_;
+  uint32_t slot_count_ = 0;
+  uint32_t free_slot_ = CallState::kNone;  // free slots, linked through Slot::next_free
   uint32_t in_flight_ = 0;
   uint32_t backlog_head_ = CallState::kNone;
   uint32_t backlog_tail_ = CallState::kNone;

@@ -12,7 +12,6 @@ namespace {
 
 using rpc_wire::MessageHeader;
 
-constexpr uint32_t kArenaSlots = 64;
 constexpr uint32_t kHeader = sizeof(MessageHeader);
 
 }  // namespace
@@ -23,55 +22,11 @@ absl::Status Outbox::Init(const std::shared_ptr<verbs::ProtectionDomain>& pd, co
   if (!pool.ok()) return pool.status();
   pool_ = std::move(*pool);
   max_inline_ = config.max_inline;
+  slot_size_ = std::max<uint32_t>(max_inline_, 64);
   park_share_ = config.park_share;
-  arena_.resize(static_cast<size_t>(kArenaSlots) * std::max<uint32_t>(max_inline_, 64));
+  arena_.resize(static_cast<size_t>(kArenaSlots) * slot_size_);
   fail_ = std::move(fail);
   return absl::OkStatus();
-}
-
-char* Outbox::Alloc(uint32_t length, int32_t* buffer) {
-  // An inline slot while the arena has one: the NIC copies inline data at post time, so the
-  // slots are free again after the doorbells (FlushAll). Past 64 messages in one iteration,
-  // send buffers: never a doorbell from here, which would fail connections under the caller's
-  // feet.
-  if (length <= max_inline_ && arena_used_ < kArenaSlots) {
-    *buffer = -1;
-    const uint32_t slot_size = std::max<uint32_t>(max_inline_, 64);
-    return arena_.data() + static_cast<size_t>(arena_used_++) * slot_size;
-  }
-  if (pool_->empty() || length > pool_->size()) return nullptr;
-  const uint32_t index = pool_->Take();
-  *buffer = static_cast<int32_t>(index);
-  return pool_->at(index);
-}
-
-uint64_t Outbox::Commit(Connection* c, int32_t buffer, int32_t op) {
-  const uint64_t seq = c->sends().Commit(buffer, op);
-  if (!c->in_doorbell_list) {
-    c->in_doorbell_list = true;
-    doorbells_.push_back(c);
-  }
-  if (c->sends().full()) Flush(c);
-  return seq;
-}
-
-void Outbox::Queue(Connection* c, char* data, uint32_t length, int32_t buffer,
-                   uint32_t invalidate_rkey, unsigned int flags) {
-  reinterpret_cast<MessageHeader*>(data)->credits = c->credits().Spend();
-  // Built in place in the doorbell batch: the message path is the hot path.
-  SendQueue& sends = c->sends();
-  ibv_sge& sge = sends.next_sge();
-  sge.addr = reinterpret_cast<uint64_t>(data);
-  sge.length = length;
-  sge.lkey = buffer >= 0 ? pool_->lkey() : 0;
-  ibv_send_wr& wr = sends.next_wr();
-  wr.sg_list = &sge;
-  wr.num_sge = 1;
-  wr.opcode = invalidate_rkey != 0 ? IBV_WR_SEND_WITH_INV : IBV_WR_SEND;
-  wr.invalidate_rkey = invalidate_rkey;
-  wr.send_flags = flags | (buffer < 0 ? IBV_SEND_INLINE : 0);
-  Bump(c->counters().bytes_sent, length);
-  Commit(c, buffer, -1);
 }
 
 uint64_t Outbox::QueueRaw(Connection* c, const ibv_send_wr& wr, const ibv_sge* sge, int32_t op) {

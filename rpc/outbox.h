@@ -38,7 +38,20 @@ class Outbox {
   // ---- Writing messages ----
   // Space for a message of `length` bytes: an inline slot, or a send buffer (then *buffer >= 0).
   // nullptr if the send pool is exhausted. Never rings a doorbell.
-  char* Alloc(uint32_t length, int32_t* buffer);
+  char* Alloc(uint32_t length, int32_t* buffer) {
+    // An inline slot while the arena has one: the NIC copies inline data at post time, so the
+    // slots are free again after the doorbells (FlushAll). Past kArenaSlots messages in one
+    // iteration, send buffers: never a doorbell from here, which would fail connections under
+    // the caller's feet.
+    if (length <= max_inline_ && arena_used_ < kArenaSlots) {
+      *buffer = -1;
+      return arena_.data() + static_cast<size_t>(arena_used_++) * slot_size_;
+    }
+    if (pool_->empty() || length > pool_->size()) return nullptr;
+    const uint32_t index = pool_->Take();
+    *buffer = static_cast<int32_t>(index);
+    return pool_->at(index);
+  }
   // Gives back the send buffer of a message not sent (-1: none).
   void Give(int32_t buffer) {
     if (buffer >= 0) pool_->Give(static_cast<uint32_t>(buffer));
@@ -50,7 +63,23 @@ class Outbox {
   // Queues the message at `data` on `c`, spending a credit (c->credits().CanSend()) and filling
   // in the credits its header returns. SEND_WITH_INV of `invalidate_rkey` if not 0.
   void Queue(Connection* c, char* data, uint32_t length, int32_t buffer,
-             uint32_t invalidate_rkey = 0, unsigned int flags = 0);
+             uint32_t invalidate_rkey = 0, unsigned int flags = 0) {
+    reinterpret_cast<rpc_wire::MessageHeader*>(data)->credits = c->credits().Spend();
+    // Built in place in the doorbell batch: the message path is the hot path.
+    SendQueue& sends = c->sends();
+    ibv_sge& sge = sends.next_sge();
+    sge.addr = reinterpret_cast<uint64_t>(data);
+    sge.length = length;
+    sge.lkey = buffer >= 0 ? pool_->lkey() : 0;
+    ibv_send_wr& wr = sends.next_wr();
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.opcode = invalidate_rkey != 0 ? IBV_WR_SEND_WITH_INV : IBV_WR_SEND;
+    wr.invalidate_rkey = invalidate_rkey;
+    wr.send_flags = flags | (buffer < 0 ? IBV_SEND_INLINE : 0);
+    Bump(c->counters().bytes_sent, length);
+    Commit(c, buffer, -1);
+  }
   // Queues any other WR (a bind, a LOCAL_INV, an RDMA READ or WRITE) for bulk operation `op`
   // (or -1); `sge` may be null.
   uint64_t QueueRaw(Connection* c, const ibv_send_wr& wr, const ibv_sge* sge, int32_t op);
@@ -80,10 +109,21 @@ class Outbox {
  private:
   void Flush(Connection* c);
   // Numbers the WR just written at the end of c's batch, and rings the doorbell if it is full.
-  uint64_t Commit(Connection* c, int32_t buffer, int32_t op);
+  uint64_t Commit(Connection* c, int32_t buffer, int32_t op) {
+    const uint64_t seq = c->sends().Commit(buffer, op);
+    if (!c->in_doorbell_list) {
+      c->in_doorbell_list = true;
+      doorbells_.push_back(c);
+    }
+    if (c->sends().full()) Flush(c);
+    return seq;
+  }
+
+  static constexpr uint32_t kArenaSlots = 64;
 
   std::unique_ptr<BufferPool> pool_;
   uint32_t max_inline_ = 0;
+  uint32_t slot_size_ = 64;  // of an inline slot: max(max_inline_, 64)
   uint32_t park_share_ = 0;
   std::vector<char> arena_;  // inline slots: what the NIC copies at post time
   uint32_t arena_used_ = 0;

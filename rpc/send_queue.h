@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/functional/function_ref.h"
+#include "base/check.h"
 
 namespace swirl::internal {
 
@@ -38,17 +39,55 @@ class SendQueue {
   ibv_sge& next_sge() { return batch_sge_[batch_size_]; }
   // Numbers the WR just written, signals it if it must be, and records what it holds until it
   // completes: a send-pool `buffer` and a bulk `op` (or kNothing). Returns its sequence.
-  uint64_t Commit(int32_t buffer, int32_t op);
+  uint64_t Commit(int32_t buffer, int32_t op) {
+    SWIRL_DCHECK(batch_size_ < kBatch);
+    ibv_send_wr& wr = batch_wr_[batch_size_];
+    const uint64_t seq = next_++;
+    // Signaled when something waits for it, and often enough that unsignaled WRs never fill
+    // the send queue.
+    const bool signal = buffer != kNothing || op != kNothing ||
+                        ++unsignaled_ >= kSignalInterval ||
+                        seq - completed_ + kSignalInterval >= depth_;
+    if (signal) {
+      unsignaled_ = 0;
+      wr.send_flags |= IBV_SEND_SIGNALED;
+    }
+    held_buffer_[Slot(seq)] = buffer;
+    held_op_[Slot(seq)] = op;
+    wr.wr_id = seq;
+    wr.next = nullptr;
+    ++batch_size_;
+    return seq;
+  }
   bool full() const { return batch_size_ == kBatch; }
   bool empty() const { return batch_size_ == 0; }
   // Chains the batch and rings the doorbell once: `post` gets the first WR and returns 0 or an
   // errno. The batch is empty afterwards either way (a failed post fails the connection).
-  int Flush(absl::FunctionRef<int(ibv_send_wr*)> post);
+  template <typename Post>
+  int Flush(Post&& post) {
+    if (batch_size_ == 0) return 0;
+    for (int i = 0; i + 1 < batch_size_; ++i) batch_wr_[i].next = &batch_wr_[i + 1];
+    batch_size_ = 0;
+    return post(batch_wr_);
+  }
 
   // ---- Completions ----
   // A completion for `seq` retires every WR up to it: `retired(s, buffer, op)` for each, in
   // order. False, retiring nothing, if `seq` names no WR posted (a stray completion).
-  bool Retire(uint64_t seq, absl::FunctionRef<void(uint64_t, int32_t, int32_t)> retired);
+  template <typename Retired>
+  bool Retire(uint64_t seq, Retired&& retired) {
+    if (seq >= next_) return false;
+    const uint64_t first = completed_ + 1;
+    if (seq > completed_) completed_ = seq;
+    for (uint64_t s = first; s <= seq; ++s) {
+      const size_t slot = Slot(s);
+      const int32_t buffer = held_buffer_[slot];
+      const int32_t op = held_op_[slot];
+      held_buffer_[slot] = held_op_[slot] = kNothing;
+      retired(s, buffer, op);
+    }
+    return true;
+  }
   // Every WR posted is known complete.
   bool all_retired() const { return completed_ + 1 >= next_; }
   uint64_t outstanding() const { return next_ - 1 - completed_; }

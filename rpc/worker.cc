@@ -525,20 +525,6 @@ void Worker::RepostRecvs() {
   repost_.clear();
 }
 
-Connection* Worker::FindByQpn(uint32_t qpn) {
-  if (last_connection_ != nullptr && qpn == last_connection_->qp_num()) return last_connection_;
-  auto it = by_qpn_.find(qpn);
-  if (it == by_qpn_.end()) return nullptr;
-  last_connection_ = it->second;
-  return it->second;
-}
-
-Connection* Worker::FindById(uint64_t id) {
-  if (last_connection_ != nullptr && last_connection_->id() == id) return last_connection_;
-  auto it = by_id_.find(id);
-  return it == by_id_.end() ? nullptr : it->second.get();
-}
-
 // ---- Observation -------------------------------------------------------------------------------
 
 WorkerStats Worker::Stats() const {

@@ -50,6 +50,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "base/mpsc_queue.h"
+#include "google/protobuf/message_lite.h"
 #include "base/mutex.h"
 #include "base/spinlock.h"
 #include "rpc/buffer_pool.h"
@@ -216,8 +217,20 @@ class Worker {
   void ActivateOnLoop(std::shared_ptr<Connection> connection);
   void CancelOnLoop(Connection* c, ClientCall* call);
   void RepostRecvs();
-  Connection* FindByQpn(uint32_t qpn);
-  Connection* FindById(uint64_t id);
+  // Completions come in runs from one QP, and a call usually goes to the connection whose
+  // completion was handled last: that one, checked first.
+  Connection* FindByQpn(uint32_t qpn) {
+    if (last_connection_ != nullptr && qpn == last_connection_->qp_num()) return last_connection_;
+    auto it = by_qpn_.find(qpn);
+    if (it == by_qpn_.end()) return nullptr;
+    last_connection_ = it->second;
+    return it->second;
+  }
+  Connection* FindById(uint64_t id) {
+    if (last_connection_ != nullptr && last_connection_->id() == id) return last_connection_;
+    auto it = by_id_.find(id);
+    return it == by_id_.end() ? nullptr : it->second.get();
+  }
 
   // ---- Receiving (worker_receive.cc) ----
   void HandleRecv(const ibv_wc& wc);
@@ -225,9 +238,14 @@ class Worker {
   Connection* ReceivingConnection(const ibv_wc& wc);
   // Validates the header and takes the credits: false if the connection failed.
   bool AcceptMessage(Connection* c, const ibv_wc& wc, const rpc_wire::MessageHeader& h);
-  void Route(Connection* c, const rpc_wire::MessageHeader& h, const char* payload,
-             const ibv_wc& wc);
+  // Bulk messages and acks, grants, and anything else that invalidated an rkey.
+  void RouteBulk(Connection* c, const rpc_wire::MessageHeader& h, const char* payload,
+                 const ibv_wc& wc);
   void Dispatch(Connection* c, const rpc_wire::MessageHeader& h, const char* payload);
+  // A second response to a call whose response came with bulk data, while the RDMA READ of
+  // that data writes into the call's buffer (CallState::read_op): it would complete the call,
+  // handing the buffer back under the device, or post another READ into it. A violation.
+  void SecondResponse(Connection* c, uint64_t request_id);
   // After a message: credits back if half are owed, and what waited for credits.
   void AfterReceive(Connection* c);
   void HandleSendCompletion(const ibv_wc& wc);
@@ -242,7 +260,22 @@ class Worker {
   // (taken from the caller's buffer if it is sent).
   void SendHandlerResult(Connection* c, Incoming& in, absl::Status status, MessageWriter* writer,
                          BulkBuffer& attachment);
+  // A request for a blocking handler, on its way to the pool and back.
+  struct PoolJob {
+    std::shared_ptr<Connection> connection;
+    const Service::Method* method = nullptr;
+    rpc_wire::MessageHeader header{};
+    uint64_t held = 0;  // bytes it holds (request and attachment), charged to its client
+    std::string request;
+    BulkBuffer attachment;
+    std::shared_ptr<std::atomic<bool>> cancelled;
+    bool has_chunk = false;
+    rpc_wire::BulkDescriptor chunk{};
+  };
   void RunOnPool(Connection* c, Incoming& in, const Service::Method* method);
+  void RunPoolJob(PoolJob job);  // on a pool thread
+  void FinishPoolJob(PoolJob& job, absl::Status status, absl::string_view response,
+                     BulkBuffer& bulk);
   // Whether one more blocking handler of `c` holding `held` bytes may queue.
   bool PoolHasRoom(const Connection* c, uint64_t held) const;
   void FinishPoolHandler(Connection* c, const rpc_wire::MessageHeader& header, uint64_t held,
@@ -266,7 +299,16 @@ class Worker {
   void PumpBacklog(Connection* c);
   void CompleteCall(Connection* c, const rpc_wire::MessageHeader& h, const char* payload);
   // Fills the call's response from `message` (protobuf or bytes).
-  absl::Status ParseResponse(const ClientCall* call, absl::string_view message) const;
+  static absl::Status ParseResponse(const ClientCall* call, absl::string_view message) {
+    if (call->response_ != nullptr) {
+      if (!call->response_->ParseFromArray(message.data(), static_cast<int>(message.size()))) {
+        return absl::DataLossError("response does not parse");
+      }
+    } else if (call->response_bytes_ != nullptr) {
+      call->response_bytes_->assign(message.data(), message.size());
+    }
+    return absl::OkStatus();
+  }
   // Completes `s`, first revoking any window still exposing its buffers (mirror mode).
   void FinishCall(Connection* c, CallState& s, absl::Status status);
   // Completes `s` now: its state is retired, the call told (with the abandoned status, if it
@@ -307,8 +349,10 @@ class Worker {
   // this side revokes it if no acknowledgement arrives within window_lease.
   uint32_t BindWindow(Connection* c, int32_t w, uint64_t addr, uint32_t length, int access,
                       Window::Purpose purpose, uint64_t request_id);
-  // Posts a LOCAL_INV of window `w` for operation `op` (added by the caller).
-  void RevokeWindow(Connection* c, int32_t w, BulkOp op);
+  // Posts a LOCAL_INV of window `w` for operation `op` (emplaced by the caller), and a plain
+  // revocation's op.
+  void RevokeWindow(Connection* c, int32_t w, int32_t op);
+  int32_t NewRevoke(Connection* c, int32_t w, bool lease_expired);
   void FreeWindow(Connection* c, int32_t w);
   void PostRdma(Connection* c, ibv_wr_opcode opcode, const BulkBuffer& local, uint32_t length,
                 uint64_t remote_addr, uint32_t rkey, int32_t op);
@@ -412,9 +456,7 @@ class Worker {
   // Loop state (driver only).
   absl::flat_hash_map<uint32_t, Connection*> by_qpn_;
   absl::flat_hash_map<uint64_t, std::shared_ptr<Connection>> by_id_;
-  // Completions come in runs from one QP, and a call usually goes to the connection whose
-  // completion was handled last: that one, checked first.
-  Connection* last_connection_ = nullptr;
+  Connection* last_connection_ = nullptr;  // FindByQpn, FindById
   std::vector<uint32_t> repost_;
   uint32_t recv_posted_ = 0;
   uint64_t iterations_ = 0;

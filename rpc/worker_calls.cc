@@ -34,7 +34,8 @@ void Worker::StartCallOnLoop(Connection* c, ClientCall* call) {
   c->calls().PushBack(s);
 }
 
-absl::Status Worker::CheckCall(Connection* c, const CallState& s, bool message_in_bulk) const {
+[[gnu::always_inline]] inline absl::Status Worker::CheckCall(Connection* c, const CallState& s,
+                                                             bool message_in_bulk) const {
   const ClientCall* call = s.call;
   if (call->request_bulk_ != nullptr && (message_in_bulk || call->one_way_)) {
     return absl::InvalidArgumentError(
@@ -65,31 +66,8 @@ absl::Status Worker::SerializeIntoBulk(CallState& s, size_t size) {
   return absl::OkStatus();
 }
 
-bool Worker::TrySendCall(Connection* c, CallState& s) {
-  if (!c->credits().CanSendCall()) return false;
-  const ClientCall* call = s.call;
-  if (!call->one_way_ && c->calls().full()) return false;
-  const size_t size =
-      call->request_ != nullptr ? call->request_->ByteSizeLong() : call->request_bytes_.size();
-  const bool message_in_bulk = size > c->negotiated().eager_threshold() &&
-                               bulk_pool_ != nullptr && c->negotiated().max_bulk_size() > 0;
-  if (absl::Status refused = CheckCall(c, s, message_in_bulk); !refused.ok()) {
-    FinishCall(c, s, std::move(refused));
-    return true;
-  }
-  if ((message_in_bulk || call->request_bulk_ != nullptr) && !call->one_way_) {
-    if (message_in_bulk) {
-      if (absl::Status serialized = SerializeIntoBulk(s, size); !serialized.ok()) {
-        FinishCall(c, s, std::move(serialized));
-        return true;
-      }
-    }
-    return SendBulkCall(c, s, size, message_in_bulk);
-  }
-  return SendEagerCall(c, s, size);
-}
-
-bool Worker::SendEagerCall(Connection* c, CallState& s, size_t size) {
+[[gnu::always_inline]] inline bool Worker::SendEagerCall(Connection* c, CallState& s,
+                                                        size_t size) {
   ClientCall* call = s.call;
   if (size > c->max_payload()) {
     FinishCall(c, s, absl::ResourceExhaustedError(absl::StrFormat(
@@ -125,6 +103,31 @@ bool Worker::SendEagerCall(Connection* c, CallState& s, size_t size) {
   return true;
 }
 
+bool Worker::TrySendCall(Connection* c, CallState& s) {
+  if (!c->credits().CanSendCall()) return false;
+  const ClientCall* call = s.call;
+  if (!call->one_way_ && c->calls().full()) return false;
+  const size_t size =
+      call->request_ != nullptr ? call->request_->ByteSizeLong() : call->request_bytes_.size();
+  const bool message_in_bulk = size > c->negotiated().eager_threshold() &&
+                               bulk_pool_ != nullptr && c->negotiated().max_bulk_size() > 0;
+  if (absl::Status refused = CheckCall(c, s, message_in_bulk); !refused.ok()) {
+    FinishCall(c, s, std::move(refused));
+    return true;
+  }
+  if ((message_in_bulk || call->request_bulk_ != nullptr) && !call->one_way_) {
+    if (message_in_bulk) {
+      if (absl::Status serialized = SerializeIntoBulk(s, size); !serialized.ok()) {
+        FinishCall(c, s, std::move(serialized));
+        return true;
+      }
+    }
+    return SendBulkCall(c, s, size, message_in_bulk);
+  }
+  return SendEagerCall(c, s, size);
+}
+
+
 void Worker::PumpBacklog(Connection* c) {
   // What waited for credits first (responses, acks, grants), in order; then new calls.
   if (!outbox_.Unpark(c)) return;
@@ -141,21 +144,12 @@ void Worker::PumpBacklog(Connection* c) {
   }
 }
 
-absl::Status Worker::ParseResponse(const ClientCall* call, absl::string_view message) const {
-  if (call->response_ != nullptr) {
-    if (!call->response_->ParseFromArray(message.data(), static_cast<int>(message.size()))) {
-      return absl::DataLossError("response does not parse");
-    }
-  } else if (call->response_bytes_ != nullptr) {
-    call->response_bytes_->assign(message.data(), message.size());
-  }
-  return absl::OkStatus();
-}
 
 void Worker::CompleteCall(Connection* c, const MessageHeader& h, const char* payload) {
   SWIRL_DCHECK(OnLoopThread());
   CallState* s = c->calls().Find(h.request_id);
   if (s == nullptr) return;  // cancelled or timed out already; the late response is dropped
+  if (s->read_op >= 0) return SecondResponse(c, h.request_id);
   c->calls().Release(*s);
   Bump(c->counters().responses_received);
   const absl::string_view body(payload, h.payload_len);
@@ -166,6 +160,10 @@ void Worker::CompleteCall(Connection* c, const MessageHeader& h, const char* pay
 }
 
 void Worker::FinishCall(Connection* c, CallState& s, absl::Status status) {
+  if ((s.request_window & s.reply_window & s.write_op) < 0) {  // all -1: nothing to wait for
+    CompleteLocally(c, s, std::move(status));
+    return;
+  }
   if (s.write_op >= 0) {
     // Answered (or failed) with its upload WRITE's completion not yet seen: the server placed
     // the data before it saw the request, so the WRITE is done with the buffer.
@@ -180,14 +178,23 @@ void Worker::FinishCall(Connection* c, CallState& s, absl::Status status) {
     if (w < 0 || c->closing()) continue;
     const Window& win = c->windows().at(w);
     if (win.state == Window::State::kExposed) {
-      RevokeWindow(c, w, bulk_op::RevokeThenComplete{w, false, &s, status});
+      int32_t op;
+      bulk_op::RevokeThenComplete& then = c->ops().Emplace<bulk_op::RevokeThenComplete>(&op);
+      then.window = w;
+      then.call = &s;
+      then.status = status;
+      RevokeWindow(c, w, op);
       revoking = true;
     } else if (win.state == Window::State::kRevoking && win.revoke_op >= 0) {
       // A revocation is on its way already (fallback ack, lease): complete behind it.
       BulkOp& op = c->ops().at(win.revoke_op);
       if (auto* r = std::get_if<bulk_op::Revoke>(&op)) {
-        bulk_op::RevokeThenComplete then{r->window, r->lease_expired, &s, status};
-        op = std::move(then);
+        const bool lease_expired = r->lease_expired;
+        bulk_op::RevokeThenComplete& then = op.emplace<bulk_op::RevokeThenComplete>();
+        then.window = w;
+        then.lease_expired = lease_expired;
+        then.call = &s;
+        then.status = status;
       } else if (auto* rc = std::get_if<bulk_op::RevokeThenComplete>(&op)) {
         rc->call = &s;
         rc->status = status;

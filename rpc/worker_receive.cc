@@ -21,7 +21,8 @@ constexpr uint32_t kHeader = sizeof(MessageHeader);
 
 }  // namespace
 
-Connection* Worker::ReceivingConnection(const ibv_wc& wc) {
+// The steps of HandleRecv, inlined into it: this is the per-message path.
+[[gnu::always_inline]] inline Connection* Worker::ReceivingConnection(const ibv_wc& wc) {
   const uint32_t index = static_cast<uint32_t>(wc.wr_id & ~kRecvTag);
   if (index >= recv_pool_->count()) {
     Bump(stray_);
@@ -39,33 +40,17 @@ Connection* Worker::ReceivingConnection(const ibv_wc& wc) {
   return c;
 }
 
-void Worker::HandleRecv(const ibv_wc& wc) {
-  SWIRL_DCHECK(OnLoopThread());
-  Connection* c = ReceivingConnection(wc);
-  if (c == nullptr || c->closing()) return;
-  if (wc.status != IBV_WC_SUCCESS) {
-    FailConnection(c, absl::UnavailableError(
-                          absl::StrCat("receive failed: ", verbs::WcStatusName(wc.status))));
-    return;
-  }
-  const char* buffer = recv_pool_->at(static_cast<uint32_t>(wc.wr_id & ~kRecvTag));
-  MessageHeader h;
-  if (wc.byte_len >= kHeader) {
-    std::memcpy(&h, buffer, kHeader);
-  } else {
-    std::memset(&h, 0, sizeof(h));
-  }
-  if (!AcceptMessage(c, wc, h)) return;
-  Route(c, h, buffer + kHeader, wc);
-  if (!c->closing()) AfterReceive(c);
-}
 
-bool Worker::AcceptMessage(Connection* c, const ibv_wc& wc, const MessageHeader& h) {
-  absl::Status valid =
-      rpc_wire::ValidateHeader(h, wc.byte_len, {c->max_payload(), c->credits().peer_grant()});
-  if (valid.ok()) valid = c->credits().OnReceive(h.credits);
-  if (!valid.ok()) {
+[[gnu::always_inline]] inline bool Worker::AcceptMessage(Connection* c, const ibv_wc& wc,
+                                                         const MessageHeader& h) {
+  if (absl::Status valid = rpc_wire::ValidateHeader(
+          h, wc.byte_len, {c->max_payload(), c->credits().peer_grant()});
+      !valid.ok()) {
     ProtocolError(c, valid);
+    return false;
+  }
+  if (absl::Status honest = c->credits().OnReceive(h.credits); !honest.ok()) {
+    ProtocolError(c, honest);
     return false;
   }
   c->liveness.OnReceive();
@@ -80,28 +65,21 @@ bool Worker::AcceptMessage(Connection* c, const ibv_wc& wc, const MessageHeader&
                          "a response for request %u, which was never sent", h.request_id)));
     return false;
   }
-  // A call whose response came with bulk data has an RDMA READ writing into its buffer: a
-  // second response, eager or bulk, would complete it (handing that buffer back under the
-  // device) or post another READ into it.
-  const CallState* pending = c->calls().Find(h.request_id);
-  if (pending != nullptr && pending->read_op >= 0) {
-    ProtocolError(c, absl::InvalidArgumentError(
-                         absl::StrFormat("a second response for request %u", h.request_id)));
-    return false;
-  }
   return true;
 }
 
-void Worker::Route(Connection* c, const MessageHeader& h, const char* payload, const ibv_wc& wc) {
+void Worker::SecondResponse(Connection* c, uint64_t request_id) {
+  ProtocolError(c, absl::InvalidArgumentError(
+                       absl::StrFormat("a second response for request %u", request_id)));
+}
+
+void Worker::RouteBulk(Connection* c, const MessageHeader& h, const char* payload,
+                       const ibv_wc& wc) {
   const bool bulk = (h.flags & (rpc_wire::kFlagBulk | rpc_wire::kFlagReplyChunk)) != 0;
   if (!bulk && h.type != rpc_wire::kBulkAck && h.type != rpc_wire::kWindowGrant) {
-    if (wc.wc_flags & IBV_WC_WITH_INV) {
-      // Only bulk messages may revoke a window; anything else that does is a violation.
-      BulkViolation(c, absl::StrFormat("message type %u invalidated rkey 0x%x", h.type,
-                                       wc.invalidated_rkey));
-      return;
-    }
-    Dispatch(c, h, payload);
+    // Only bulk messages may revoke a window; anything else that does is a violation.
+    BulkViolation(c, absl::StrFormat("message type %u invalidated rkey 0x%x", h.type,
+                                     wc.invalidated_rkey));
     return;
   }
   if (bulk && bulk_pool_ == nullptr) {
@@ -151,7 +129,7 @@ void Worker::Dispatch(Connection* c, const MessageHeader& h, const char* payload
   }
 }
 
-void Worker::AfterReceive(Connection* c) {
+[[gnu::always_inline]] inline void Worker::AfterReceive(Connection* c) {
   // Return credits once half are owed and no message of ours has carried them (every message
   // carries all that are owed when it is queued, so queued WRs, which may be only binds,
   // invalidations or RDMA operations, say nothing about the credits owed since).
@@ -159,6 +137,33 @@ void Worker::AfterReceive(Connection* c) {
   if (c->credits().CanSend() && (!c->calls().backlog_empty() || c->credits().parked() > 0)) {
     PumpBacklog(c);
   }
+}
+
+void Worker::HandleRecv(const ibv_wc& wc) {
+  SWIRL_DCHECK(OnLoopThread());
+  Connection* c = ReceivingConnection(wc);
+  if (c == nullptr || c->closing()) return;
+  if (wc.status != IBV_WC_SUCCESS) {
+    FailConnection(c, absl::UnavailableError(
+                          absl::StrCat("receive failed: ", verbs::WcStatusName(wc.status))));
+    return;
+  }
+  const char* buffer = recv_pool_->at(static_cast<uint32_t>(wc.wr_id & ~kRecvTag));
+  MessageHeader h;
+  if (wc.byte_len >= kHeader) {
+    std::memcpy(&h, buffer, kHeader);
+  } else {
+    std::memset(&h, 0, sizeof(h));
+  }
+  if (!AcceptMessage(c, wc, h)) return;
+  // The message path first: no bulk flags, not a bulk ack or grant, nothing invalidated.
+  if (h.flags == 0 && h.type != rpc_wire::kBulkAck && h.type != rpc_wire::kWindowGrant &&
+      !(wc.wc_flags & IBV_WC_WITH_INV)) {
+    Dispatch(c, h, buffer + kHeader);
+  } else {
+    RouteBulk(c, h, buffer + kHeader, wc);
+  }
+  if (!c->closing()) AfterReceive(c);
 }
 
 void Worker::HandleSendCompletion(const ibv_wc& wc) {

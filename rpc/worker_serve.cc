@@ -168,50 +168,61 @@ void Worker::RunOnPool(Connection* c, Incoming& in, const Service::Method* metho
   // Counted against the client too (bulk_bytes_per_client), until the handler is done: even
   // past the connection's end, as the handler still holds the memory.
   ChargeBulk(c, &c->serving.pool_bytes, static_cast<int64_t>(held));
-  auto cancelled = std::make_shared<std::atomic<bool>>(false);
+  PoolJob job{c->shared_from_this(), method, h, held};
+  job.cancelled = std::make_shared<std::atomic<bool>>(false);
   if (one_way) {
-    c->serving.running_one_way.push_back(cancelled);
+    c->serving.running_one_way.push_back(job.cancelled);
   } else {
-    c->serving.running[h.request_id] = cancelled;
+    c->serving.running[h.request_id] = job.cancelled;
   }
-  const bool message_in_bulk = (h.aux & rpc_wire::kAuxBulkIsMessage) != 0;
   // The pool path copies the (eager) message: blocking handlers are not the zero-copy path.
-  std::string request = message_in_bulk ? std::string(in.bulk.view()) : std::string(in.eager);
-  BulkBuffer attachment = message_in_bulk ? BulkBuffer() : std::move(in.bulk);
-  if (message_in_bulk) in.bulk.Release();
-  pool_->Schedule([this, connection = c->shared_from_this(), method, header = h, held,
-                   request = std::move(request), attachment = std::move(attachment), cancelled,
-                   has_chunk = in.has_chunk, chunk = in.chunk]() mutable {
-    // On a pool thread.
-    thread_local absl::flat_hash_map<const Service::Method*, std::unique_ptr<Service::Invoker>>
-        invokers;
-    std::unique_ptr<Service::Invoker>& invoker = invokers[method];
-    if (invoker == nullptr) invoker = const_cast<Service::Method*>(method)->new_invoker();
-    ServerContext ctx(connection.get(), cancelled.get());
-    ctx.mutable_request_bulk() = std::move(attachment);
-    StringWriter writer(connection->negotiated().max_bulk_size() > 0
-                            ? connection->negotiated().max_bulk_size()
-                            : connection->max_payload());
-    absl::Status status = invoker->Invoke(ctx, request, writer);
-    RunInLoop([this, connection, header, held, status = std::move(status),
-               response = writer.Take(), bulk = std::move(ctx.mutable_response_bulk()),
-               has_chunk, chunk, cancelled]() mutable {
-      Connection* c = connection.get();
-      FinishPoolHandler(c, header, held, cancelled);
-      if (header.type == rpc_wire::kOneWay || c->closing()) return;
-      Incoming in;
-      in.header = header;
-      in.has_chunk = has_chunk;
-      in.chunk = chunk;
-      // From here as an inline handler's result: the writer moves a response above the eager
-      // threshold into bulk memory by itself.
-      MessageWriter writer(&outbox_, bulk_pool_.get(), c);
-      if (status.ok() && !writer.Append(response)) {
-        status = absl::ResourceExhaustedError("response exceeds the maximum message size");
-      }
-      SendHandlerResult(c, in, std::move(status), &writer, bulk);
-    });
+  if (h.aux & rpc_wire::kAuxBulkIsMessage) {
+    job.request = std::string(in.bulk.view());
+    in.bulk.Release();
+  } else {
+    job.request = std::string(in.eager);
+    job.attachment = std::move(in.bulk);
+  }
+  job.has_chunk = in.has_chunk;
+  job.chunk = in.chunk;
+  pool_->Schedule([this, job = std::move(job)]() mutable { RunPoolJob(std::move(job)); });
+}
+
+void Worker::RunPoolJob(PoolJob job) {
+  // On a pool thread: each has its own invokers.
+  thread_local absl::flat_hash_map<const Service::Method*, std::unique_ptr<Service::Invoker>>
+      invokers;
+  std::unique_ptr<Service::Invoker>& invoker = invokers[job.method];
+  if (invoker == nullptr) invoker = const_cast<Service::Method*>(job.method)->new_invoker();
+  Connection* c = job.connection.get();
+  ServerContext ctx(c, job.cancelled.get());
+  ctx.mutable_request_bulk() = std::move(job.attachment);
+  StringWriter writer(c->negotiated().max_bulk_size() > 0 ? c->negotiated().max_bulk_size()
+                                                          : c->max_payload());
+  absl::Status status = invoker->Invoke(ctx, job.request, writer);
+  RunInLoop([this, job = std::move(job), status = std::move(status), response = writer.Take(),
+             bulk = std::move(ctx.mutable_response_bulk())]() mutable {
+    FinishPoolJob(job, std::move(status), response, bulk);
   });
+}
+
+void Worker::FinishPoolJob(PoolJob& job, absl::Status status, absl::string_view response,
+                           BulkBuffer& bulk) {
+  SWIRL_DCHECK(OnLoopThread());
+  Connection* c = job.connection.get();
+  FinishPoolHandler(c, job.header, job.held, job.cancelled);
+  if (job.header.type == rpc_wire::kOneWay || c->closing()) return;
+  Incoming in;
+  in.header = job.header;
+  in.has_chunk = job.has_chunk;
+  in.chunk = job.chunk;
+  // From here as an inline handler's result: the writer moves a response above the eager
+  // threshold into bulk memory by itself.
+  MessageWriter writer(&outbox_, bulk_pool_.get(), c);
+  if (status.ok() && !writer.Append(response)) {
+    status = absl::ResourceExhaustedError("response exceeds the maximum message size");
+  }
+  SendHandlerResult(c, in, std::move(status), &writer, bulk);
 }
 
 void Worker::FinishPoolHandler(Connection* c, const MessageHeader& header, uint64_t held,
