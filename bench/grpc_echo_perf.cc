@@ -223,7 +223,9 @@ ThreadResult RunThread(const std::string& address, int t, uint64_t size) {
   }
   const int64_t begin = MonoNs();
   const int64_t until = begin + static_cast<int64_t>(duration * 1e9);
-  out.calls = duration > 0 ? run([&](uint64_t) { return MonoNs() >= until; }, true)
+  // -D: at least 100 calls, so a run the host stalled still has a distribution.
+  out.calls = duration > 0 ? run([&](uint64_t done) { return MonoNs() >= until && done >= 100; },
+                                 true)
                            : run([&](uint64_t done) { return done >= iters; }, true);
   out.seconds = static_cast<double>(MonoNs() - begin) / 1e9;
   out.rtt_ns = recorder.histogram();

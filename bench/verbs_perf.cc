@@ -536,6 +536,7 @@ WireMsg ProgressUntilMessage(Endpoint& e, Oob& oob) {
 // Decides, before each iteration, whether it is warm-up, measured, or the last one.
 class Schedule {
  public:
+  static constexpr uint64_t kMinSamples = 100;
   // Count mode: `warmup` untimed iterations, then `iters` timed ones.
   static Schedule Count(uint64_t warmup, uint64_t iters) {
     Schedule s;
@@ -544,7 +545,7 @@ class Schedule {
     return s;
   }
   // Duration mode: untimed until `warmup_s` has passed (or `warmup` iterations, if >= 0), then
-  // timed for `seconds`.
+  // timed for `seconds` and at least kMinSamples iterations.
   static Schedule Duration(double seconds, double warmup_s, int64_t warmup) {
     Schedule s;
     s.duration_ = true;
@@ -574,7 +575,9 @@ class Schedule {
       measure_start_ = now;
       first_timed_ = i;
     }
-    last_ = timed && now - measure_start_ >= span_;
+    // At least kMinSamples: a run that stalls (the host took a core away) still has a
+    // distribution, not one sample.
+    last_ = timed && now - measure_start_ >= span_ && i + 1 - first_timed_ >= kMinSamples;
     return timed;
   }
   bool last() const { return last_; }
