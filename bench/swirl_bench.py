@@ -31,6 +31,7 @@ import platform
 import re
 import shlex
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -273,8 +274,11 @@ def peer_timeout(seconds):
 def adaptive_iters(state, seconds, nominal_us, floor=50, cap=5_000_000):
     """Iterations for a tool without a duration option: aimed at `seconds` from the last
     round's mean round trip (or `nominal_us` the first time)."""
-    us = state.get("mean_us", nominal_us)
-    return int(min(max(seconds * 1e6 / max(us, 0.01), floor), cap))
+    if "mean_us" in state:
+        return int(min(max(seconds * 1e6 / max(state["mean_us"], 0.01), floor), cap))
+    # The first run only calibrates: a tenth of the time at the nominal speed, since a loaded
+    # host can make a round trip tens of times slower than nominal.
+    return int(min(max(seconds * 1e5 / nominal_us, floor), cap))
 
 
 def perftest(program, size, nominal_us):
@@ -734,6 +738,8 @@ def parse_args(argv):
 
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    # SIGTERM as Ctrl-C: subprocess.run and run_pair then end the tools they started.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     rows = all_rows()
     if args.list:
         for r in rows:
