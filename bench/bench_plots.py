@@ -17,19 +17,24 @@ import json
 import os
 import sys
 
-# Colours per family, so a system keeps its colour across the plots.
-FAMILY = [
-    ("floor", "#7f7f7f"), ("verbs", "#1f77b4"), ("RDMA READ", "#17becf"), ("perftest", "#9467bd"),
-    ("raw", "#2ca02c"), ("protobuf", "#98df8a"), ("swirl RPC", "#2ca02c"), ("gRPC", "#d62728"),
-    ("UCX", "#ff7f0e"), ("libfabric", "#8c564b"),
-]
+# One colour per system, the same in every plot (rows by id, sweeps by name).
+COLOURS = {
+    "floor": "#7f7f7f",
+    "verbs_send": "#1f77b4", "soft device verbs SEND/RECV": "#1f77b4",
+    "verbs_write": "#6baed6", "verbs_read": "#08306b", "soft device RDMA READ": "#08306b",
+    "perftest_send": "#9467bd", "perftest_write": "#c5b0d5", "perftest_read": "#54278f",
+    "rpc_raw": "#2ca02c", "swirl RPC raw bytes": "#2ca02c",
+    "rpc_proto": "#006d2c", "swirl RPC protobuf": "#006d2c",
+    "grpc": "#d62728", "gRPC unary, TCP": "#d62728",
+    "ucx_am_shm": "#ff7f0e", "UCX ucp_am_lat, shm": "#ff7f0e", "ucx_tag_shm": "#fdae6b",
+    "ucx_am_tcp": "#a63603", "UCX ucp_am_lat, TCP": "#a63603", "ucx_tag_tcp": "#e6550d",
+    "fi_shm": "#8c564b", "libfabric shm": "#8c564b", "fi_tcp": "#c49c94", "libfabric tcp": "#c49c94",
+}
+DASHED = {"verbs_write", "perftest_write", "ucx_tag_shm", "ucx_tag_tcp", "fi_tcp"}
 
 
-def colour(label):
-    for key, c in FAMILY:
-        if key.lower() in label.lower():
-            return c
-    return None
+def colour(key):
+    return COLOURS.get(key)
 
 
 def _pyplot():
@@ -50,6 +55,20 @@ def _save(fig, out_dir, name):
     return paths
 
 
+def _size_label(n):
+    for unit, div in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= div:
+            return f"{n // div} {unit}"
+    return f"{n} B"
+
+
+def _size_axis(ax, sizes):
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sizes)
+    ax.set_xticklabels([_size_label(n) for n in sizes], rotation=30)
+    ax.minorticks_off()
+
+
 def _subtitle(report):
     m = report["machine"]
     return (f"{report['date']}, commit {report['commit']}; {m['cpu']}, {m['cores']} cores; "
@@ -57,7 +76,7 @@ def _subtitle(report):
 
 
 def latency_cdf(plt, report, out_dir):
-    fig, ax = plt.subplots(figsize=(8.5, 5))
+    fig, ax = plt.subplots(figsize=(11, 5.5))
     lines = [s for s in report["rows"] if s["table"] == "main" and s["status"] == "ok"
              and s.get("histogram") and s["group"] not in ("bulk",)]
     for s in lines:
@@ -67,19 +86,20 @@ def latency_cdf(plt, report, out_dir):
             seen += count
             xs.append(max(lower, 1) / 1000.0)
             ys.append(seen / h["n"])
-        ax.step(xs, ys, where="post", label=s["label"], color=colour(s["label"]), linewidth=1.3)
+        ax.step(xs, ys, where="post", label=s["label"], color=colour(s["id"]), linewidth=1.3,
+                linestyle="--" if s["id"] in DASHED else "-")
     # Tools that report only a median or a mean: a marker at 0.5.
     for s in report["rows"]:
         if s["table"] == "main" and s["status"] == "ok" and not s.get("histogram") and s.get("p50_us"):
             marker = "o" if not s.get("p50_is_mean") else "s"
-            ax.plot([s["p50_us"]], [0.5], marker=marker, linestyle="none", color=colour(s["label"]),
+            ax.plot([s["p50_us"]], [0.5], marker=marker, linestyle="none", color=colour(s["id"]),
                     label=s["label"] + (" (p50 only)" if not s.get("p50_is_mean") else " (mean only)"))
     ax.set_xscale("log")
     ax.set_xlabel("round trip (us, log scale)")
     ax.set_ylabel("fraction of round trips at or below")
     ax.set_ylim(0, 1.001)
     ax.set_title("Round-trip latency, 64 B, per system\n" + _subtitle(report), fontsize=9)
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return _save(fig, out_dir, "latency_cdf")
 
 
@@ -92,7 +112,7 @@ def size_plots(plt, report, out_dir):
             ("size_latency", "p50_us", "p50 round trip (us, log)", "Round trip against message size, one in flight"),
             ("size_throughput", "gbytes_per_s", "payload GB/s, one direction (log)",
              "Throughput against message size, one message in flight")):
-        fig, ax = plt.subplots(figsize=(8.5, 5))
+        fig, ax = plt.subplots(figsize=(10, 5))
         for system, points in sweeps.items():
             pts = [(p["size"], p[key]) for p in points if p.get(key)]
             if not pts:
@@ -100,12 +120,12 @@ def size_plots(plt, report, out_dir):
             mean = any(p.get("p50_is_mean") for p in points) and key == "p50_us"
             ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", markersize=3,
                     label=system + (" (mean)" if mean else ""), color=colour(system))
-        ax.set_xscale("log", base=2)
+        _size_axis(ax, sorted({p["size"] for pts in sweeps.values() for p in pts}))
         ax.set_yscale("log")
-        ax.set_xlabel("message size (bytes, log)")
+        ax.set_xlabel("message size (log)")
         ax.set_ylabel(ylabel)
         ax.set_title(title + "\n" + _subtitle(report), fontsize=9)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
         paths += _save(fig, out_dir, name)
     return paths
 
@@ -123,12 +143,13 @@ def bulk_plot(plt, report, out_dir):
             c, ls = styles.get(mode, (None, "-"))
             ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", markersize=3, label=mode,
                     color=c, linestyle=ls)
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("transfer size (bytes, log)")
+        _size_axis(ax, sorted({p["size"] for pts in modes.values() for p in pts}))
+        ax.set_xlabel("transfer size (log)")
         ax.set_ylabel("GB/s (8 in flight)")
         ax.set_title({"bulk_read": "downloads (bulk_read)", "bulk_write": "uploads (bulk_write)"}.get(test, test))
         ax.legend(fontsize=7)
     fig.suptitle("swirl bulk transfers by invalidation mode\n" + _subtitle(report), fontsize=9)
+    fig.tight_layout(rect=(0, 0, 1, 0.93))
     return _save(fig, out_dir, "bulk_modes")
 
 
