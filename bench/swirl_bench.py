@@ -630,6 +630,7 @@ def machine():
     except OSError:
         pass
     return {"cpu": model, "cores": os.cpu_count(), "kernel": platform.release(), "os": osname,
+            "load_average": [round(x, 2) for x in os.getloadavg()],
             "virtualization": virt or "unknown", "rdma_devices": sorted(os.listdir("/sys/class/infiniband"))
             if os.path.isdir("/sys/class/infiniband") else []}
 
@@ -677,8 +678,10 @@ def markdown(report):
     out = [f"# swirl bench, {report['date']} (commit {report['commit']})", "",
            f"Machine: {m['cpu']}, {m['cores']} cores, kernel {m['kernel']}, {m['os']}, "
            f"virtualization {m['virtualization']}, RDMA devices: "
-           f"{', '.join(m['rdma_devices']) or 'none (the soft device)'}. Client pinned to core "
-           f"{CLIENT_CORE}, server to core {SERVER_CORE}.",
+           f"{', '.join(m['rdma_devices']) or 'none (the soft device)'}; load average "
+           f"{' / '.join(str(x) for x in m.get('load_average', []))} (1/5/15 min) when it started "
+           f"(other work on the machine shows there). Client pinned to core {CLIENT_CORE}, server "
+           f"to core {SERVER_CORE}.",
            f"{report['rounds']} rounds of {report['seconds']:g} s per row; rows alternate within each "
            "round. Round trips; percentiles over all rounds' samples; ratios are medians of "
            "per-round ratios to the floor and to the verbs SEND/RECV round trip of the same round.", "",
