@@ -291,9 +291,10 @@ class Pipeline {
     }
   }
 
-  // Starts every call, polls for `ns`, then lets the calls in flight finish uncounted. With
-  // `recorder`, each call completed within the time adds its latency.
-  Slice Run(int64_t ns, LatencyRecorder* recorder = nullptr) {
+  // Starts every call, polls for `ns` (and until `min_calls` have completed), then lets the
+  // calls in flight finish uncounted. With `recorder`, each call completed within the time
+  // adds its latency.
+  Slice Run(int64_t ns, LatencyRecorder* recorder = nullptr, uint64_t min_calls = 0) {
     done_ = 0;
     running_ = true;
     recorder_ = recorder;
@@ -302,7 +303,7 @@ class Pipeline {
     const int64_t end = begin + ns;
     int64_t now = begin;
     uint64_t spins = 0;
-    while (now < end) {
+    while (now < end || done_ < min_calls) {
       ch_.Poll();
       if ((++spins & 15) == 0) now = swirl::bench::MonoNs();
     }
@@ -476,7 +477,8 @@ ThreadResult RunOne(swirl::Channel& ch, const std::string& test, int size) {
   Pipeline pipe(ch, test, size, Depth(), raw);
   // One untimed slice first (as --compare has): pools touched, the worker awake.
   (void)pipe.Run(100 * 1000 * 1000);
-  const Pipeline::Slice run = pipe.Run(static_cast<int64_t>(Seconds() * 1e9), &recorder);
+  // At least 100 calls, so a run the host stalled still has a distribution.
+  const Pipeline::Slice run = pipe.Run(static_cast<int64_t>(Seconds() * 1e9), &recorder, 100);
   out.calls = run.calls;
   out.seconds = run.seconds;
   out.rtt_ns = recorder.histogram();

@@ -217,6 +217,8 @@ def sample_from_swirl_json(j, size):
     """One run of a swirl tool: its histogram, rates and keys."""
     h = Hist()
     hist = j.get("histogram")
+    if not hist or not hist.get("buckets"):
+        raise RowFailed("the run measured nothing (no latency histogram)")
     if hist:
         h.add_buckets(hist["buckets"], round(j["rtt_min_us"] * 1000), round(j["rtt_max_us"] * 1000),
                       j["rtt_avg_us"] * 1000)

@@ -113,7 +113,9 @@ class SwirlBenchSmokeTest(unittest.TestCase):
                 continue
             self.assertEqual(r["status"], "ok", f"{rid}: {r.get('errors')}")
             self.assertEqual(r["rounds_ok"], 1, rid)
+            self.assertIsNotNone(r.get("p50_us"), rid)
             self.assertGreater(r["p50_us"], 0, rid)
+            self.assertIsNotNone(r.get("ops_per_s"), rid)
             self.assertGreater(r["ops_per_s"], 0, rid)
             self.assertTrue(r["commands"], rid)
             for c in r["commands"]:
