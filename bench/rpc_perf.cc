@@ -1,16 +1,21 @@
-// rpc_perf: swirl RPC latency and throughput, in the conventions of bench/verbs_perf.
+// rpc_perf: swirl RPC latency and throughput, in the conventions of bench/verbs_perf (the
+// shared harness's flags: bench/perf_common.h).
 //
-//   rpc_perf --test latency --size 64 --json          # 64-byte protobuf echo round trip
-//   rpc_perf --test throughput --depth 32 --json      # pipelined async echo calls per second
-//   rpc_perf --test bulk_read --size 1048576 --bulk_mode server-exposes --json
-//   rpc_perf --test bulk_write --size 65536 --bulk_mode mirror --local_invalidation_only
-//   rpc_perf --test bulk_read --size 65536 --compare server-exposes+local-inv --json  # in turns
+//   rpc_perf --test latency -s 64 --json              # 64-byte protobuf echo round trip
+//   rpc_perf --test latency --raw -D 2 -H             # raw-bytes echo for 2 s, whole histogram
+//   rpc_perf --test throughput --inflight 32 --json   # pipelined async echo calls per second
+//   rpc_perf --test bulk_read -s 1048576 --bulk_mode server-exposes --json
+//   rpc_perf --test bulk_write -s 65536 --bulk_mode mirror --local_invalidation_only
+//   rpc_perf --test bulk_read -s 65536 --compare server-exposes+local-inv --json  # in turns
 //
 // With neither --server nor --connect it starts the server itself in a second process pinned
-// to --server_core (one worker) and runs the client on --client_core. --json prints one object
-// with the keys of verbs_perf (rtt_min_us, rtt_p50_us, rtt_avg_us, rtt_p99_us, rtt_p999_us;
-// ops_per_s, gbytes_per_s) plus the negotiated invalidation and bulk modes. docs/BENCHMARKS.md
-// has the commands behind the published numbers.
+// to --server_core (one worker per client thread) and runs the client on --client_core
+// (thread t on --client_core + t). Every test times each call from its start to its
+// completion (rtt_*, a round trip: request out, response in); the latency test keeps one call
+// in flight (a synchronous call) unless --inflight says more, the others keep --inflight
+// (alias --depth, default 16) in flight for --seconds (or -D). --json prints one object with
+// the keys of verbs_perf (rtt_*, perftest's t_*, ops_per_s, gbytes_per_s, the histogram) plus
+// the negotiated invalidation and bulk modes. docs/BENCHMARKS.md has the commands.
 
 #include <limits.h>
 #include <signal.h>
@@ -27,11 +32,12 @@ extern char** environ;
 #include <cstdio>
 #include <fstream>
 #include <functional>
+#include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -45,11 +51,9 @@ extern char** environ;
 #include "rpc/wire.h"
 
 ABSL_FLAG(std::string, test, "latency", "latency|throughput|bulk_read|bulk_write");
-ABSL_FLAG(int, size, 64, "payload bytes (echo payload, or bulk transfer size)");
-ABSL_FLAG(int, iters, 100000, "latency: round trips to time");
-ABSL_FLAG(int, warmup, 5000, "latency: untimed round trips first");
-ABSL_FLAG(double, seconds, 2.0, "throughput and bulk tests: how long to run");
-ABSL_FLAG(int, depth, 16, "throughput and bulk tests: calls in flight");
+ABSL_FLAG(double, seconds, 2.0, "throughput and bulk tests: how long to run (-D overrides)");
+ABSL_FLAG(int, depth, 0,
+          "calls in flight (the older name of --inflight; 0: --inflight)");
 ABSL_FLAG(std::string, bulk_mode, "server-exposes",
           "server-exposes|mirror");
 ABSL_FLAG(bool, local_invalidation_only, false,
@@ -59,21 +63,23 @@ ABSL_FLAG(std::string, compare, "",
           "on a second channel, the two taking turns in --slice_ms slices; prints both and the "
           "median of the per-slice-pair ratios (this mode / that one)");
 ABSL_FLAG(int, slice_ms, 100, "--compare: length of each turn");
-ABSL_FLAG(int, client_core, 0, "CPU for the client (-1: don't pin)");
-ABSL_FLAG(int, server_core, 1, "CPU for the server worker (-1: don't pin)");
 ABSL_FLAG(bool, server, false, "run only the server (on --port)");
 ABSL_FLAG(std::string, connect, "", "run only the client, against this host:port");
 ABSL_FLAG(int, port, 0, "control-plane port for --server (0: pick)");
 ABSL_FLAG(std::string, port_file, "", "--server: write the chosen port here");
 ABSL_FLAG(int, spawned_by, 0, "internal: the client process that started this server");
 ABSL_FLAG(std::string, device, "", "RDMA device (default: automatic)");
-ABSL_FLAG(bool, json, false, "print one JSON object");
+ABSL_FLAG(int, workers, 0, "--server: worker threads (0: one per client thread, --threads)");
 ABSL_FLAG(bool, raw, false,
           "latency/throughput: echo raw bytes (Service::AddRawMethod) instead of the protobuf "
           "EchoRequest, to separate protobuf's cost from swirl's");
 
 namespace {
 
+using swirl::Histogram;
+using swirl::bench::LatencyRecorder;
+using swirl::bench::Report;
+using swirl::bench::ResultRow;
 using swirl::bench::Ticks;
 using swirl::bench::TickClock;
 
@@ -118,7 +124,8 @@ int RunServer() {
     prctl(PR_SET_PDEATHSIG, SIGTERM);
     if (getppid() != parent) return 1;
   }
-  if (int core = absl::GetFlag(FLAGS_server_core); core >= 0) {
+  const int core = swirl::bench::ServerCore();
+  if (core >= 0) {
     std::string error;
     if (!swirl::bench::PinToCore(core, &error)) {
       Fail(absl::StrCat("cannot pin the server to core ", core, ": ", error,
@@ -128,7 +135,11 @@ int RunServer() {
   swirl::ServerOptions options;
   options.address = absl::StrCat("127.0.0.1:", absl::GetFlag(FLAGS_port));
   options.device = absl::GetFlag(FLAGS_device);
-  options.worker_cores = {absl::GetFlag(FLAGS_server_core)};
+  const int workers = std::max(1, absl::GetFlag(FLAGS_workers) > 0 ? absl::GetFlag(FLAGS_workers)
+                                                                   : swirl::bench::HarnessThreads());
+  options.worker_cores.clear();
+  const int ncpu = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  for (int w = 0; w < workers; ++w) options.worker_cores.push_back(core < 0 ? -1 : (core + w) % ncpu);
   options.idle_spin = absl::Seconds(1);  // busy-poll: benchmarks measure the hot path
   options.bulk_pool_bytes = 512 << 20;
   options.max_bulk_size = 64 << 20;
@@ -173,7 +184,8 @@ pid_t SpawnServer(int* port) {
                                    "--server",
                                    "--port_file=" + port_file,
                                    absl::StrCat("--spawned_by=", getpid()),
-                                   absl::StrCat("--server_core=", absl::GetFlag(FLAGS_server_core)),
+                                   absl::StrCat("--server_core=", swirl::bench::ServerCore()),
+                                   absl::StrCat("--workers=", swirl::bench::HarnessThreads()),
                                    "--device=" + absl::GetFlag(FLAGS_device)};
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
@@ -194,21 +206,6 @@ pid_t SpawnServer(int* port) {
   kill(pid, SIGKILL);
   Fail("the server did not start");
 }
-
-struct Result {
-  std::vector<std::pair<std::string, std::string>> fields;
-  void Add(const std::string& k, double v) { fields.push_back({k, absl::StrFormat("%.4f", v)}); }
-  void Add(const std::string& k, const std::string& v) {
-    fields.push_back({k, absl::StrCat("\"", v, "\"")});
-  }
-  std::string Json() const {
-    std::string out = "{";
-    for (size_t i = 0; i < fields.size(); ++i) {
-      absl::StrAppend(&out, i ? "," : "", "\"", fields[i].first, "\":", fields[i].second);
-    }
-    return out + "}";
-  }
-};
 
 // The bulk mode a --bulk_mode / --compare value names: "server-exposes" or "mirror", each
 // optionally with "+local-inv" (local invalidation only).
@@ -231,7 +228,7 @@ swirl::ChannelOptions ParseMode(const std::string& spec, swirl::ChannelOptions o
 
 // Window counters of this channel's connection, both ends: who revoked the windows is the
 // point of the bulk modes, so the output shows it.
-void AddWindowCounters(swirl::Channel& ch, const std::string& prefix, Result& result) {
+void AddWindowCounters(swirl::Channel& ch, const std::string& prefix, ResultRow& row) {
   const auto local = ch.LocalStats();
   uint64_t remote = local.windows_remote_invalidated();
   uint64_t locally = local.windows_locally_invalidated();
@@ -242,8 +239,11 @@ void AddWindowCounters(swirl::Channel& ch, const std::string& prefix, Result& re
       locally += c.windows_locally_invalidated();
     }
   }
-  result.Add(prefix + "windows_remote_invalidated", static_cast<double>(remote));
-  result.Add(prefix + "windows_locally_invalidated", static_cast<double>(locally));
+  row.AddInt(prefix + "windows_remote_invalidated", static_cast<int64_t>(remote));
+  row.AddInt(prefix + "windows_locally_invalidated", static_cast<int64_t>(locally));
+  row.notes.push_back(absl::StrFormat("%swindows revoked by the peer's SEND_WITH_INV: %d, by "
+                                      "LOCAL_INV: %d",
+                                      prefix, remote, locally));
 }
 
 // Linear interpolation between closest ranks (numpy's default) of sorted, non-empty `v`: the
@@ -257,7 +257,8 @@ double Quantile(const std::vector<double>& v, double q) {
 
 // Keeps `depth` calls in flight on one channel from this thread, each restarted from its
 // completion callback (on the thread that drives the channel, so restarted calls leave
-// together with one doorbell per loop iteration).
+// together with one doorbell per loop iteration). Each call's latency (start to completion)
+// goes into the recorder while `timed`.
 class Pipeline {
  public:
   struct Slice {
@@ -274,6 +275,7 @@ class Pipeline {
         size_text_(std::to_string(size)),
         raw_payload_(size, 'x'),
         calls_(depth),
+        started_(depth),
         responses_(depth),
         buffers_(depth),
         raw_out_(depth) {
@@ -286,21 +288,25 @@ class Pipeline {
     }
   }
 
-  // Starts every call, polls for `ns`, then lets the calls in flight finish uncounted.
-  Slice Run(int64_t ns) {
+  // Starts every call, polls for `ns` (and until `min_calls` have completed), then lets the
+  // calls in flight finish uncounted. With `recorder`, each call completed within the time
+  // adds its latency.
+  Slice Run(int64_t ns, LatencyRecorder* recorder = nullptr, uint64_t min_calls = 0) {
     done_ = 0;
     running_ = true;
+    recorder_ = recorder;
     for (size_t i = 0; i < calls_.size(); ++i) Start(i);
     const int64_t begin = swirl::bench::MonoNs();
     const int64_t end = begin + ns;
     int64_t now = begin;
     uint64_t spins = 0;
-    while (now < end) {
+    while (now < end || done_ < min_calls) {
       ch_.Poll();
       if ((++spins & 15) == 0) now = swirl::bench::MonoNs();
     }
     Slice slice{done_, static_cast<double>(now - begin) / 1e9};
     running_ = false;
+    recorder_ = nullptr;
     while (in_flight_ > 0) ch_.Poll();
     return slice;
   }
@@ -310,10 +316,18 @@ class Pipeline {
     ++in_flight_;
     calls_[i].SetCallback([this, i](absl::Status status) {
       if (!status.ok()) Fail(status.ToString());
+      if (!running_) {
+        --in_flight_;
+        return;
+      }
       ++done_;
       --in_flight_;
-      if (running_) Start(i);
+      // A flush (one in 64 Ki calls) lands inside the other calls in flight: a pipelined
+      // latency counts it as the machine's, as it would any other pause of this thread.
+      if (recorder_ != nullptr) recorder_->Add(Ticks() - started_[i]);
+      Start(i);
     });
+    started_[i] = Ticks();
     if (read_ || write_) {
       swirl::CallOptions co;
       if (read_) co.response_bulk = &buffers_[i];
@@ -345,98 +359,192 @@ class Pipeline {
   const std::string raw_payload_;
   swirl::examples::EchoRequest request_;
   std::vector<swirl::ClientCall> calls_;
+  std::vector<uint64_t> started_;
   std::vector<swirl::examples::EchoResponse> responses_;
   std::vector<swirl::BulkBuffer> buffers_;
   std::vector<std::string> raw_out_;
+  LatencyRecorder* recorder_ = nullptr;
   uint64_t done_ = 0;
   int in_flight_ = 0;
   bool running_ = false;
 };
 
-int RunClient(const std::string& address, Result& result) {
-  if (int core = absl::GetFlag(FLAGS_client_core); core >= 0) {
-    std::string error;
-    if (!swirl::bench::PinToCore(core, &error)) {
-      Fail(absl::StrCat("cannot pin the client to core ", core, ": ", error,
-                        " (--client_core -1 runs it unpinned)"));
-    }
-  }
-  TickClock::Init();
+// Calls in flight: --depth (the older name), else --inflight, else 1 for the latency test and
+// 16 for the others.
+int Depth() {
+  if (absl::GetFlag(FLAGS_depth) > 0) return absl::GetFlag(FLAGS_depth);
+  return swirl::bench::HarnessInflight(absl::GetFlag(FLAGS_test) == "latency" ? 1 : 16);
+}
+
+double Seconds() {
+  const double d = swirl::bench::HarnessDuration();
+  return d > 0 ? d : absl::GetFlag(FLAGS_seconds);
+}
+
+// One client thread's test on its own channel. Thread 0 also fills in the row's keys.
+struct ThreadResult {
+  Histogram rtt_ns;
+  uint64_t calls = 0;
+  uint64_t warmup = 0;
+  double seconds = 0;
+};
+
+std::shared_ptr<swirl::Channel> Connect(const std::string& address, const std::string& mode) {
   swirl::ChannelOptions options;
   options.driver = swirl::ChannelOptions::Driver::kCaller;
   options.device = absl::GetFlag(FLAGS_device);
   options.credits = 64;
   options.bulk_pool_bytes = 512 << 20;
-  options = ParseMode(absl::GetFlag(FLAGS_bulk_mode), options);
+  options = ParseMode(mode, options);
   options.local_invalidation_only |= absl::GetFlag(FLAGS_local_invalidation_only);
   auto channel = swirl::Channel::Create(address, options);
   if (!channel.ok()) Fail(channel.status().ToString());
-  swirl::Channel& ch = **channel;
-  const std::string test = absl::GetFlag(FLAGS_test);
-  const int size = absl::GetFlag(FLAGS_size);
-  result.Add("test", test);
-  result.Add("size", size);
-  result.Add("invalidation", swirl::control::InvalidationMode_Name(ch.negotiated().invalidation()));
-  result.Add("bulk_mode", swirl::control::BulkMode_Name(ch.negotiated().bulk_mode()));
-  swirl::examples::EchoStub stub(ch);
-  swirl::examples::EchoRequest request;
-  request.set_payload(std::string(size, 'x'));
-  swirl::examples::EchoResponse response;
+  return *channel;
+}
 
+void PinClientThread(int t) {
+  const int core = swirl::bench::ClientCore();
+  if (core < 0) return;
+  const int ncpu = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  std::string error;
+  if (!swirl::bench::PinToCore((core + t) % ncpu, &error)) {
+    Fail(absl::StrCat("cannot pin client thread ", t, " to core ", (core + t) % ncpu, ": ",
+                      error, " (--client_core -1 runs it unpinned)"));
+  }
+}
+
+// The latency or pipelined test on `ch` from this thread.
+ThreadResult RunOne(swirl::Channel& ch, const std::string& test, int size) {
+  ThreadResult out;
   const bool raw = absl::GetFlag(FLAGS_raw);
-  result.Add("encoding", raw ? "raw" : "protobuf");
-  const uint32_t raw_echo_id = swirl::rpc_wire::MethodId("/bench.Bulk/Echo");
-  const std::string raw_payload(size, 'x');
-  std::string raw_response;
-  if (test == "latency") {
-    const int iters = absl::GetFlag(FLAGS_iters);
+  LatencyRecorder recorder;
+  if (test == "latency" && Depth() == 1) {
+    swirl::examples::EchoStub stub(ch);
+    swirl::examples::EchoRequest request;
+    request.set_payload(std::string(size, 'x'));
+    swirl::examples::EchoResponse response;
+    const uint32_t raw_echo_id = swirl::rpc_wire::MethodId("/bench.Bulk/Echo");
+    const std::string raw_payload(size, 'x');
+    std::string raw_response;
     auto echo = [&] {
       return raw ? swirl::CallRaw(ch, raw_echo_id, raw_payload, &raw_response, {})
                  : stub.Echo(request, &response);
     };
-    for (int i = 0; i < absl::GetFlag(FLAGS_warmup); ++i) {
-      if (auto s = echo(); !s.ok()) Fail(s.ToString());
+    const double duration = swirl::bench::HarnessDuration();
+    const uint64_t iters = swirl::bench::HarnessIters(100000);
+    const int64_t warmup_flag = swirl::bench::HarnessWarmupFlag();
+    // Count mode: --warmup (default 5000); duration mode: --warmup if given, else 10% of -D.
+    if (duration > 0 && warmup_flag < 0) {
+      const int64_t until = swirl::bench::MonoNs() + static_cast<int64_t>(0.1 * duration * 1e9);
+      while (swirl::bench::MonoNs() < until) {
+        if (auto s = echo(); !s.ok()) Fail(s.ToString());
+        ++out.warmup;
+      }
+    } else {
+      out.warmup = warmup_flag >= 0 ? static_cast<uint64_t>(warmup_flag) : 5000;
+      for (uint64_t i = 0; i < out.warmup; ++i) {
+        if (auto s = echo(); !s.ok()) Fail(s.ToString());
+      }
     }
     // What is timed must be a real echo: checked once, outside the timed loop.
+    if (auto s = echo(); !s.ok()) Fail(s.ToString());
     if (raw ? raw_response != raw_payload : response.payload() != request.payload()) {
       Fail("the echo came back wrong");
     }
-    std::vector<uint64_t> samples(iters);
-    for (int i = 0; i < iters; ++i) {
+    const uint64_t begin = Ticks();
+    const uint64_t deadline =
+        duration > 0 ? begin + static_cast<uint64_t>(duration * 1e6 * TickClock::RoughTicksPerUs())
+                     : 0;
+    uint64_t timed_ticks = 0;
+    for (uint64_t i = 0;; ++i) {
       const uint64_t start = Ticks();
+      // -D: at least 100 calls, so a run the host stalled still has a distribution.
+      if (duration > 0 ? start >= deadline && i >= 100 : i >= iters) break;
       absl::Status s = echo();
-      samples[i] = Ticks() - start;
+      const uint64_t t = Ticks() - start;
       if (!s.ok()) Fail(s.ToString());
+      timed_ticks += t;
+      recorder.Add(t);
+      ++out.calls;
     }
-    auto stats = swirl::bench::ComputeLatency(samples, TickClock::TicksPerUs());
-    result.Add("iters", iters);
-    result.Add("rtt_min_us", stats.min_us);
-    result.Add("rtt_p50_us", stats.p50_us);
-    result.Add("rtt_avg_us", stats.avg_us);
-    result.Add("rtt_p99_us", stats.p99_us);
-    result.Add("rtt_p999_us", stats.p999_us);
-    return 0;
+    out.seconds = static_cast<double>(timed_ticks) / TickClock::TicksPerUs() / 1e6;
+    out.rtt_ns = recorder.histogram();
+    return out;
   }
+  Pipeline pipe(ch, test, size, Depth(), raw);
+  // One untimed slice first (as --compare has): pools touched, the worker awake.
+  (void)pipe.Run(100 * 1000 * 1000);
+  // At least 100 calls, so a run the host stalled still has a distribution.
+  const Pipeline::Slice run = pipe.Run(static_cast<int64_t>(Seconds() * 1e9), &recorder, 100);
+  out.calls = run.calls;
+  out.seconds = run.seconds;
+  out.rtt_ns = recorder.histogram();
+  return out;
+}
 
-  // Pipelined tests.
-  const int depth = absl::GetFlag(FLAGS_depth);
+int RunClient(const std::string& address, Report& report) {
+  TickClock::Init();
+  const std::string test = absl::GetFlag(FLAGS_test);
+  const int size = static_cast<int>(swirl::bench::HarnessSizes()[0]);
   const bool bulk = test == "bulk_read" || test == "bulk_write";
-  if (!bulk && test != "throughput") Fail("unknown --test " + test);
+  if (!bulk && test != "throughput" && test != "latency") Fail("unknown --test " + test);
   const std::string compare = absl::GetFlag(FLAGS_compare);
   if (!compare.empty() && !bulk) Fail("--compare is for the bulk tests");
-  Pipeline main_pipe(ch, test, size, depth, raw);
-  const double seconds = absl::GetFlag(FLAGS_seconds);
-  result.Add("depth", depth);
+  const int threads = swirl::bench::HarnessThreads();
+  if (!compare.empty() && threads != 1) Fail("--compare runs on one thread");
+
+  ResultRow row;
+  row.test = test;
+  row.size = static_cast<uint64_t>(size);
+  const bool raw = absl::GetFlag(FLAGS_raw);
+
   if (compare.empty()) {
-    // One untimed slice first (as --compare has): pools touched, the worker awake.
-    (void)main_pipe.Run(100 * 1000 * 1000);
-    const Pipeline::Slice run = main_pipe.Run(static_cast<int64_t>(seconds * 1e9));
-    result.Add("seconds", run.seconds);
-    result.Add("ops_per_s", static_cast<double>(run.calls) / run.seconds);
-    if (bulk) {
-      result.Add("gbytes_per_s", static_cast<double>(run.calls) * size / run.seconds / 1e9);
-      AddWindowCounters(ch, "", result);
+    // Each thread connects, runs, and keeps its channel until all are done (the window
+    // counters are read afterwards).
+    std::vector<std::shared_ptr<swirl::Channel>> channels(threads);
+    std::vector<ThreadResult> results(threads);
+    std::vector<std::thread> pool;
+    for (int t = 0; t < threads; ++t) {
+      pool.emplace_back([&, t] {
+        PinClientThread(t);
+        channels[t] = Connect(address, absl::GetFlag(FLAGS_bulk_mode));
+        results[t] = RunOne(*channels[t], test, size);
+      });
     }
+    for (auto& th : pool) th.join();
+    swirl::Channel& ch = *channels[0];
+    row.Add("invalidation", swirl::control::InvalidationMode_Name(ch.negotiated().invalidation()));
+    row.Add("bulk_mode", swirl::control::BulkMode_Name(ch.negotiated().bulk_mode()));
+    row.Add("encoding", raw ? "raw" : "protobuf");
+    row.AddInt("threads", threads);
+    uint64_t calls = 0, warmup = 0;
+    double seconds = 0, rate = 0;
+    for (const ThreadResult& r : results) {
+      row.rtt_ns.Merge(r.rtt_ns);
+      calls += r.calls;
+      warmup += r.warmup;
+      seconds = std::max(seconds, r.seconds);
+      if (r.seconds > 0) rate += static_cast<double>(r.calls) / r.seconds;
+    }
+    row.iters = calls;
+    row.warmup = warmup;
+    row.seconds = seconds;
+    row.has_latency = calls > 0;
+    row.ops_per_s = rate;
+    row.AddInt("depth", Depth());
+    if (bulk) {
+      row.bytes_per_s = rate * size;
+      for (int t = 0; t < threads; ++t) {
+        AddWindowCounters(*channels[t], t == 0 ? "" : absl::StrCat("thread", t, "_"), row);
+      }
+    }
+    row.notes.push_back(absl::StrFormat(
+        "%s, %s, invalidation %s, bulk mode %s, %d in flight per thread, %d thread(s)",
+        test, raw ? "raw bytes" : "protobuf",
+        swirl::control::InvalidationMode_Name(ch.negotiated().invalidation()),
+        swirl::control::BulkMode_Name(ch.negotiated().bulk_mode()),
+        Depth(), threads));
+    report.Row(std::move(row));
     return 0;
   }
 
@@ -444,30 +552,40 @@ int RunClient(const std::string& address, Result& result) {
   // in short slices (A B, B A, A B, ...). This machine changes speed by several times within
   // seconds; slices of the two modes close together see the same machine, and the median of
   // the per-pair ratios is what the comparison rests on.
-  auto other = swirl::Channel::Create(address, ParseMode(compare, options));
-  if (!other.ok()) Fail(other.status().ToString());
-  swirl::Channel& och = **other;
-  result.Add("compare", compare);
-  result.Add("compare_invalidation",
-             swirl::control::InvalidationMode_Name(och.negotiated().invalidation()));
-  result.Add("compare_bulk_mode", swirl::control::BulkMode_Name(och.negotiated().bulk_mode()));
+  PinClientThread(0);
+  auto main_channel = Connect(address, absl::GetFlag(FLAGS_bulk_mode));
+  swirl::Channel& ch = *main_channel;
+  auto other = Connect(address, compare);
+  // The compared mode is exactly what --compare says (not --local_invalidation_only).
+  swirl::Channel& och = *other;
+  row.Add("invalidation", swirl::control::InvalidationMode_Name(ch.negotiated().invalidation()));
+  row.Add("bulk_mode", swirl::control::BulkMode_Name(ch.negotiated().bulk_mode()));
+  row.Add("encoding", raw ? "raw" : "protobuf");
+  row.Add("compare", compare);
+  row.Add("compare_invalidation",
+          swirl::control::InvalidationMode_Name(och.negotiated().invalidation()));
+  row.Add("compare_bulk_mode", swirl::control::BulkMode_Name(och.negotiated().bulk_mode()));
+  const int depth = Depth();
+  row.AddInt("depth", depth);
+  Pipeline main_pipe(ch, test, size, depth, raw);
   Pipeline other_pipe(och, test, size, depth, raw);
   const int64_t slice_ns = absl::GetFlag(FLAGS_slice_ms) * 1000000LL;
-  const int pairs = static_cast<int>(std::clamp(seconds * 1e9 / (2.0 * slice_ns), 1.0, 1e6));
+  const int pairs = static_cast<int>(std::clamp(Seconds() * 1e9 / (2.0 * slice_ns), 1.0, 1e6));
   // One unmeasured slice of each first: the first turn of either must not be the cold one.
   main_pipe.Run(slice_ns);
   other_pipe.Run(slice_ns);
   double main_s = 0, other_s = 0;
   uint64_t main_calls = 0, other_calls = 0;
   std::vector<double> ratios;
+  LatencyRecorder main_rec, other_rec;
   for (int i = 0; i < pairs; ++i) {
     Pipeline::Slice a, b;
     if (i % 2 == 0) {
-      a = main_pipe.Run(slice_ns);
-      b = other_pipe.Run(slice_ns);
+      a = main_pipe.Run(slice_ns, &main_rec);
+      b = other_pipe.Run(slice_ns, &other_rec);
     } else {
-      b = other_pipe.Run(slice_ns);
-      a = main_pipe.Run(slice_ns);
+      b = other_pipe.Run(slice_ns, &other_rec);
+      a = main_pipe.Run(slice_ns, &main_rec);
     }
     main_s += a.seconds;
     other_s += b.seconds;
@@ -480,30 +598,50 @@ int RunClient(const std::string& address, Result& result) {
     Fail("--compare: a mode completed no calls in its slices; no ratio to report");
   }
   std::sort(ratios.begin(), ratios.end());
-  result.Add("seconds", main_s);
-  result.Add("ops_per_s", static_cast<double>(main_calls) / main_s);
-  result.Add("gbytes_per_s", static_cast<double>(main_calls) * size / main_s / 1e9);
-  result.Add("compare_ops_per_s", static_cast<double>(other_calls) / other_s);
-  result.Add("compare_gbytes_per_s", static_cast<double>(other_calls) * size / other_s / 1e9);
-  result.Add("slices", 2.0 * pairs);
-  result.Add("ratio_median", Quantile(ratios, 0.5));
-  result.Add("ratio_p10", Quantile(ratios, 0.1));
-  result.Add("ratio_p90", Quantile(ratios, 0.9));
-  AddWindowCounters(ch, "", result);
-  AddWindowCounters(och, "compare_", result);
+  row.iters = main_calls;
+  row.seconds = main_s;
+  row.has_latency = true;
+  row.rtt_ns = main_rec.histogram();
+  row.ops_per_s = static_cast<double>(main_calls) / main_s;
+  row.bytes_per_s = static_cast<double>(main_calls) * size / main_s;
+  const swirl::bench::LatencyStats other_lat = swirl::bench::StatsOf(other_rec.histogram());
+  row.Add("compare_ops_per_s", static_cast<double>(other_calls) / other_s);
+  row.Add("compare_gbytes_per_s", static_cast<double>(other_calls) * size / other_s / 1e9);
+  row.Add("compare_rtt_p50_us", other_lat.p50_us);
+  row.Add("compare_rtt_p99_us", other_lat.p99_us);
+  row.AddInt("slices", 2 * pairs);
+  row.Add("ratio_median", Quantile(ratios, 0.5));
+  row.Add("ratio_p10", Quantile(ratios, 0.1));
+  row.Add("ratio_p90", Quantile(ratios, 0.9));
+  row.notes.push_back(absl::StrFormat(
+      "%s vs %s in %d alternating %d ms slices: throughput ratio median %.3f (p10 %.3f, p90 "
+      "%.3f); that mode %.3f GB/s",
+      absl::GetFlag(FLAGS_bulk_mode), compare, 2 * pairs, absl::GetFlag(FLAGS_slice_ms),
+      Quantile(ratios, 0.5), Quantile(ratios, 0.1), Quantile(ratios, 0.9),
+      static_cast<double>(other_calls) * size / other_s / 1e9));
+  AddWindowCounters(ch, "", row);
+  AddWindowCounters(och, "compare_", row);
+  report.Row(std::move(row));
   return 0;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
+  swirl::bench::ParseHarnessCommandLine(
+      argc, argv,
+      "swirl RPC latency, throughput and bulk transfers.\n"
+      "  rpc_perf --test latency|throughput|bulk_read|bulk_write [-s N] [-n N | -D S]\n"
+      "           [--inflight N] [--threads N] [--raw] [--bulk_mode M] [--compare M]\n"
+      "           [--json | --csv] [--out_json [--out_json_file F]] [-H]");
   if (absl::GetFlag(FLAGS_server)) return RunServer();
   // Bad arguments fail here, before there is a server to clean up.
   if (!(absl::GetFlag(FLAGS_seconds) > 0)) Fail("--seconds must be positive");
   if (absl::GetFlag(FLAGS_slice_ms) <= 0) Fail("--slice_ms must be positive");
-  if (absl::GetFlag(FLAGS_depth) <= 0) Fail("--depth must be positive");
-  if (absl::GetFlag(FLAGS_iters) <= 0) Fail("--iters must be positive");
+  if (absl::GetFlag(FLAGS_depth) < 0) Fail("--depth must be positive");
+  const std::vector<uint64_t> sizes = swirl::bench::HarnessSizes();
+  if (sizes.size() != 1) Fail("-a: rpc_perf runs one size per run (bench/swirl_bench.py sweeps)");
+  if (sizes[0] == 0 || sizes[0] > (64u << 20)) Fail("--size must be 1 .. 64 MiB");
   (void)ParseMode(absl::GetFlag(FLAGS_bulk_mode), {});
   if (!absl::GetFlag(FLAGS_compare).empty()) (void)ParseMode(absl::GetFlag(FLAGS_compare), {});
   std::string address = absl::GetFlag(FLAGS_connect);
@@ -513,17 +651,25 @@ int main(int argc, char** argv) {
     server = SpawnServer(&port);
     address = absl::StrCat("127.0.0.1:", port);
   }
-  Result result;
-  result.Add("device", absl::GetFlag(FLAGS_device).empty() ? "auto" : absl::GetFlag(FLAGS_device));
-  int rc = RunClient(address, result);
+  Report report("rpc_perf");
+  report.SetContext({{"device", absl::StrCat("\"",
+                                             swirl::bench::JsonEscape(
+                                                 absl::GetFlag(FLAGS_device).empty()
+                                                     ? "auto"
+                                                     : absl::GetFlag(FLAGS_device)),
+                                             "\"")},
+                     {"client_core", absl::StrCat(swirl::bench::ClientCore())},
+                     {"server_core", absl::StrCat(swirl::bench::ServerCore())}});
+  if (report.text()) Report::PrintLatencyHeader();
+  int rc = RunClient(address, report);
   if (server > 0) {
     kill(server, SIGTERM);
     waitpid(server, nullptr, 0);
   }
-  if (absl::GetFlag(FLAGS_json)) {
-    std::printf("%s\n", result.Json().c_str());
-  } else {
-    for (auto& [k, v] : result.fields) std::printf("%-28s %s\n", k.c_str(), v.c_str());
+  if (report.text()) {
+    std::printf(" Left of '|' one-way = RTT/2 (perftest's convention); right of it the round trip "
+                "(a call's latency).\n");
   }
+  report.Finish();
   return rc;
 }

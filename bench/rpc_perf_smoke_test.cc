@@ -55,6 +55,55 @@ TEST(RpcPerfSmoke, LatencyProtobufAndRaw) {
   }
 }
 
+// The shared harness: -D runs for the time given (at least 100 calls), --inflight > 1 times
+// pipelined calls, --threads gives each thread a channel (and the server a worker), and every
+// row carries its histogram with p99.99 and max.
+TEST(RpcPerfSmoke, HarnessOptions) {
+  const Json d = RunPerf("--test latency --raw -s 32 -D 0.2");
+  EXPECT_EQ(Number(d, "size"), 32);
+  EXPECT_GE(Number(d, "iters"), 100);
+  EXPECT_GE(Number(d, "seconds"), 0.19);
+  EXPECT_EQ(Number(d, "depth"), 1);
+  const Json p = RunPerf("--test latency --inflight 4 -D 0.2");
+  EXPECT_EQ(Number(p, "depth"), 4);
+  EXPECT_GT(Number(p, "iters"), 0);
+  const Json t = RunPerf("--test throughput --threads 2 --inflight 2 --seconds 0.2");
+  EXPECT_EQ(Number(t, "threads"), 2);
+  EXPECT_EQ(Number(t, "depth"), 2);
+  EXPECT_GT(Number(t, "ops_per_s"), 0);
+  const Json b = RunPerf("--test bulk_read -s 4096 --inflight 1 -D 0.2");
+  EXPECT_EQ(Number(b, "depth"), 1);
+  EXPECT_GT(Number(b, "gbytes_per_s"), 0);
+  EXPECT_GT(Number(b, "windows_remote_invalidated"), 0);
+  for (const Json* j : {&d, &p, &t, &b}) {
+    EXPECT_LE(Number(*j, "rtt_p50_us"), Number(*j, "rtt_p99_us"));
+    EXPECT_LE(Number(*j, "rtt_p999_us"), Number(*j, "rtt_p9999_us"));
+    EXPECT_LE(Number(*j, "rtt_p9999_us"), Number(*j, "rtt_max_us"));
+    ASSERT_TRUE(j->Has("histogram"));
+    double total = 0;
+    for (const Json& bucket : (*j)["histogram"]["buckets"].array) total += bucket.array[1].number;
+    EXPECT_EQ(total, Number(*j, "iters"));
+  }
+}
+
+// gRPC's unary echo with the same .proto, timed by the same harness.
+TEST(RpcPerfSmoke, GrpcEchoPeer) {
+  for (const char* extra : {"-n 300", "-D 0.2 --inflight 4", "-n 200 --threads 2"}) {
+    const ToolRun run = swirl::bench_smoke::RunCommand(
+        "timeout 120 " + swirl::bench_smoke::BenchToolPath("grpc_echo_perf") + " --json -s 100 " +
+        extra);
+    Json j;
+    ASSERT_EQ(run.status, 0) << extra << "\n" << run.out;
+    ASSERT_TRUE(Parser(run.out).ParseDocument(&j)) << run.out;
+    EXPECT_EQ(String(j, "test"), "grpc_unary");
+    EXPECT_EQ(Number(j, "size"), 100);
+    EXPECT_GT(Number(j, "ops_per_s"), 0);
+    EXPECT_LE(Number(j, "rtt_min_us"), Number(j, "rtt_p50_us"));
+    EXPECT_LE(Number(j, "rtt_p50_us"), Number(j, "rtt_p9999_us"));
+    EXPECT_LE(Number(j, "rtt_p9999_us"), Number(j, "rtt_max_us"));
+  }
+}
+
 TEST(RpcPerfSmoke, Throughput) {
   const Json j = RunPerf("--test throughput --depth 8 --seconds 0.2");
   EXPECT_EQ(String(j, "test"), "throughput");

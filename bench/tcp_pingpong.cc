@@ -22,17 +22,12 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "bench/perf_common.h"
 
+// -s, -n (default 20000), cores, --json, --csv, -H: the shared harness (bench/perf_common.h).
 ABSL_FLAG(int, connections, 2, "1: one connection both ways; 2: one per direction");
-ABSL_FLAG(uint32_t, size, 64, "message bytes");
-ABSL_FLAG(uint64_t, iters, 20000, "round trips measured (after 10% warm-up)");
-ABSL_FLAG(int, client_core, 0, "core of the measuring side");
-ABSL_FLAG(int, server_core, 1, "core of the echoing side");
-ABSL_FLAG(bool, json, false, "print one JSON object");
 ABSL_FLAG(bool, echo_child, false, "internal: run as the echoing side");
 ABSL_FLAG(int, port, 0, "internal: the port to connect to");
 
@@ -47,6 +42,7 @@ void NoDelay(int fd) {
 }
 
 void Pin(int core) {
+  if (core < 0) return;
   std::string error;
   if (!PinToCore(core, &error)) Die("cannot pin to core %d: %s", core, error.c_str());
 }
@@ -79,7 +75,7 @@ void SendAll(int fd, const char* buf, size_t n) {
 
 // The echoing side: connects (once or twice) and sends back whatever arrives.
 int RunEcho() {
-  Pin(absl::GetFlag(FLAGS_server_core));
+  Pin(ServerCore());
   const int connections = absl::GetFlag(FLAGS_connections);
   const int in = ConnectTcp("127.0.0.1", absl::GetFlag(FLAGS_port), 10000);
   NoDelay(in);
@@ -88,7 +84,7 @@ int RunEcho() {
     out = ConnectTcp("127.0.0.1", absl::GetFlag(FLAGS_port), 10000);
     NoDelay(out);
   }
-  std::vector<char> buf(absl::GetFlag(FLAGS_size));
+  std::vector<char> buf(HarnessSizes()[0]);
   for (;;) {
     size_t got = 0;
     while (got < buf.size()) {
@@ -104,7 +100,9 @@ int RunEcho() {
 int Run() {
   const int connections = absl::GetFlag(FLAGS_connections);
   if (connections != 1 && connections != 2) Die("--connections must be 1 or 2");
-  const uint32_t size = absl::GetFlag(FLAGS_size);
+  const std::vector<uint64_t> sizes = HarnessSizes();
+  if (sizes.size() != 1) Die("-a: tcp_pingpong runs one size");
+  const uint64_t size = sizes[0];
   if (size == 0 || size > (1u << 20)) Die("--size must be 1 .. 1048576");
   TickClock::Init();
   int port = 0;
@@ -112,8 +110,8 @@ int Run() {
   const pid_t child = SpawnSelf({"--echo_child", absl::StrCat("--port=", port),
                                  absl::StrCat("--connections=", connections),
                                  absl::StrCat("--size=", size),
-                                 absl::StrCat("--server_core=", absl::GetFlag(FLAGS_server_core))});
-  const int client_core = absl::GetFlag(FLAGS_client_core);
+                                 absl::StrCat("--server_core=", ServerCore())});
+  const int client_core = ClientCore();
   Pin(client_core);
   // With two connections the echo side connects `in` first: ours to send on, then ours to
   // receive on.
@@ -123,36 +121,47 @@ int Run() {
   NoDelay(recv_fd);
   close(listener);
 
-  const uint64_t iters = absl::GetFlag(FLAGS_iters);
-  const uint64_t warmup = std::max<uint64_t>(iters / 10, 100);
+  const uint64_t iters = HarnessIters(20000);
+  const uint64_t warmup = HarnessWarmupFlag() >= 0 ? HarnessWarmup(iters)
+                                                   : std::max<uint64_t>(iters / 10, 100);
   std::vector<char> buf(size, 'x');
-  std::vector<uint64_t> rtt;
-  rtt.reserve(iters);
+  LatencyRecorder recorder;
+  uint64_t timed = 0;
   for (uint64_t i = 0; i < warmup + iters; ++i) {
     const uint64_t start = Ticks();
     SendAll(send_fd, buf.data(), size);
     Receive(recv_fd, buf.data(), size);
-    if (i >= warmup) rtt.push_back(Ticks() - start);
+    if (i >= warmup) {
+      const uint64_t t = Ticks() - start;
+      timed += t;
+      recorder.Add(t);
+    }
   }
   close(send_fd);
   if (recv_fd != send_fd) close(recv_fd);
   const int child_rc = WaitChild(child, 10000);
   if (child_rc != 0) Die("the echo side exited with status %d", child_rc);
 
-  const LatencyStats s = ComputeLatency(rtt, TickClock::TicksPerUs());
-  if (absl::GetFlag(FLAGS_json)) {
-    std::printf(
-        "{\"test\":\"tcp_pingpong\",\"connections\":%d,\"size\":%u,\"iters\":%lu,"
-        "\"rtt_min_us\":%.4f,\"rtt_p50_us\":%.4f,\"rtt_avg_us\":%.4f,\"rtt_p99_us\":%.4f,"
-        "\"rtt_p999_us\":%.4f,\"client_core\":%d,\"server_core\":%d}\n",
-        connections, size, static_cast<unsigned long>(iters), s.min_us, s.p50_us, s.avg_us,
-        s.p99_us, s.p999_us, client_core, absl::GetFlag(FLAGS_server_core));
-  } else {
-    std::printf("TCP loopback ping-pong, %u B, %d connection%s: round trip p50 %.2f us, p99 "
-                "%.2f us (%lu iterations)\n",
-                size, connections, connections == 1 ? "" : "s", s.p50_us, s.p99_us,
-                static_cast<unsigned long>(iters));
+  ResultRow row;
+  row.test = "tcp_pingpong";
+  row.size = size;
+  row.iters = iters;
+  row.warmup = warmup;
+  row.seconds = static_cast<double>(timed) / TickClock::TicksPerUs() / 1e6;
+  row.has_latency = true;
+  row.rtt_ns = recorder.histogram();
+  row.ops_per_s = row.seconds > 0 ? static_cast<double>(iters) / row.seconds : 0;
+  row.AddInt("connections", connections);
+  Report report("tcp_pingpong");
+  report.SetContext({{"client_core", absl::StrCat(client_core)},
+                     {"server_core", absl::StrCat(ServerCore())}});
+  if (report.text()) {
+    std::printf("TCP loopback ping-pong, %lu B, %d connection%s\n", static_cast<unsigned long>(size),
+                connections, connections == 1 ? "" : "s");
+    Report::PrintLatencyHeader();
   }
+  report.Row(std::move(row));
+  report.Finish();
   return 0;
 }
 
@@ -160,7 +169,8 @@ int Run() {
 }  // namespace swirl::bench
 
 int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
+  swirl::bench::ParseHarnessCommandLine(argc, argv,
+                                        "tcp_pingpong [--connections 1|2] [-s N] [-n N] [--json]");
   if (absl::GetFlag(FLAGS_echo_child)) return swirl::bench::RunEcho();
   return swirl::bench::Run();
 }
