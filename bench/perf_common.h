@@ -48,6 +48,34 @@ class TickClock {
   static double RoughTicksPerUs();
 };
 
+// A duration in measured time (the sum of the samples a tool reports as "seconds"), so a run
+// asked for D seconds reports at least D: the time a tool spends between samples (a histogram
+// flush, the loop's own checks) and the rough clock's error do not shorten it.
+class MeasuredSpan {
+ public:
+  explicit MeasuredSpan(double seconds)
+      : seconds_(seconds),
+        ticks_(static_cast<uint64_t>(seconds * 1e6 * TickClock::RoughTicksPerUs())) {}
+  // Has `measured_ticks` of samples covered the span? Cheap until the rough estimate says yes;
+  // then the span is re-measured with the precise clock (once) before the answer is yes.
+  bool Covered(uint64_t measured_ticks) {
+    if (measured_ticks < ticks_) return false;
+    if (!precise_) {
+      precise_ = true;
+      // 0.1% over: the final report re-measures the clock once more, over a slightly longer
+      // span, and must not come out a hair short of what was asked.
+      ticks_ = static_cast<uint64_t>(seconds_ * 1.001e6 * TickClock::TicksPerUs());
+      return measured_ticks >= ticks_;
+    }
+    return true;
+  }
+
+ private:
+  double seconds_;
+  uint64_t ticks_;
+  bool precise_ = false;
+};
+
 // Aborts with "timed out waiting for <what>" when a spin loop runs longer than the timeout set
 // with SetSpinTimeoutSeconds (default 60 s). Cheap: looks at the clock every 64 Ki calls.
 void SetSpinTimeoutSeconds(double seconds);

@@ -78,6 +78,7 @@ namespace {
 
 using swirl::Histogram;
 using swirl::bench::LatencyRecorder;
+using swirl::bench::MeasuredSpan;
 using swirl::bench::Report;
 using swirl::bench::ResultRow;
 using swirl::bench::Ticks;
@@ -451,15 +452,13 @@ ThreadResult RunOne(swirl::Channel& ch, const std::string& test, int size) {
     if (raw ? raw_response != raw_payload : response.payload() != request.payload()) {
       Fail("the echo came back wrong");
     }
-    const uint64_t begin = Ticks();
-    const uint64_t deadline =
-        duration > 0 ? begin + static_cast<uint64_t>(duration * 1e6 * TickClock::RoughTicksPerUs())
-                     : 0;
+    // -D counts measured time (what "seconds" reports), not the wall clock.
+    MeasuredSpan span(duration > 0 ? duration : 0);
     uint64_t timed_ticks = 0;
     for (uint64_t i = 0;; ++i) {
-      const uint64_t start = Ticks();
       // -D: at least 100 calls, so a run the host stalled still has a distribution.
-      if (duration > 0 ? start >= deadline && i >= 100 : i >= iters) break;
+      if (duration > 0 ? i >= 100 && span.Covered(timed_ticks) : i >= iters) break;
+      const uint64_t start = Ticks();
       absl::Status s = echo();
       const uint64_t t = Ticks() - start;
       if (!s.ok()) Fail(s.ToString());

@@ -67,6 +67,7 @@
 #include <cstring>
 #include <memory>
 #include <random>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -554,13 +555,14 @@ class Schedule {
     s.warm_end_ = s.start_ + static_cast<uint64_t>(warmup_s * 1e6 * tpu);
     s.warmup_by_count_ = warmup >= 0;
     s.warmup_ = warmup >= 0 ? static_cast<uint64_t>(warmup) : 0;
-    s.span_ = static_cast<uint64_t>(seconds * 1e6 * tpu);
+    s.span_.emplace(seconds);
     return s;
   }
 
   bool duration() const { return duration_; }
-  // Before iteration i (at time `now`): is it timed? Sets last() when it is the final one.
-  bool Timed(uint64_t i, uint64_t now) {
+  // Before iteration i (at time `now`, with `measured_ticks` of samples so far): is it timed?
+  // Sets last() when it is the final one.
+  bool Timed(uint64_t i, uint64_t now, uint64_t measured_ticks) {
     if (!duration_) {
       last_ = i + 1 == total_;
       return i >= warmup_;
@@ -577,7 +579,8 @@ class Schedule {
     }
     // At least kMinSamples: a run that stalls (the host took a core away) still has a
     // distribution, not one sample.
-    last_ = timed && now - measure_start_ >= span_ && i + 1 - first_timed_ >= kMinSamples;
+    // The span is measured time, what the report's "seconds" adds up, not the wall clock.
+    last_ = timed && i + 1 - first_timed_ >= kMinSamples && span_->Covered(measured_ticks);
     return timed;
   }
   bool last() const { return last_; }
@@ -591,7 +594,8 @@ class Schedule {
   bool duration_ = false;
   bool warmup_by_count_ = true;
   uint64_t warmup_ = 0, total_ = 0;
-  uint64_t start_ = 0, warm_end_ = 0, span_ = 0, measure_start_ = 0, first_timed_ = 0;
+  uint64_t start_ = 0, warm_end_ = 0, measure_start_ = 0, first_timed_ = 0;
+  std::optional<MeasuredSpan> span_;  // duration mode
   bool last_ = false;
 };
 
@@ -621,7 +625,7 @@ Result PingPong(Test test, uint64_t size, Schedule sched, Step step) {
   uint64_t measured = 0, measured_ticks = 0;
   uint64_t i = 0;
   for (;; ++i) {
-    const bool timed = sched.Timed(i, prev);
+    const bool timed = sched.Timed(i, prev, measured_ticks);
     step(i, sched.last());
     const uint64_t now = Ticks();
     if (timed) {
