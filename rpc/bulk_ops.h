@@ -13,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "rpc/bulk.h"
+#include "rpc/gate.h"
 #include "rpc/wire.h"
 
 namespace swirl::internal {
@@ -90,10 +91,15 @@ using BulkOp = std::variant<std::monostate, bulk_op::DownloadRead, bulk_op::Mirr
 
 class BulkOpTable {
  public:
+  // Operations waiting for their completion hold `gate` (a graceful shutdown waits for them).
+  // May be null.
+  void set_gate(Gate* gate) { gate_ = gate; }
+
   // A new operation of kind `Op`, built in its slot (whose index goes to *index) for the
   // caller to fill in.
   template <typename Op>
   Op& Emplace(int32_t* index) {
+    if (gate_ != nullptr) gate_->Enter();
     if (free_.empty()) {
       *index = static_cast<int32_t>(ops_.size());
       return ops_.emplace_back().template emplace<Op>();
@@ -108,12 +114,15 @@ class BulkOpTable {
     BulkOp op = std::move(ops_[static_cast<size_t>(i)]);
     ops_[static_cast<size_t>(i)] = std::monostate();
     free_.push_back(i);
+    if (gate_ != nullptr) gate_->Leave();
     return op;
   }
   // Operations still waiting for their completion.
-  bool empty() const { return ops_.size() == free_.size(); }
+  size_t live() const { return ops_.size() - free_.size(); }
+  bool empty() const { return live() == 0; }
   std::vector<BulkOp>& all() { return ops_; }  // free slots hold std::monostate
   void Clear() {
+    if (gate_ != nullptr) gate_->Leave(live());
     ops_.clear();
     free_.clear();
   }
@@ -121,6 +130,7 @@ class BulkOpTable {
  private:
   std::vector<BulkOp> ops_;
   std::vector<int32_t> free_;
+  Gate* gate_ = nullptr;
 };
 
 }  // namespace swirl::internal

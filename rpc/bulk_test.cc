@@ -499,7 +499,7 @@ TEST(BulkUpload, AGivenUpUploadReturnsItsBufferOnlyOnceTheWriteIsDone) {
   for (size_t i = 0; i < kSize; ++i) data->data()[i] = static_cast<char>(i * 7 + 1);
   const std::string expected = absl::StrCat(kSize, ":", Fnv(data->view()));
 
-  server->first.Signal(SIGSTOP);
+  ASSERT_TRUE(server->first.StopAndWait().ok());
   call_options.timeout = absl::Milliseconds(20);
   ClientCall call;
   call.SetMethod(Id("/test.E2E/Sum"));

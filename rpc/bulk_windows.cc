@@ -136,10 +136,6 @@ void Worker::BulkViolation(Connection* c, const std::string& why) {
   ProtocolError(c, absl::PermissionDeniedError(why));
 }
 
-bool Worker::BulkInFlight(const Connection* c) const {
-  return !c->ops().empty() || c->windows().AnyInFlight();
-}
-
 uint64_t Worker::ClientBulkBytes(const Connection* c) const {
   auto it = client_bulk_bytes_.find(c->client_key());
   return it == client_bulk_bytes_.end() ? 0 : it->second;

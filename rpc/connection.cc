@@ -70,13 +70,16 @@ Liveness::Verdict Liveness::Tick(absl::Time now, const Timeouts& timeouts, bool 
 }
 
 Connection::Connection(Worker* worker, uint64_t id, std::unique_ptr<verbs::QueuePair> qp,
-                       const MethodTable* methods, uint32_t send_queue_depth)
+                       const MethodTable* methods, uint32_t send_queue_depth, Gate* work)
     : worker_(worker),
       id_(id),
       qp_(std::move(qp)),
       qp_num_(qp_->qp_num()),
       methods_(methods) {
   sends_.Init(send_queue_depth);
+  credits_.set_gate(work);
+  windows_.set_gate(work);
+  ops_.set_gate(work);
 }
 
 Connection::~Connection() = default;

@@ -133,8 +133,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
  public:
   enum class State : int { kNew, kActive, kDraining, kClosing, kClosed };
 
+  // `work`: the worker's gate, held by the parts' work under way (rpc/gate.h).
   Connection(Worker* worker, uint64_t id, std::unique_ptr<verbs::QueuePair> qp,
-             const MethodTable* methods, uint32_t send_queue_depth);
+             const MethodTable* methods, uint32_t send_queue_depth, Gate* work);
   ~Connection();
   Connection(const Connection&) = delete;
   Connection& operator=(const Connection&) = delete;

@@ -19,6 +19,7 @@
 #include <utility>
 
 #include "absl/status/status.h"
+#include "rpc/gate.h"
 
 namespace swirl::internal {
 
@@ -34,6 +35,8 @@ class CreditLedger {
  public:
   // `peer_grant`: receive buffers the peer reserved for us (what we may send ahead of its
   // returns); `local_grant`: what we reserved for the peer.
+  // Parked messages hold `gate` (a graceful shutdown waits for them to leave); may be null.
+  void set_gate(Gate* gate) { gate_ = gate; }
   void Init(uint32_t peer_grant, uint32_t local_grant) {
     peer_grant_ = peer_grant;
     local_grant_ = local_grant;
@@ -79,17 +82,24 @@ class CreditLedger {
   // ---- Parking ----
   // A message emitted now must wait: no credit, or older messages wait already.
   bool MustPark() const { return send_ == 0 || !parked_.empty(); }
-  void Park(const ParkedMessage& m) { parked_.push_back(m); }
+  void Park(const ParkedMessage& m) {
+    parked_.push_back(m);
+    if (gate_ != nullptr) gate_->Enter();
+  }
   size_t parked() const { return parked_.size(); }
   // The oldest parked message, if a credit is free for it.
   bool Unpark(ParkedMessage* m) {
     if (parked_.empty() || send_ == 0) return false;
     *m = parked_.front();
     parked_.pop_front();
+    if (gate_ != nullptr) gate_->Leave();
     return true;
   }
   // Everything parked, to give its buffers back (the connection failed).
-  std::deque<ParkedMessage> TakeParked() { return std::exchange(parked_, {}); }
+  std::deque<ParkedMessage> TakeParked() {
+    if (gate_ != nullptr) gate_->Leave(parked_.size());
+    return std::exchange(parked_, {});
+  }
 
   uint32_t send_credits() const { return send_; }
   uint32_t peer_grant() const { return peer_grant_; }
@@ -103,6 +113,7 @@ class CreditLedger {
   uint32_t peer_holds_ = 0;   // credits the peer holds: it may send this many more
   uint32_t owed_ = 0;         // received since our last return
   std::deque<ParkedMessage> parked_;
+  Gate* gate_ = nullptr;
 };
 
 }  // namespace swirl::internal

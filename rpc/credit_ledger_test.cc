@@ -99,6 +99,24 @@ TEST(CreditLedgerTest, ParkedMessagesLeaveInOrderOnlyWithCredits) {
   EXPECT_EQ(ledger.parked(), 0u);
 }
 
+TEST(CreditLedgerTest, ParkedMessagesHoldTheGate) {
+  Gate gate;
+  CreditLedger ledger;
+  ledger.set_gate(&gate);
+  ledger.Init(1, 8);
+  ledger.Spend();  // none left: what is emitted now parks
+  ledger.Park({1, 1, 0, 0});
+  ledger.Park({2, 1, 0, 0});
+  ledger.Park({3, 1, 0, 0});
+  EXPECT_EQ(gate.count(), 3u);
+  ASSERT_TRUE(ledger.OnReceive(1).ok());
+  ParkedMessage m;
+  ASSERT_TRUE(ledger.Unpark(&m));
+  EXPECT_EQ(gate.count(), 2u);
+  ledger.TakeParked();
+  EXPECT_EQ(gate.count(), 0u);
+}
+
 TEST(CreditLedgerTest, TakeParkedEmptiesTheQueue) {
   CreditLedger ledger;
   ledger.Init(0, 8);

@@ -180,12 +180,7 @@ class Server::Impl final : public control::Control::Service {
     if (auto* health = grpc_->GetHealthCheckService()) health->SetServingStatus(false);
     const absl::Time until = absl::Now() + deadline;
     for (auto& w : workers_) w->BeginDrain();
-    for (;;) {
-      bool drained = true;
-      for (auto& w : workers_) drained &= w->Drained();
-      if (drained || absl::Now() >= until) break;
-      absl::SleepFor(absl::Milliseconds(1));
-    }
+    for (auto& w : workers_) w->WaitDrained(until);
     // Each worker closes its connections in its loop; the barrier after them means that
     // blocking handlers still running have been told (IsCancelled()) before the pool waits
     // for them. (Bounded: a worker that does not get there in time is not waited for.)

@@ -50,6 +50,10 @@ void WindowTable::Expose(int32_t w, uint32_t rkey, uint64_t addr, uint32_t lengt
   window.request_id = request_id;
   window.lease = lease;
   ++live_;
+  if (purpose != Window::Purpose::kGrant) {
+    ++transfers_;
+    if (gate_ != nullptr) gate_->Enter();
+  }
 }
 
 void WindowTable::BeginRevoke(int32_t w, int32_t op) {
@@ -62,6 +66,10 @@ void WindowTable::BeginRevoke(int32_t w, int32_t op) {
 void WindowTable::Free(int32_t w) {
   Window& window = at(w);
   SWIRL_DCHECK(window.state != Window::State::kFree);
+  if (window.purpose != Window::Purpose::kGrant) {
+    --transfers_;
+    if (gate_ != nullptr) gate_->Leave();
+  }
   window.state = Window::State::kFree;
   window.buffer.Release();
   window.request_id = 0;
@@ -87,18 +95,10 @@ void WindowTable::ForEachExpired(absl::Time now, absl::FunctionRef<void(int32_t)
   }
 }
 
-bool WindowTable::AnyInFlight() const {
-  for (const Window& window : windows_) {
-    if (window.state == Window::State::kRevoking ||
-        (window.state == Window::State::kExposed && window.purpose != Window::Purpose::kGrant)) {
-      return true;
-    }
-  }
-  return false;
-}
-
 uint32_t WindowTable::Clear() {
   const uint32_t live = live_;
+  if (gate_ != nullptr) gate_->Leave(transfers_);
+  transfers_ = 0;
   windows_.clear();
   by_index_.clear();
   free_.clear();

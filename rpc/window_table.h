@@ -23,6 +23,7 @@
 #include "absl/random/bit_gen_ref.h"
 #include "absl/time/time.h"
 #include "rpc/bulk.h"
+#include "rpc/gate.h"
 #include "rpc/wire.h"
 #include "transport/verbs/verbs.h"
 
@@ -48,6 +49,9 @@ class WindowTable {
  public:
   // At most `max_windows` windows.
   void Init(uint32_t max_windows) { max_windows_ = max_windows; }
+  // Windows exposing a transfer's buffer (every purpose but an unused grant) hold `gate`: a
+  // graceful shutdown waits for them. May be null.
+  void set_gate(Gate* gate) { gate_ = gate; }
 
   // ---- Taking windows ----
   // A free window, or -1 if none is (then Add one, if can_grow()).
@@ -76,9 +80,8 @@ class WindowTable {
   // ---- Whole table ----
   // Exposed windows whose lease ended by `now`, in order.
   void ForEachExpired(absl::Time now, absl::FunctionRef<void(int32_t)> fn) const;
-  // A transfer is under way: a window other than an unused grant is exposed, or one is being
-  // revoked.
-  bool AnyInFlight() const;
+  // Windows other than grants, exposed or being revoked: transfers under way.
+  uint32_t transfers() const { return transfers_; }
   // Windows not free now.
   uint32_t live() const { return live_; }
   bool empty() const { return windows_.empty(); }
@@ -92,6 +95,8 @@ class WindowTable {
   std::vector<uint32_t> free_;
   uint32_t max_windows_ = 0;
   uint32_t live_ = 0;
+  uint32_t transfers_ = 0;
+  Gate* gate_ = nullptr;
 };
 
 // Upload windows the peer granted us, until we use them.

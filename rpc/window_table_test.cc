@@ -60,25 +60,45 @@ TEST_F(WindowTableTest, TheKeyByteNeverRepeatsThePreviousOne) {
   EXPECT_GT(seen.size(), 200u) << "key bytes are drawn, not counted through a few values";
 }
 
-TEST_F(WindowTableTest, RevokingWindowsAreNotFoundAndCountAsInFlight) {
+TEST_F(WindowTableTest, RevokingWindowsAreNotFoundAndCountAsTransfers) {
   const int32_t w = AddWindow(2);
   const uint32_t rkey = Expose(w, Window::Purpose::kDownload, 9);
-  EXPECT_TRUE(table_.AnyInFlight());
+  EXPECT_EQ(table_.transfers(), 1u);
   table_.BeginRevoke(w, /*op=*/3);
   EXPECT_EQ(table_.at(w).state, Window::State::kRevoking);
   EXPECT_EQ(table_.at(w).revoke_op, 3);
   EXPECT_EQ(table_.FindExposed(rkey), -1) << "no ack may name a window being revoked";
-  EXPECT_TRUE(table_.AnyInFlight());
+  EXPECT_EQ(table_.transfers(), 1u);
   table_.Free(w);
-  EXPECT_FALSE(table_.AnyInFlight());
+  EXPECT_EQ(table_.transfers(), 0u);
   EXPECT_EQ(table_.at(w).revoke_op, -1);
 }
 
 TEST_F(WindowTableTest, AnUnusedGrantIsNotATransferUnderWay) {
   const int32_t w = AddWindow(3);
   Expose(w, Window::Purpose::kGrant);
-  EXPECT_FALSE(table_.AnyInFlight());
+  EXPECT_EQ(table_.transfers(), 0u);
   EXPECT_EQ(table_.live(), 1u);
+}
+
+TEST_F(WindowTableTest, TransfersHoldTheGateUntilFreedOrCleared) {
+  Gate gate;
+  table_.set_gate(&gate);
+  const int32_t a = AddWindow(1);
+  const int32_t b = AddWindow(2);
+  const int32_t g = AddWindow(3);
+  Expose(a, Window::Purpose::kDownload, 1);
+  Expose(b, Window::Purpose::kMirrorReply, 2);
+  Expose(g, Window::Purpose::kGrant);
+  EXPECT_EQ(gate.count(), 2u) << "a grant nobody used is no work under way";
+  table_.BeginRevoke(a, 0);
+  EXPECT_EQ(gate.count(), 2u) << "still under way while its revocation is";
+  table_.Free(a);
+  EXPECT_EQ(gate.count(), 1u);
+  table_.Free(g);
+  EXPECT_EQ(gate.count(), 1u);
+  table_.Clear();
+  EXPECT_EQ(gate.count(), 0u) << "a connection's end releases what it held";
 }
 
 TEST_F(WindowTableTest, LeasesExpireInOrderAndGrantsNever) {

@@ -222,7 +222,8 @@ absl::StatusOr<std::shared_ptr<Connection>> Worker::CreateConnection(
     unreserve();
     return s;
   }
-  auto c = std::make_shared<Connection>(this, id, std::move(*qp), methods, config.max_send_wr);
+  auto c = std::make_shared<Connection>(this, id, std::move(*qp), methods, config.max_send_wr,
+                                        &work_);
   {
     swirl::MutexLock lock(&mu_);
     registry_[id] = c;
@@ -251,8 +252,11 @@ void Worker::Close(uint64_t connection_id, absl::Status reason) {
 }
 
 void Worker::BeginDrain() {
-  drained_.store(false, std::memory_order_release);
   RunInLoop([this] { draining_ = true; });
+}
+
+bool Worker::WaitDrained(absl::Time deadline) {
+  return drained_.WaitForNotificationWithDeadline(deadline);
 }
 
 void Worker::RunInLoop(absl::AnyInvocable<void()> fn) {

@@ -47,6 +47,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/functional/any_invocable.h"
 #include "absl/random/random.h"
+#include "absl/synchronization/notification.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "base/mpsc_queue.h"
@@ -57,6 +58,7 @@
 #include "rpc/bulk_pool.h"
 #include "rpc/call.h"
 #include "rpc/connection.h"
+#include "rpc/gate.h"
 #include "rpc/outbox.h"
 #include "rpc/thread_pool.h"
 #include "rpc/wire.h"
@@ -144,9 +146,10 @@ class Worker {
   void Close(uint64_t connection_id, absl::Status reason);
   // Stops accepting new requests on every connection; in-flight ones finish.
   void BeginDrain();
-  // True when no handler is running, nothing is waiting to be sent and no bulk transfer of a
-  // request it accepted is under way.
-  bool Drained() const { return drained_.load(std::memory_order_acquire); }
+  // After BeginDrain: waits until the worker's gate is empty (no blocking handler running, no
+  // bulk operation or transfer window under way, no message waiting for a credit or a
+  // doorbell), or `deadline`. True if it drained.
+  bool WaitDrained(absl::Time deadline);
 
   // ---- Calls (any thread) ----
   void StartCall(uint64_t connection_id, ClientCall* call);
@@ -337,8 +340,7 @@ class Worker {
   void FailConnection(Connection* c, const absl::Status& why);
   void FinishClose(Connection* c);
   void Timers(absl::Time now);
-  // One connection's timers; false if it is not busy (for the drain).
-  bool ConnectionTimers(Connection* c, absl::Time now);
+  void ConnectionTimers(Connection* c, absl::Time now);
   void CheckLiveness(Connection* c, absl::Time now);
 
   // ---- Bulk: windows, operations, acks, grants (bulk_windows.cc) ----
@@ -381,9 +383,6 @@ class Worker {
   void BulkViolation(Connection* c, const std::string& why);
   void BulkTimers(Connection* c, absl::Time now);
   void ReleaseBulk(Connection* c);
-  // True while a bulk transfer of `c` is under way: a window other than an unused upload grant
-  // is exposed or being revoked, or an operation waits for its completion. A drain waits.
-  bool BulkInFlight(const Connection* c) const;
   // Bulk memory held through grants and unacknowledged downloads by all of `c`'s client's
   // connections on this worker, and the change of one of `c`'s counters (granted.bytes,
   // download_bytes) by `delta`, kept in step with it.
@@ -468,7 +467,10 @@ class Worker {
   mutable swirl::Mutex mu_;
   absl::flat_hash_map<uint64_t, std::shared_ptr<Connection>> registry_ ABSL_GUARDED_BY(mu_);
   uint32_t reserved_credits_ ABSL_GUARDED_BY(mu_) = 0;
-  std::atomic<bool> drained_{true};
+  // Work under way that a drain waits for (rpc/gate.h); loop thread only. Its end, once a drain
+  // began, is announced through drained_.
+  Gate work_;
+  absl::Notification drained_;
   std::atomic<uint64_t> protocol_errors_{0};
   std::atomic<uint64_t> requests_{0};
   std::atomic<uint64_t> stray_{0};  // completions naming no connection we know

@@ -165,6 +165,7 @@ void Worker::RunOnPool(Connection* c, Incoming& in, const Service::Method* metho
     return;  // the attachment, if any, goes back to the pool with `in`
   }
   ++c->serving.pool_handlers;
+  work_.Enter();  // a drain waits for it
   // Counted against the client too (bulk_bytes_per_client), until the handler is done: even
   // past the connection's end, as the handler still holds the memory.
   ChargeBulk(c, &c->serving.pool_bytes, static_cast<int64_t>(held));
@@ -230,6 +231,7 @@ void Worker::FinishPoolHandler(Connection* c, const MessageHeader& header, uint6
   SWIRL_DCHECK(OnLoopThread());
   ServeState& serving = c->serving;
   --serving.pool_handlers;
+  work_.Leave();
   ChargeBulk(c, &serving.pool_bytes, -static_cast<int64_t>(held));
   if (header.type == rpc_wire::kOneWay) {
     auto& list = serving.running_one_way;

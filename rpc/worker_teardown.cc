@@ -99,24 +99,18 @@ void Worker::CheckLiveness(Connection* c, absl::Time now) {
   }
 }
 
-bool Worker::ConnectionTimers(Connection* c, absl::Time now) {
+void Worker::ConnectionTimers(Connection* c, absl::Time now) {
   const Connection::State state = c->state();
-  if (state != Connection::State::kActive && state != Connection::State::kDraining) return false;
+  if (state != Connection::State::kActive && state != Connection::State::kDraining) return;
   CallTimers(c, now);
   if (!c->windows().empty()) BulkTimers(c, now);
   if (c->granted.owed) SendOwedGrant(c);
   CheckLiveness(c, now);
-  if (c->closing()) return false;
-  return c->serving.pool_handlers > 0 || c->credits().parked() > 0 || !c->sends().empty() ||
-         (draining_ && BulkInFlight(c));
 }
 
 void Worker::Timers(absl::Time now) {
   SWIRL_DCHECK(OnLoopThread());
-  bool idle = !draining_ || outbox_.idle();
-  for (auto& [id, owner] : by_id_) {
-    if (ConnectionTimers(owner.get(), now)) idle = false;
-  }
+  for (auto& [id, owner] : by_id_) ConnectionTimers(owner.get(), now);
   for (size_t i = 0; i < closing_.size();) {
     Connection* c = closing_[i];
     if (c->sends().all_retired() || now - c->closing_since > absl::Seconds(2)) {
@@ -127,8 +121,10 @@ void Worker::Timers(absl::Time now) {
       ++i;
     }
   }
-  if (draining_) drained_.store(idle, std::memory_order_release);
   if (!outbox_.idle()) outbox_.FlushAll();
+  // Checked after the doorbells: what they sent is on its way, and what waits for a send
+  // completion (a bulk operation, a window) holds the gate.
+  if (draining_ && work_.count() == 0 && !drained_.HasBeenNotified()) drained_.Notify();
 }
 
 }  // namespace swirl::internal

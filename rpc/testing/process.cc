@@ -8,6 +8,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <iterator>
 
 #include "gtest/gtest.h"
 
@@ -81,6 +82,35 @@ absl::StatusOr<int> ChildProcess::Wait(absl::Duration timeout) {
     }
     if (absl::Now() >= deadline) return absl::DeadlineExceededError("child still running");
     absl::SleepFor(absl::Milliseconds(2));
+  }
+}
+
+absl::Status ChildProcess::StopAndWait(absl::Duration timeout) {
+  Signal(SIGSTOP);
+  const absl::Time deadline = absl::Now() + timeout;
+  const std::string tasks = absl::StrCat("/proc/", pid_, "/task");
+  for (;;) {
+    bool all_stopped = true;
+    int seen = 0;
+    if (DIR* dir = opendir(tasks.c_str()); dir != nullptr) {
+      while (dirent* entry = readdir(dir)) {
+        if (entry->d_name[0] == '.') continue;
+        std::ifstream in(absl::StrCat(tasks, "/", entry->d_name, "/stat"));
+        std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+        // "pid (comm) S ...": the state follows the last ')' (comm may hold anything).
+        const size_t paren = stat.rfind(')');
+        if (paren == std::string::npos || paren + 2 >= stat.size()) continue;
+        ++seen;
+        const char state = stat[paren + 2];
+        if (state != 'T' && state != 't') all_stopped = false;
+      }
+      closedir(dir);
+    }
+    if (seen > 0 && all_stopped) return absl::OkStatus();
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(name_, " did not stop"));
+    }
+    absl::SleepFor(absl::Milliseconds(1));
   }
 }
 

@@ -39,6 +39,9 @@ class ChildProcess {
   // How long the destructor waits after SIGTERM (kStopTimeout unless set).
   void set_stop_timeout(absl::Duration timeout) { stop_timeout_ = timeout; }
   void Signal(int signal);
+  // SIGSTOP, then waits (bounded) until every thread of the child is stopped: kill() returns
+  // before the stop takes effect, and on a busy machine a child can run on for a while.
+  absl::Status StopAndWait(absl::Duration timeout = absl::Seconds(10));
   // Exit code (128+signal if killed), or DeadlineExceeded (the child is still running).
   absl::StatusOr<int> Wait(absl::Duration timeout);
   // SIGTERM, then waits up to `timeout`: the exit code, or DeadlineExceeded (the child was

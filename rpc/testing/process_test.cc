@@ -9,6 +9,8 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <fstream>
+#include <iterator>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -38,6 +40,18 @@ ChildProcess Shell(const std::string& on_term) {
 
 TEST(ChildProcess, AChildThatExitsCleanlyOnSigtermPasses) {
   ChildProcess child = Shell("exit 0");
+}
+
+// StopAndWait returns once the child is really stopped, and the child runs on after SIGCONT.
+TEST(ChildProcess, StopAndWaitReturnsOnceTheChildIsStopped) {
+  ChildProcess child = Shell("exit 0");
+  ASSERT_TRUE(child.StopAndWait().ok());
+  std::ifstream in(absl::StrCat("/proc/", child.pid(), "/stat"));
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t paren = stat.rfind(')');
+  ASSERT_NE(paren, std::string::npos);
+  EXPECT_EQ(stat[paren + 2], 'T') << stat;
+  child.Signal(SIGCONT);
 }
 
 TEST(ChildProcess, AChildThatCrashesAtItsEndFailsTheTest) {
