@@ -37,9 +37,12 @@ absl::StatusOr<KeyEntry*> KeyTable::Allocate(KeyKind kind) {
     e->pd = nullptr;
     e->qp_serial = 0;
     e->mr = nullptr;
+    std::atomic_ref<int64_t>(e->deadline_ns).store(0, std::memory_order_relaxed);
     std::atomic_ref<uint32_t>(e->bound_windows).store(0, std::memory_order_relaxed);
     uint32_t high = absl::Uniform<uint32_t>(bitgen_, 0, 1u << (24 - kSlotBits));
     e->index = (high << kSlotBits) | slot;
+    ++e->generation;
+    e->retired = false;
     ++live_;
     return e;
   }

@@ -42,8 +42,17 @@ struct KeyEntry {
   // the QP's address: a QP created after that one was destroyed may get its memory.
   uint64_t qp_serial;
   KeyEntry* mr;    // windows: the MR entry they are bound over
+  // Windows: the lease (SetWindowDeadline), as NowNs(): from then on the responder refuses
+  // every access through the window. 0: none. Accessed through std::atomic_ref.
+  int64_t deadline_ns;
   uint32_t bound_windows;  // MRs: windows bound over it (atomic_ref)
   uint32_t index;  // the index this slot currently answers to
+  // Bumped by every Allocate: tells a slot still held by what allocated it from one released
+  // and allocated again (whose index may even be the same).
+  uint64_t generation;
+  // Type 2 windows: the window has moved on to another slot (a bind drew it a fresh one,
+  // memory.cc), and this one is released once nothing is bound in it.
+  bool retired;
 };
 
 class KeyTable {

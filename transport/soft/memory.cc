@@ -6,6 +6,12 @@
 #include <cerrno>
 #include <cstdint>
 
+#include <algorithm>
+
+#include "absl/status/status.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "transport/soft/soft_device.h"
 #include "transport/soft/soft_internal.h"
 
 namespace swirl::soft {
@@ -192,10 +198,86 @@ int DeallocMw(ibv_mw* ibmw) {
     swirl::MutexLock lock(&sctx->hca->mw_mu);
     KeyTable::Unbind(e);
     sctx->hca->keys.Release(e);
+    if (mw->next != nullptr) sctx->hca->keys.Release(mw->next);
+    // Slots it moved out of that still hold a binding of it: that binding dies with it.
+    for (const auto& [slot, generation] : mw->left) {
+      if (slot->generation != generation || slot->kind != KeyKind::kMw2) continue;
+      KeyTable::Unbind(slot);
+      sctx->hca->keys.Release(slot);
+    }
   }
   static_cast<SoftPd*>(mw->pd)->users.fetch_sub(1, std::memory_order_release);
   delete mw;
   return 0;
+}
+
+// A fresh random slot per bind. A type 2 window's rkey is index | key byte, the index naming
+// its slot in the key table, and libibverbs' convention (ibv_inc_rkey, as the kernel's
+// ib_inc_rkey) lets the application choose only the key byte: 8 random bits per rebind of one
+// window. So the device also draws, at each bind, a free slot at random for the window's next
+// bind and advertises it in mw->rkey's index (type 2 binds are posted with an rkey the
+// application chose; no provider writes mw->rkey for them, so the field is free to say this).
+// An application that follows the man page, ibv_inc_rkey(mw->rkey), then names that slot and
+// the window moves there with the bind: about 31 random bits per bind (17 of slot, 7 of the
+// index's high bits, the key byte less one value). One that keeps its own rkey (same index,
+// new key byte: swirl's RPC layer, which finds windows by their index) stays where it is, as
+// before. The slot left is released as soon as nothing is bound in it. Under mw_mu: binds,
+// invalidations and deallocation of windows all change slots under it.
+void PrepareType2Bind(SoftMw* mw, uint32_t rkey, SendWqe& w) {
+  Hca* hca = ToSoft(mw->context)->hca;
+  swirl::MutexLock lock(&hca->mw_mu);
+  std::erase_if(mw->left, [](const std::pair<KeyEntry*, uint64_t>& slot) {
+    return slot.first->generation != slot.second || slot.first->kind != KeyKind::kMw2;
+  });
+  w.bind_from = nullptr;
+  w.bind_from_generation = 0;
+  if (mw->next != nullptr && (rkey >> 8) == mw->next->index) {
+    KeyEntry* old = mw->entry;
+    old->retired = true;
+    mw->left.emplace_back(old, old->generation);
+    w.bind_from = old;
+    w.bind_from_generation = old->generation;
+    // The lease belongs to the window, not to the slot.
+    std::atomic_ref<int64_t>(mw->next->deadline_ns)
+        .store(std::atomic_ref<int64_t>(old->deadline_ns).load(std::memory_order_relaxed),
+               std::memory_order_relaxed);
+    mw->entry = mw->next;
+    mw->handle = mw->entry->index;
+    mw->next = nullptr;
+  }
+  w.bind_mw_entry = mw->entry;
+  w.bind_mw_index = mw->entry->index;
+  if (mw->next == nullptr) {
+    // No free slot (the table is full): the window stays where it is, as with 8-bit rebinds.
+    absl::StatusOr<KeyEntry*> fresh = hca->keys.Allocate(KeyKind::kMw2);
+    if (fresh.ok()) {
+      (*fresh)->pd = mw->pd;
+      mw->next = *fresh;
+    }
+  }
+  mw->rkey = ((mw->next != nullptr ? mw->next->index : mw->entry->index) << 8) | (rkey & 0xff);
+}
+
+void ReleaseIfRetired(KeyTable& keys, KeyEntry* e) {
+  if (e->retired && e->kind == KeyKind::kMw2) keys.Release(e);
+}
+
+absl::Status SetWindowDeadline(ibv_mw* ibmw, absl::Time deadline) {
+  if (ibmw == nullptr || !IsSoftContext(ibmw->context)) {
+    return absl::UnimplementedError(
+        "window leases are a soft-device extension: this window's device ignores them");
+  }
+  auto* mw = static_cast<SoftMw*>(ibmw);
+  int64_t at = 0;  // InfiniteFuture: none
+  if (deadline != absl::InfiniteFuture()) {
+    // The device keeps time by CLOCK_MONOTONIC: the lease is the time left, from now.
+    const absl::Duration left = deadline - absl::Now();
+    at = left <= absl::ZeroDuration() ? 1 : NowNs() + std::max<int64_t>(absl::ToInt64Nanoseconds(left), 1);
+  }
+  SoftContext* sctx = ToSoft(mw->context);
+  swirl::MutexLock lock(&sctx->hca->mw_mu);  // the window's slot may move under a bind (memory.cc)
+  std::atomic_ref<int64_t>(mw->entry->deadline_ns).store(at, std::memory_order_relaxed);
+  return absl::OkStatus();
 }
 
 }  // namespace swirl::soft

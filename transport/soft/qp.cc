@@ -461,10 +461,14 @@ void FillWqe(SoftQp* qp, uint32_t index, const ibv_send_wr* wr) {
     w.swap = wr->wr.atomic.swap;
     if (total != 8) FailAtPost(qp, w, IBV_WC_LOC_LEN_ERR);
   } else if (wr->opcode == IBV_WR_BIND_MW) {
-    const auto* mw = static_cast<const SoftMw*>(wr->bind_mw.mw);
-    w.bind_mw_entry = mw->entry;
-    w.bind_mw_index = mw->handle;
+    auto* mw = static_cast<SoftMw*>(wr->bind_mw.mw);
     w.bind_mw_type2 = mw->type == IBV_MW_TYPE_2;
+    if (w.bind_mw_type2) {
+      PrepareType2Bind(mw, wr->bind_mw.rkey, w);
+    } else {
+      w.bind_mw_entry = mw->entry;
+      w.bind_mw_index = mw->handle;
+    }
     w.bind_mw_pd = mw->pd;
     const auto* mr = static_cast<const SoftMr*>(wr->bind_mw.bind_info.mr);
     w.bind_mr_entry = mr != nullptr ? mr->entry : nullptr;

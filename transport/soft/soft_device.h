@@ -35,6 +35,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "transport/verbs/device_ops.h"
 
@@ -93,6 +94,13 @@ bool IsSoftQp(const ibv_qp* qp);
 // control plane carries, can take the link). docs/SOFT_WIRE.md, "Link keys".
 // Unimplemented for a QP of another device; InvalidArgument for a key of another size.
 absl::Status SetLinkKey(ibv_qp* qp, absl::Span<const uint8_t> key);
+
+// A memory window's lease: from `deadline` on, the responder itself refuses every remote access
+// through `mw` (REM_ACCESS_ERR at the requester), whatever the application still has to do to
+// revoke it. absl::InfiniteFuture() removes it. It belongs to the window, so it holds for the
+// window's next binds too until changed (set it before posting the bind it is for).
+// Unimplemented for a window of another device.
+absl::Status SetWindowDeadline(ibv_mw* mw, absl::Time deadline);
 
 }  // namespace swirl::soft
 

@@ -67,7 +67,13 @@ struct SoftMr : ibv_mr {
 };
 
 struct SoftMw : ibv_mw {
-  KeyEntry* entry;
+  KeyEntry* entry;  // the slot the window's binding lives in (type 2: its latest bind's)
+  // Type 2: each bind may draw the window a fresh random slot (memory.cc, PrepareType2Bind).
+  // `next` is the slot its next bind lands in if the bind's rkey names it (mw->rkey says so,
+  // and ibv_inc_rkey(mw->rkey) keeps the index); `left` the slots it moved out of that may
+  // still hold its binding (each with the generation it had then). Under Hca::mw_mu.
+  KeyEntry* next = nullptr;
+  std::vector<std::pair<KeyEntry*, uint64_t>> left;
 };
 
 struct SoftChannel : ibv_comp_channel {
@@ -255,6 +261,10 @@ struct SendWqe {
   uint32_t bind_mw_index;  // the window's slot index then (a reused slot answers to another)
   bool bind_mw_type2;
   const ibv_pd* bind_mw_pd;
+  // Type 2, a bind into a fresh slot: the slot the window leaves (null: it stays), which must
+  // hold no binding when the bind runs, and its generation then.
+  KeyEntry* bind_from;
+  uint64_t bind_from_generation;
   KeyEntry* bind_mr_entry;  // null: no region (a type 1 unbind)
   uint32_t bind_mr_lkey;
   uint64_t bind_addr;
@@ -883,6 +893,12 @@ int DeregMr(ibv_mr* mr);
 // The keys stay the same. On an error nothing changed and the region remains usable.
 int ReregMr(ibv_mr* mr, int flags, ibv_pd* pd, void* addr, size_t length, int access);
 ibv_mw* AllocMw(ibv_pd* pd, ibv_mw_type type);
+// At the post of a type 2 bind with `rkey` (the QP's lock held): the slot the bind lands in
+// (the window's, or the fresh one mw->rkey advertised: the window moves there now), with what
+// it leaves in w.bind_from; draws the slot for the bind after it and advertises it in mw->rkey.
+void PrepareType2Bind(SoftMw* mw, uint32_t rkey, SendWqe& w);
+// A type 2 window's slot was just unbound: released if the window had left it. mw_mu held.
+void ReleaseIfRetired(KeyTable& keys, KeyEntry* e);
 int DeallocMw(ibv_mw* mw);
 
 }  // namespace swirl::soft
