@@ -213,16 +213,17 @@ int DeallocMw(ibv_mw* ibmw) {
 
 // A fresh random slot per bind. A type 2 window's rkey is index | key byte, the index naming
 // its slot in the key table, and libibverbs' convention (ibv_inc_rkey, as the kernel's
-// ib_inc_rkey) lets the application choose only the key byte: 8 random bits per rebind of one
-// window. So the device also draws, at each bind, a free slot at random for the window's next
-// bind and advertises it in mw->rkey's index (type 2 binds are posted with an rkey the
-// application chose; no provider writes mw->rkey for them, so the field is free to say this).
-// An application that follows the man page, ibv_inc_rkey(mw->rkey), then names that slot and
-// the window moves there with the bind: about 31 random bits per bind (17 of slot, 7 of the
-// index's high bits, the key byte less one value). One that keeps its own rkey (same index,
-// new key byte: swirl's RPC layer, which finds windows by their index) stays where it is, as
-// before. The slot left is released as soon as nothing is bound in it. Under mw_mu: binds,
-// invalidations and deallocation of windows all change slots under it.
+// ib_inc_rkey and every provider) lets the application choose only the key byte, in the slot
+// the window was given at allocation: 8 random bits per rebind of one window. mw->rkey cannot
+// carry more: a NIC never changes it for a type 2 bind, and programs (and the conformance
+// suite) rely on that. So the extra bits come through FreshWindowRkey (soft_device.h): a free
+// slot drawn at random and reserved for the window's next bind, whose rkey the application
+// passes to that bind as it would pass ibv_inc_rkey's; the window moves there with the bind
+// (about 31 random bits per bind: 17 of slot, 7 of the index's random high bits, 8 of key
+// byte less the one value 0 would give a key of 0). A bind with an rkey of the window's own
+// slot (ibv_inc_rkey) binds in place, as on any device. The slot left is released as soon as
+// nothing is bound in it. Under mw_mu: binds, invalidations and deallocation of windows all
+// change slots under it.
 void PrepareType2Bind(SoftMw* mw, uint32_t rkey, SendWqe& w) {
   Hca* hca = ToSoft(mw->context)->hca;
   swirl::MutexLock lock(&hca->mw_mu);
@@ -242,20 +243,31 @@ void PrepareType2Bind(SoftMw* mw, uint32_t rkey, SendWqe& w) {
         .store(std::atomic_ref<int64_t>(old->deadline_ns).load(std::memory_order_relaxed),
                std::memory_order_relaxed);
     mw->entry = mw->next;
-    mw->handle = mw->entry->index;
     mw->next = nullptr;
   }
   w.bind_mw_entry = mw->entry;
   w.bind_mw_index = mw->entry->index;
-  if (mw->next == nullptr) {
-    // No free slot (the table is full): the window stays where it is, as with 8-bit rebinds.
-    absl::StatusOr<KeyEntry*> fresh = hca->keys.Allocate(KeyKind::kMw2);
-    if (fresh.ok()) {
-      (*fresh)->pd = mw->pd;
-      mw->next = *fresh;
-    }
+}
+
+absl::StatusOr<uint32_t> FreshWindowRkey(ibv_mw* ibmw) {
+  if (ibmw == nullptr || !IsSoftContext(ibmw->context)) {
+    return absl::UnimplementedError(
+        "fresh window slots are a soft-device extension: use ibv_inc_rkey on this device");
   }
-  mw->rkey = ((mw->next != nullptr ? mw->next->index : mw->entry->index) << 8) | (rkey & 0xff);
+  auto* mw = static_cast<SoftMw*>(ibmw);
+  if (mw->type != IBV_MW_TYPE_2) {
+    return absl::InvalidArgumentError("only a type 2 window is bound with an rkey of its caller's");
+  }
+  Hca* hca = ToSoft(mw->context)->hca;
+  swirl::MutexLock lock(&hca->mw_mu);
+  // One reservation at a time: a newer one replaces it.
+  if (mw->next != nullptr) hca->keys.Release(mw->next);
+  mw->next = nullptr;
+  absl::StatusOr<KeyEntry*> fresh = hca->keys.Allocate(KeyKind::kMw2);
+  if (!fresh.ok()) return fresh.status();
+  (*fresh)->pd = mw->pd;
+  mw->next = *fresh;
+  return hca->keys.NewKey(*fresh);
 }
 
 void ReleaseIfRetired(KeyTable& keys, KeyEntry* e) {

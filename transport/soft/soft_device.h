@@ -102,6 +102,16 @@ absl::Status SetLinkKey(ibv_qp* qp, absl::Span<const uint8_t> key);
 // Unimplemented for a window of another device.
 absl::Status SetWindowDeadline(ibv_mw* mw, absl::Time deadline);
 
+// An rkey for the next bind of type 2 window `mw` in a slot of the key table drawn at random
+// and reserved for it: post the bind (IBV_WR_BIND_MW) with this rkey and the window moves
+// there, so its rkeys differ in about 31 random bits from bind to bind, where ibv_inc_rkey
+// varies only the 8 of the key byte. A bind with an rkey of the window's current slot (the
+// one its last bind used, or mw->rkey's until it moved: ibv_inc_rkey) binds in place, as on any
+// device; mw->rkey never changes. One reservation at a time (a new call replaces it). The slot
+// left is freed once nothing is bound in it. Unimplemented for another device's window (use
+// ibv_inc_rkey there), InvalidArgument for a type 1 window, ResourceExhausted if no slot is free.
+absl::StatusOr<uint32_t> FreshWindowRkey(ibv_mw* mw);
+
 }  // namespace swirl::soft
 
 #endif  // SWIRL_TRANSPORT_SOFT_SOFT_DEVICE_H_

@@ -68,10 +68,10 @@ struct SoftMr : ibv_mr {
 
 struct SoftMw : ibv_mw {
   KeyEntry* entry;  // the slot the window's binding lives in (type 2: its latest bind's)
-  // Type 2: each bind may draw the window a fresh random slot (memory.cc, PrepareType2Bind).
-  // `next` is the slot its next bind lands in if the bind's rkey names it (mw->rkey says so,
-  // and ibv_inc_rkey(mw->rkey) keeps the index); `left` the slots it moved out of that may
-  // still hold its binding (each with the generation it had then). Under Hca::mw_mu.
+  // Type 2: a bind may move the window to a fresh random slot (memory.cc, PrepareType2Bind).
+  // `next` is the slot FreshWindowRkey reserved, where a bind whose rkey names it lands;
+  // `left` the slots the window moved out of that may still hold its binding (each with the
+  // generation it had then). Under Hca::mw_mu.
   KeyEntry* next = nullptr;
   std::vector<std::pair<KeyEntry*, uint64_t>> left;
 };
@@ -894,8 +894,8 @@ int DeregMr(ibv_mr* mr);
 int ReregMr(ibv_mr* mr, int flags, ibv_pd* pd, void* addr, size_t length, int access);
 ibv_mw* AllocMw(ibv_pd* pd, ibv_mw_type type);
 // At the post of a type 2 bind with `rkey` (the QP's lock held): the slot the bind lands in
-// (the window's, or the fresh one mw->rkey advertised: the window moves there now), with what
-// it leaves in w.bind_from; draws the slot for the bind after it and advertises it in mw->rkey.
+// (the window's, or the fresh one FreshWindowRkey reserved: the window moves there now), with
+// the slot it leaves in w.bind_from.
 void PrepareType2Bind(SoftMw* mw, uint32_t rkey, SendWqe& w);
 // A type 2 window's slot was just unbound: released if the window had left it. mw_mu held.
 void ReleaseIfRetired(KeyTable& keys, KeyEntry* e);
