@@ -436,6 +436,7 @@ bool ReceiveHello(Hca* hca, uint64_t watch_id, int fd, LinkAuth* auth) {
           if (!ok) why = "cannot send the challenge";
         }
         if (ok) {
+          hca->handshakes_pending.store(true, std::memory_order_release);
           swirl::MutexLock watch_lock(&hca->watch_mu);
           auto it = hca->watches.find(watch_id);
           if (it != hca->watches.end()) it->second.auth = std::move(fresh);
@@ -667,7 +668,8 @@ void HcaLoop(Hca* hca) {
     if (hca->tcp) ExpireTcpLinks(hca, now);
     // Keyed hellos that wait for their QP's key: at once when one was set, else every 10 ms
     // (for their deadlines).
-    if (hca->keys_changed.exchange(false, std::memory_order_acq_rel) || now >= next_resume_ns) {
+    if (hca->keys_changed.exchange(false, std::memory_order_acq_rel) ||
+        (now >= next_resume_ns && hca->handshakes_pending.load(std::memory_order_acquire))) {
       next_resume_ns = now + 10 * 1000 * 1000;
       if (hca->tcp) {
         ResumeParkedTcp(hca);
@@ -847,9 +849,11 @@ void ResumeParkedShm(Hca* hca) {
   swirl::MutexLock watch_lock(&hca->watch_mu);
   const int64_t now = NowNs();
   std::vector<std::pair<uint64_t, const char*>> refused;
+  bool pending = false;
   for (auto& [id, watch] : hca->watches) {
     LinkAuth* auth = watch.auth.get();
     if (auth == nullptr || watch.qp != nullptr) continue;  // only a peer's connections wait
+    pending = true;
     if (auth->phase == LinkAuth::kAwaitKey) {
       Hello hello;
       std::memcpy(&hello, auth->hello.data(), sizeof(hello));
@@ -872,6 +876,8 @@ void ResumeParkedShm(Hca* hca) {
                       why);
     hca->UnwatchLocked(id);
   }
+  // (One that starts after this look sets the flag again.)
+  if (!pending) hca->handshakes_pending.store(false, std::memory_order_release);
 }
 
 uint64_t Hca::Watch(int fd, SoftQp* qp, std::unique_ptr<LinkAuth> auth) {

@@ -201,7 +201,9 @@ int DeallocMw(ibv_mw* ibmw) {
     if (mw->next != nullptr) sctx->hca->keys.Release(mw->next);
     // Slots it moved out of that still hold a binding of it: that binding dies with it.
     for (const auto& [slot, generation] : mw->left) {
-      if (slot->generation != generation || slot->kind != KeyKind::kMw2) continue;
+      if (sctx->hca->keys.Extra(slot).generation != generation || slot->kind != KeyKind::kMw2) {
+        continue;
+      }
       KeyTable::Unbind(slot);
       sctx->hca->keys.Release(slot);
     }
@@ -227,20 +229,22 @@ int DeallocMw(ibv_mw* ibmw) {
 void PrepareType2Bind(SoftMw* mw, uint32_t rkey, SendWqe& w) {
   Hca* hca = ToSoft(mw->context)->hca;
   swirl::MutexLock lock(&hca->mw_mu);
-  std::erase_if(mw->left, [](const std::pair<KeyEntry*, uint64_t>& slot) {
-    return slot.first->generation != slot.second || slot.first->kind != KeyKind::kMw2;
+  KeyTable& keys = hca->keys;
+  std::erase_if(mw->left, [&keys](const std::pair<KeyEntry*, uint64_t>& slot) {
+    return keys.Extra(slot.first).generation != slot.second || slot.first->kind != KeyKind::kMw2;
   });
   w.bind_from = nullptr;
   w.bind_from_generation = 0;
   if (mw->next != nullptr && (rkey >> 8) == mw->next->index) {
     KeyEntry* old = mw->entry;
-    old->retired = true;
-    mw->left.emplace_back(old, old->generation);
+    KeySlotExtra& left = keys.Extra(old);
+    left.retired = true;
+    mw->left.emplace_back(old, left.generation);
     w.bind_from = old;
-    w.bind_from_generation = old->generation;
+    w.bind_from_generation = left.generation;
     // The lease belongs to the window, not to the slot.
-    std::atomic_ref<int64_t>(mw->next->deadline_ns)
-        .store(std::atomic_ref<int64_t>(old->deadline_ns).load(std::memory_order_relaxed),
+    std::atomic_ref<int64_t>(keys.Extra(mw->next).deadline_ns)
+        .store(std::atomic_ref<int64_t>(left.deadline_ns).load(std::memory_order_relaxed),
                std::memory_order_relaxed);
     mw->entry = mw->next;
     mw->next = nullptr;
@@ -271,7 +275,7 @@ absl::StatusOr<uint32_t> FreshWindowRkey(ibv_mw* ibmw) {
 }
 
 void ReleaseIfRetired(KeyTable& keys, KeyEntry* e) {
-  if (e->retired && e->kind == KeyKind::kMw2) keys.Release(e);
+  if (keys.Extra(e).retired && e->kind == KeyKind::kMw2) keys.Release(e);
 }
 
 absl::Status SetWindowDeadline(ibv_mw* ibmw, absl::Time deadline) {
@@ -288,7 +292,8 @@ absl::Status SetWindowDeadline(ibv_mw* ibmw, absl::Time deadline) {
   }
   SoftContext* sctx = ToSoft(mw->context);
   swirl::MutexLock lock(&sctx->hca->mw_mu);  // the window's slot may move under a bind (memory.cc)
-  std::atomic_ref<int64_t>(mw->entry->deadline_ns).store(at, std::memory_order_relaxed);
+  std::atomic_ref<int64_t>(sctx->hca->keys.Extra(mw->entry).deadline_ns)
+      .store(at, std::memory_order_relaxed);
   return absl::OkStatus();
 }
 

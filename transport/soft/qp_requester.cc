@@ -210,7 +210,8 @@ void ExecuteLocalOp(SoftQp* qp, SendWqe& w) {
   // A bind into a fresh slot: the window must be free in the slot it leaves too (once that
   // slot is released or reused, it holds none of the window's bindings).
   KeyEntry* from = w.bind_from;
-  const bool from_ours = from != nullptr && from->generation == w.bind_from_generation &&
+  const bool from_ours = from != nullptr &&
+                         keys.Extra(from).generation == w.bind_from_generation &&
                          from->kind == KeyKind::kMw2;
   if (from_ours && KeyTable::PublishedKey(from) != 0) return bind_error();
   // Local bits mean nothing for a window and are ignored, as rxe and mlx5 do (applications

@@ -420,7 +420,8 @@ KeyEntry* PinRemote(SoftQp* qp, uint32_t rkey, uint64_t addr, uint64_t length, i
     if (e->kind == KeyKind::kMw2) ok = ok && e->qp_serial == qp->serial;
     // A window's lease (SetWindowDeadline) ends here, at the responder, whatever the owner
     // still has to do to revoke it. Only a window with one reads the clock.
-    const int64_t deadline = std::atomic_ref<int64_t>(e->deadline_ns).load(std::memory_order_relaxed);
+    const int64_t deadline =
+        std::atomic_ref<int64_t>(qp->hca->keys.Extra(e).deadline_ns).load(std::memory_order_relaxed);
     ok = ok && (deadline == 0 || NowNs() < deadline);
   }
   if (!ok) {

@@ -622,6 +622,10 @@ struct Hca {
   swirl::LogLimiter peer_log;
   // A QP got a link key or moved to RTR: keyed hellos waiting for it resume (ResumeParked*).
   std::atomic<bool> keys_changed{false};
+  // Some peer's keyed handshake may be in progress here (set when one starts, cleared by a
+  // ResumeParked* that finds none): only then does the HCA thread look for them, so a device
+  // whose links have no keys pays nothing for them.
+  std::atomic<bool> handshakes_pending{false};
 
   // Registers `fd` with the HCA thread for hangup detection; returns the watch id.
   // (`qp` non-null: the QP's own outgoing link, adopted from the start; `auth`: its keyed

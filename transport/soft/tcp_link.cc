@@ -517,6 +517,7 @@ bool AcceptHello(Hca* hca, uint64_t id, LinkWatch& watch, const TcpHello& hello,
   link.auth->hello.assign(reinterpret_cast<const uint8_t*>(&hello),
                           reinterpret_cast<const uint8_t*>(&hello) + sizeof(hello));
   link.authenticated = false;
+  hca->handshakes_pending.store(true, std::memory_order_release);
   if (state == QpKeyState::kWait) {
     link.auth->phase = LinkAuth::kAwaitKey;
     link.deadline_ns = NowNs() + kParkedHelloNs;
@@ -1010,12 +1011,12 @@ void ResumeParkedTcp(Hca* hca) {
   swirl::ReaderMutexLock lock(&hca->mu);
   swirl::MutexLock watch_lock(&hca->watch_mu);
   std::vector<std::pair<uint64_t, const char*>> refused;
+  bool pending = false;
   for (auto& [id, watch] : hca->watches) {
     TcpLink* link = watch.tcp;
-    if (link == nullptr || link->failed || link->auth == nullptr ||
-        link->auth->phase != LinkAuth::kAwaitKey) {
-      continue;
-    }
+    if (link == nullptr || link->failed || link->auth == nullptr || link->outgoing) continue;
+    pending = true;
+    if (link->auth->phase != LinkAuth::kAwaitKey) continue;
     TcpHello hello;
     std::memcpy(&hello, link->auth->hello.data(), sizeof(hello));
     const QpKeyState state =
@@ -1033,6 +1034,8 @@ void ResumeParkedTcp(Hca* hca) {
                       why);
     hca->UnwatchLocked(id);
   }
+  // (One that starts after this look sets the flag again.)
+  if (!pending) hca->handshakes_pending.store(false, std::memory_order_release);
 }
 
 void ExpireTcpLinks(Hca* hca, int64_t now) {
