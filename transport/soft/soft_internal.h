@@ -626,6 +626,9 @@ struct Hca {
   // ResumeParked* that finds none): only then does the HCA thread look for them, so a device
   // whose links have no keys pays nothing for them.
   std::atomic<bool> handshakes_pending{false};
+  // TCP: connections closed, or refused, to keep one address within its share of the places
+  // before authentication (TakeFromSource; tests read it).
+  std::atomic<uint64_t> tcp_turned_away{0};
 
   // Registers `fd` with the HCA thread for hangup detection; returns the watch id.
   // (`qp` non-null: the QP's own outgoing link, adopted from the start; `auth`: its keyed
@@ -759,6 +762,9 @@ enum class AcceptResult {
 };
 // Accepts connections (at most 64 may owe their hello, 8 from one address, a silent one for
 // 250 ms).
+// Whether a new connection from `source` may take a place before authentication (making room
+// if it can: TCP's per-address share). HCA thread; takes hca->mu and watch_mu itself.
+bool TakeFromSource(Hca* hca, uint32_t source);
 AcceptResult AcceptTcp(Hca* hca);
 // Drops connections that owe their hello past its deadline, and fails QPs whose link did not
 // connect in time (HCA thread).

@@ -275,13 +275,18 @@ bool QueueRecord(TcpLink& link, const TcpRecord& record, const void* extra, size
   p.tag_len = 0;
   if (link.tx != nullptr) {
     char* sealed = link.seal.get() + slot * kSealSlot;
-    if (extra_len > 0) std::memcpy(sealed, extra, extra_len);
-    if (body_len > 0) std::memcpy(sealed + extra_len, body, body_len);
+    // Sealed straight from where it is (the segment, for a frame): no copy before the cipher's.
+    const void* plain = body_len == 0 ? extra : body;
+    if (extra_len > 0 && body_len > 0) {  // (no record has both; kept general)
+      std::memcpy(sealed, extra, extra_len);
+      std::memcpy(sealed + extra_len, body, body_len);
+      plain = sealed;
+    }
     p.head_len = sizeof(record);
     p.body = sealed;
     p.body_len = extra_len + body_len;
     p.tag_len = kTagBytes;
-    return link.tx->Seal(&record, sizeof(record), sealed, p.body_len, sealed, p.tag);
+    return link.tx->Seal(&record, sizeof(record), plain, p.body_len, sealed, p.tag);
   }
   if (extra_len > 0) std::memcpy(p.head + sizeof(record), extra, extra_len);
   p.head_len = sizeof(record) + extra_len;
@@ -936,6 +941,62 @@ uint64_t ReplyOnTcpLink(Hca* hca, SoftQp* qp, uint64_t watch_id, int memfd,
   return watch_id;
 }
 
+namespace {
+
+// The connections from `source` that have not finished their hello (or handshake): how many,
+// and the oldest one that has sent nothing (0: none).
+struct SourceCount {
+  int waiting = 0;
+  uint64_t oldest_silent = 0;
+};
+SourceCount CountSource(Hca* hca, uint32_t source) {
+  SourceCount count;
+  int64_t oldest_ns = INT64_MAX;
+  swirl::MutexLock watch_lock(&hca->watch_mu);
+  for (const auto& [id, watch] : hca->watches) {
+    const TcpLink* other = watch.tcp;
+    if (other == nullptr || other->outgoing || other->hello_done || other->failed ||
+        other->source != source) {
+      continue;
+    }
+    ++count.waiting;
+    if (!other->heard && other->accepted_ns < oldest_ns) {
+      oldest_ns = other->accepted_ns;
+      count.oldest_silent = id;
+    }
+  }
+  return count;
+}
+
+}  // namespace
+
+bool TakeFromSource(Hca* hca, uint32_t source) {
+  // One address may hold only a few of the places before authentication: a flood from one
+  // host delays that host's own links, not everyone's. Past its share, its oldest connection
+  // that has sent nothing makes room; if every one has spoken, the new one is closed. Either
+  // way the opener of a connection closed unlinked dials again 10 ms later (RetryTcpLink), so
+  // a burst of real peers from one host links all the same, a few of them a redial later.
+  const SourceCount count = CountSource(hca, source);
+  if (count.waiting < kMaxWaitingPerSource) return true;
+  hca->tcp_turned_away.fetch_add(1, std::memory_order_relaxed);
+  char text[INET_ADDRSTRLEN] = "?";
+  inet_ntop(AF_INET, &source, text, sizeof(text));
+  if (count.oldest_silent == 0) {
+    SWIRL_LOG_LIMITED(hca->peer_log, WARNING,
+                      "soft %s: refused a TCP connection from %s: %d of its connections have "
+                      "not finished their hello",
+                      hca->name, text, count.waiting);
+    return false;
+  }
+  // INFO: a burst of real peers from one host does this too (they dial again).
+  SWIRL_LOG_LIMITED(hca->peer_log, INFO,
+                    "soft %s: closed a silent TCP connection from %s for a newer one: %d of "
+                    "its connections have not finished their hello",
+                    hca->name, text, count.waiting);
+  hca->Unwatch(count.oldest_silent);
+  return true;
+}
+
 AcceptResult AcceptTcp(Hca* hca) {
   for (;;) {
     // Anyone may connect, so connections that owe a hello are capped; past the cap the rest
@@ -959,43 +1020,9 @@ AcceptResult AcceptTcp(Hca* hca) {
                  : AcceptResult::kDone;
     }
     const uint32_t source = from.sin_family == AF_INET ? from.sin_addr.s_addr : 0;
-    {
-      // One address may hold only a few of those places: a flood of silent connections from
-      // one host delays that host's own links, not everyone's. Past its share, its oldest
-      // silent connection makes room (a real peer's hello comes at once, so it is rarely the
-      // one); if all of them have spoken, the new one is closed (its opener dials again).
-      swirl::MutexLock watch_lock(&hca->watch_mu);
-      int from_source = 0;
-      uint64_t oldest_silent = 0;
-      int64_t oldest_ns = INT64_MAX;
-      for (const auto& [id, watch] : hca->watches) {
-        const TcpLink* other = watch.tcp;
-        if (other == nullptr || other->outgoing || other->hello_done || other->source != source) {
-          continue;
-        }
-        ++from_source;
-        if (!other->heard && other->accepted_ns < oldest_ns) {
-          oldest_ns = other->accepted_ns;
-          oldest_silent = id;
-        }
-      }
-      if (from_source >= kMaxWaitingPerSource) {
-        char text[INET_ADDRSTRLEN] = "?";
-        inet_ntop(AF_INET, &source, text, sizeof(text));
-        if (oldest_silent == 0) {
-          SWIRL_LOG_LIMITED(hca->peer_log, WARNING,
-                            "soft %s: refused a TCP connection from %s: %d of its connections "
-                            "have not finished their hello",
-                            hca->name, text, from_source);
-          close(fd);
-          continue;
-        }
-        SWIRL_LOG_LIMITED(hca->peer_log, WARNING,
-                          "soft %s: closed a silent TCP connection from %s for a newer one: %d "
-                          "of its connections have not finished their hello",
-                          hca->name, text, from_source);
-        hca->UnwatchLocked(oldest_silent);
-      }
+    if (!TakeFromSource(hca, source)) {
+      close(fd);
+      continue;
     }
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
