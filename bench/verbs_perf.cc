@@ -73,10 +73,12 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "bench/perf_common.h"
 #include "transport/device.h"
+#include "transport/soft/soft_device.h"
 #include "transport/verbs/verbs.h"
 
 ABSL_FLAG(std::string, test, "send_lat",
@@ -112,6 +114,10 @@ ABSL_FLAG(std::string, samples_out, "",
           "latency tests and --raw: also write every round-trip sample (microseconds, in "
           "iteration order, one per line) to this file; with -a, to FILE.<size>");
 ABSL_FLAG(double, timeout, 60, "seconds any single wait may take before the run is aborted");
+ABSL_FLAG(std::string, link_key, "",
+          "soft device: 64 hex digits, the link key both QPs get (SetLinkKey), for measuring "
+          "authenticated links and sealed TCP records (SWIRL_SOFT_TCP_CRYPT=off: unsealed); "
+          "ignored by other devices");
 // Internal: how the single-host mode starts its server child.
 ABSL_FLAG(int, oob_fd, -1, "internal: inherited listening socket (spawned server)");
 ABSL_FLAG(int, spawned_by, 0, "internal: the process that started this one (die with it)");
@@ -385,6 +391,14 @@ void ConnectTo(Endpoint& e, const WireInfo& peer) {
   e.remote_addr = peer.buf_addr;
   e.remote_region = peer.region;
   e.rkey = peer.rkey;
+  if (const std::string hex = absl::GetFlag(FLAGS_link_key); !hex.empty()) {
+    const std::string key = absl::HexStringToBytes(hex);
+    if (key.size() * 2 != hex.size()) Die("--link_key: not hex digits");
+    const absl::Status s = swirl::soft::SetLinkKey(
+        e.qp->get(), absl::Span<const uint8_t>(reinterpret_cast<const uint8_t*>(key.data()),
+                                               key.size()));
+    if (!s.ok() && !absl::IsUnimplemented(s)) Die("--link_key: %s", s.ToString().c_str());
+  }
   if (auto s = e.qp->Connect(peer.addr, e.psn, Options()); !s.ok()) {
     Die("connect QP: %s", s.ToString().c_str());
   }
@@ -1270,6 +1284,7 @@ int RunLocal() {
       absl::StrCat("--timeout=", absl::GetFlag(FLAGS_timeout)),
       absl::StrCat("--mutex_deadlock_detection=",
                    absl::GetFlag(FLAGS_mutex_deadlock_detection) ? "true" : "false"),
+      absl::StrCat("--link_key=", absl::GetFlag(FLAGS_link_key)),
   });
   const int fd = ConnectTcp("127.0.0.1", port, 10000);
   close(listen_fd);

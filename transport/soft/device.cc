@@ -340,4 +340,10 @@ absl::StatusOr<std::unique_ptr<verbs::DeviceOps>> OpenSoftDeviceAs(absl::string_
       new SoftDeviceOps(std::string(name), sctx, owns_device));
 }
 
+bool IsSoftContext(const ibv_context* context) {
+  // Every soft context, however it was opened (OpenSoftDevice, the interposer), has our
+  // post_send in its ops; no other provider's can.
+  return context != nullptr && context->ops.post_send == OpPostSend;
+}
+
 }  // namespace swirl::soft

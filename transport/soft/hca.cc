@@ -24,11 +24,19 @@
 #include <cstring>
 #include <map>
 
+#include <openssl/crypto.h>
+
+#include <algorithm>
+
 #include "absl/container/flat_hash_map.h"
 #include "absl/random/distributions.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "base/log.h"
+#include "base/log_limiter.h"
 #include "transport/soft/qp_ops.h"
 
 namespace swirl::soft {
@@ -58,16 +66,44 @@ constexpr int64_t kStaleNs = 10 * 1000 * 1000;            // a CQ unpolled for 1
 constexpr int64_t kAssistQuietNs = 100 * 1000;
 constexpr int64_t kAssistSpinMaxNs = 2 * 1000 * 1000;
 
-// What a QP sends when it reaches RTR, with SCM_RIGHTS [segment memfd, HCA wake eventfd].
+// What a QP sends when it reaches RTR: without a link key, with SCM_RIGHTS [segment memfd,
+// HCA wake eventfd]; with one (kHelloKeyed), nothing attached: the accepter answers with a
+// Challenge, and the opener's Proof carries the descriptors (docs/SOFT_WIRE.md, "Link keys").
+// 3: flags and a nonce (2: neither; its version was the segment's).
+constexpr uint32_t kHelloVersion = 3;
 struct Hello {
   uint64_t magic;
   uint32_t version;
   uint32_t src_qpn;
   uint32_t dst_qpn;
-  uint32_t reserved;
+  uint32_t flags;  // kHelloKeyed
   ibv_gid src_gid;
   uint64_t segment_size;
+  uint8_t nonce[kNonceBytes];  // keyed: the opener's fresh nonce; else zero
 };
+static_assert(sizeof(Hello) == 64);
+
+constexpr uint64_t kChallengeMagic = 0x4c4c414843575331ull;  // "1SWCHALL"
+struct Challenge {
+  uint64_t magic;
+  uint32_t flags;  // the accepter's (none defined on shared memory)
+  uint32_t reserved;
+  uint8_t nonce[kNonceBytes];  // the accepter's fresh nonce
+  uint8_t mac[kMacBytes];      // HelloMac(accepter)
+};
+static_assert(sizeof(Challenge) == 64);
+
+constexpr uint64_t kProofMagic = 0x464f4f5250575331ull;  // "1SWPROOF"
+struct Proof {  // with SCM_RIGHTS [segment memfd, HCA wake eventfd]
+  uint64_t magic;
+  uint8_t mac[kMacBytes];  // HelloMac(opener)
+};
+static_assert(sizeof(Proof) == 40);
+
+// How long a keyed hello may wait for its QP's key (SetLinkKey before RTR), and how long an
+// accepter waits for the proof once it has sent its challenge.
+constexpr int64_t kParkedHelloNs = int64_t{30} * 1000 * 1000 * 1000;
+constexpr int64_t kProofTimeoutNs = int64_t{5} * 1000 * 1000 * 1000;
 
 sockaddr_un AddressFor(const ibv_gid& gid, socklen_t* len) {
   sockaddr_un addr;
@@ -98,9 +134,12 @@ bool IsEventFd(int fd) {
 
 // Validates and maps a peer's segment. Everything here comes from another process.
 bool MapPeerSegment(const Hello& hello, int memfd, PeerSegment* out, std::string* why) {
+  // What we rely on: its size never changes under our mapping (a shrunk file would fault our
+  // reads), and nobody but its owner writes it (the owner's mapping predates the seal).
+  constexpr int kSeals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE;
   int seals = fcntl(memfd, F_GET_SEALS);
-  if (seals < 0 || (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW)) {
-    *why = "segment is not a size-sealed memfd";
+  if (seals < 0 || (seals & kSeals) != kSeals) {
+    *why = "segment is not a memfd sealed against resizing and writes";
     return false;
   }
   struct stat st;
@@ -139,6 +178,50 @@ bool MapPeerSegment(const Hello& hello, int memfd, PeerSegment* out, std::string
 }
 
 }  // namespace
+
+LinkAuth::~LinkAuth() {
+  if (memfd >= 0) close(memfd);
+  OPENSSL_cleanse(key.data(), key.size());
+}
+
+bool ParseTrustedUids(const char* text, std::vector<uid_t>* uids) {
+  uids->clear();
+  if (text == nullptr || *text == 0) return true;
+  for (absl::string_view part : absl::StrSplit(text, ',')) {
+    uint32_t uid;
+    if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(part), &uid)) return false;
+    uids->push_back(static_cast<uid_t>(uid));
+  }
+  return true;
+}
+
+bool UidTrusted(uid_t uid) {
+  if (uid == getuid()) return true;
+  // Read once: the trust of a process does not change under its links.
+  static const std::vector<uid_t>* trusted = [] {
+    auto* list = new std::vector<uid_t>();
+    if (!ParseTrustedUids(std::getenv("SWIRL_SOFT_TRUSTED_UIDS"), list)) {
+      SWIRL_LOG(ERROR, "soft: SWIRL_SOFT_TRUSTED_UIDS='%s' is not a list of uids: trusting none",
+                std::getenv("SWIRL_SOFT_TRUSTED_UIDS"));
+      list->clear();
+    }
+    return list;
+  }();
+  return std::find(trusted->begin(), trusted->end(), uid) != trusted->end();
+}
+
+QpKeyState QpKeyFor(Hca* hca, uint32_t qpn, LinkKey* key, uint64_t* serial) {
+  auto it = hca->qps.find(qpn);
+  if (it == hca->qps.end()) return QpKeyState::kNoQp;
+  SoftQp* qp = it->second;
+  swirl::MutexLock lock(&qp->key_mu);
+  if (qp->key_serial != 0) {
+    *key = qp->link_key;
+    *serial = qp->key_serial;
+    return QpKeyState::kKeyed;
+  }
+  return qp->key_final ? QpKeyState::kKeyless : QpKeyState::kWait;
+}
 
 bool SegmentGeometryOk(uint64_t segment_size, uint64_t request_ring_offset,
                        uint64_t request_ring_size, uint64_t response_ring_offset,
@@ -188,44 +271,71 @@ void CloseFds(int* fds, int n) {
   }
 }
 
-// Reads the hello on a freshly accepted connection and hands the segment to its QP. Returns
-// false if the connection should be dropped.
-bool ReceiveHello(Hca* hca, uint64_t watch_id, int fd) {
-  Hello hello;
+// One message of a shared-memory handshake (SOCK_SEQPACKET keeps them whole), with the
+// descriptors it carries (at most two kept; any more are closed). Returns its length, -1 if
+// none is there yet, or 0 if the peer closed or sent something no message is (truncated).
+ssize_t ReceiveMessage(int fd, void* buffer, size_t capacity, int fds[2], int* nfds) {
   char control[CMSG_SPACE(2 * sizeof(int))];
-  iovec iov{&hello, sizeof(hello)};
+  iovec iov{buffer, capacity};
   msghdr msg;
   std::memset(&msg, 0, sizeof(msg));
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
   msg.msg_control = control;
   msg.msg_controllen = sizeof(control);
+  fds[0] = fds[1] = -1;
+  *nfds = 0;
   ssize_t n = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
-  if (n < 0 && (errno == EAGAIN || errno == EINTR)) return true;  // not yet
-  int fds[2] = {-1, -1};
-  int nfds = 0;
-  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+  if (n < 0 && (errno == EAGAIN || errno == EINTR)) return -1;  // not yet
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); n >= 0 && c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
     if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
       int count = static_cast<int>((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
       for (int i = 0; i < count; ++i) {
         int received;
         std::memcpy(&received, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-        if (nfds < 2) {
-          fds[nfds++] = received;
+        if (*nfds < 2) {
+          fds[(*nfds)++] = received;
         } else {
           close(received);
         }
       }
     }
   }
-  std::string why;
-  if (n != static_cast<ssize_t>(sizeof(hello)) || (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) ||
-      nfds != 2 || hello.magic != kHelloMagic || hello.version != wire::kWireVersion) {
-    why = "malformed hello";
+  if (n <= 0 || (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC))) {
+    CloseFds(fds, 2);
+    *nfds = 0;
+    return 0;
   }
+  return n;
+}
+
+// The accepter's challenge for a keyed hello, once its QP's key is known.
+bool SendChallenge(Hca* hca, int fd, LinkAuth& auth) {
+  auth.nonce = NewNonce();
+  auth.accepter_flags = 0;
+  auth.accepter_gid = hca->gid;
+  const Mac mac = HelloMac(auth.key, AuthRole::kAccepter, AuthFabric::kShm, auth.hello,
+                           auth.accepter_gid, auth.nonce, auth.accepter_flags);
+  Challenge challenge;
+  std::memset(&challenge, 0, sizeof(challenge));
+  challenge.magic = kChallengeMagic;
+  challenge.flags = auth.accepter_flags;
+  std::memcpy(challenge.nonce, auth.nonce.data(), kNonceBytes);
+  std::memcpy(challenge.mac, mac.data(), kMacBytes);
+  auth.phase = LinkAuth::kAwaitProof;
+  auth.deadline_ns = NowNs() + kProofTimeoutNs;
+  return send(fd, &challenge, sizeof(challenge), MSG_NOSIGNAL | MSG_DONTWAIT) ==
+         static_cast<ssize_t>(sizeof(challenge));
+}
+
+// Validates and maps the segment of a hello that passed (keyless, or keyed and proved) and
+// offers it to its QP. Consumes `fds` (memfd, wake eventfd) either way.
+bool OfferHello(Hca* hca, uint64_t watch_id, const Hello& hello, int fds[2],
+                uint64_t auth_serial, std::string* why) {
   PeerSegment segment;
-  if (why.empty() && !IsEventFd(fds[1])) why = "wake descriptor is not an eventfd";
-  if (why.empty() && MapPeerSegment(hello, fds[0], &segment, &why)) {
+  if (!IsEventFd(fds[1])) {
+    *why = "wake descriptor is not an eventfd";
+  } else if (MapPeerSegment(hello, fds[0], &segment, why)) {
     close(fds[0]);
     fds[0] = -1;
     // Writing the peer's eventfd must never block us.
@@ -233,18 +343,172 @@ bool ReceiveHello(Hca* hca, uint64_t watch_id, int fd) {
     segment.wake_fd = fds[1];
     fds[1] = -1;
     segment.watch = watch_id;
+    segment.auth_serial = auth_serial;
     bool offered;
     {
       swirl::ReaderMutexLock lock(&hca->mu);
       swirl::MutexLock watch_lock(&hca->watch_mu);
-      offered = OfferSegment(hca, watch_id, hello.dst_qpn, segment, &why);
+      offered = OfferSegment(hca, watch_id, hello.dst_qpn, segment, why);
     }
     if (offered) return true;
     munmap(const_cast<char*>(segment.base), segment.size);
     close(segment.wake_fd);
   }
   CloseFds(fds, 2);
-  SWIRL_LOG(WARNING, "soft %s: refused a link to QP 0x%x: %s", hca->name, hello.dst_qpn, why);
+  return false;
+}
+
+// A message on a connection a peer opened to us: its hello, or (keyed) its proof. Returns
+// false if the connection should be dropped. Only this thread touches such a connection's
+// watch until it is offered to a QP, so its handshake state is read without watch_mu.
+bool ReceiveHello(Hca* hca, uint64_t watch_id, int fd, LinkAuth* auth) {
+  union {
+    Hello hello;
+    Proof proof;
+    char bytes[128];
+  } message;
+  int fds[2];
+  int nfds;
+  const ssize_t n = ReceiveMessage(fd, &message, sizeof(message), fds, &nfds);
+  if (n < 0) return true;  // not yet
+  if (n == 0) return false;  // closed (or sent what no message is)
+  std::string why;
+  uint32_t dst_qpn = 0;
+  if (auth != nullptr) {
+    Hello hello;
+    std::memcpy(&hello, auth->hello.data(), sizeof(hello));
+    dst_qpn = hello.dst_qpn;
+    if (auth->phase != LinkAuth::kAwaitProof) {
+      why = "spoke before its challenge";
+    } else if (n != static_cast<ssize_t>(sizeof(Proof)) || message.proof.magic != kProofMagic ||
+               nfds != 2) {
+      why = "malformed proof";
+    } else {
+      Mac mac;
+      std::memcpy(mac.data(), message.proof.mac, kMacBytes);
+      if (!MacEqual(mac, HelloMac(auth->key, AuthRole::kOpener, AuthFabric::kShm, auth->hello,
+                                  auth->accepter_gid, auth->nonce, auth->accepter_flags))) {
+        why = "proof does not match the QP's link key";
+      } else if (OfferHello(hca, watch_id, hello, fds, auth->key_serial, &why)) {
+        swirl::MutexLock watch_lock(&hca->watch_mu);
+        auto it = hca->watches.find(watch_id);
+        if (it != hca->watches.end()) it->second.auth.reset();
+        return true;
+      }
+    }
+  } else {
+    const Hello& hello = message.hello;
+    dst_qpn = hello.dst_qpn;
+    const bool keyed = (hello.flags & kHelloKeyed) != 0;
+    if (n != static_cast<ssize_t>(sizeof(hello)) || hello.magic != kHelloMagic ||
+        hello.version != kHelloVersion || (hello.flags & ~kHelloKeyed) != 0 ||
+        nfds != (keyed ? 0 : 2)) {
+      why = "malformed hello";
+    } else {
+      LinkKey key;
+      uint64_t serial = 0;
+      QpKeyState state;
+      {
+        swirl::ReaderMutexLock lock(&hca->mu);
+        state = QpKeyFor(hca, hello.dst_qpn, &key, &serial);
+      }
+      if (state == QpKeyState::kNoQp) {
+        why = "no such QP";
+      } else if (!keyed && state == QpKeyState::kKeyed) {
+        why = "keyless hello for a QP with a link key";
+      } else if (keyed && state == QpKeyState::kKeyless) {
+        why = "keyed hello for a QP without a link key";
+      } else if (!keyed) {
+        if (OfferHello(hca, watch_id, hello, fds, 0, &why)) return true;
+      } else {
+        // Nothing is mapped or offered before the proof: a hello costs this state only.
+        auto fresh = std::make_unique<LinkAuth>();
+        fresh->hello.assign(reinterpret_cast<const uint8_t*>(&hello),
+                            reinterpret_cast<const uint8_t*>(&hello) + sizeof(hello));
+        fresh->key = key;
+        fresh->key_serial = serial;
+        bool ok = true;
+        if (state == QpKeyState::kWait) {
+          fresh->phase = LinkAuth::kAwaitKey;  // ResumeParkedShm answers once the key is set
+          fresh->deadline_ns = NowNs() + kParkedHelloNs;
+        } else {
+          ok = SendChallenge(hca, fd, *fresh);
+          if (!ok) why = "cannot send the challenge";
+        }
+        if (ok) {
+          hca->handshakes_pending.store(true, std::memory_order_release);
+          swirl::MutexLock watch_lock(&hca->watch_mu);
+          auto it = hca->watches.find(watch_id);
+          if (it != hca->watches.end()) it->second.auth = std::move(fresh);
+          return true;
+        }
+      }
+    }
+  }
+  CloseFds(fds, 2);
+  SWIRL_LOG_LIMITED(hca->peer_log, WARNING, "soft %s: refused a link to QP 0x%x: %s", hca->name,
+                    dst_qpn, why);
+  return false;
+}
+
+// The opener's side of a keyed handshake (watch_mu held: the QP may drop the watch at any
+// time): checks the accepter's challenge and answers it with the proof and our descriptors.
+// False if the connection is to be treated as refused.
+bool ReceiveChallenge(Hca* hca, LinkWatch& watch) {
+  LinkAuth& auth = *watch.auth;
+  union {
+    Challenge challenge;
+    char bytes[128];
+  } message;
+  int fds[2];
+  int nfds;
+  const ssize_t n = ReceiveMessage(watch.fd, &message, sizeof(message), fds, &nfds);
+  if (n < 0) return true;
+  CloseFds(fds, 2);
+  std::string why;
+  if (n != static_cast<ssize_t>(sizeof(Challenge)) || message.challenge.magic != kChallengeMagic ||
+      nfds != 0 || message.challenge.flags != 0) {
+    why = n == 0 ? "closed" : "malformed challenge";
+  } else {
+    Nonce nonce;
+    Mac mac;
+    std::memcpy(nonce.data(), message.challenge.nonce, kNonceBytes);
+    std::memcpy(mac.data(), message.challenge.mac, kMacBytes);
+    if (!MacEqual(mac, HelloMac(auth.key, AuthRole::kAccepter, AuthFabric::kShm, auth.hello,
+                                auth.accepter_gid, nonce, message.challenge.flags))) {
+      why = "challenge does not match the QP's link key";
+    } else {
+      const Mac proof_mac = HelloMac(auth.key, AuthRole::kOpener, AuthFabric::kShm, auth.hello,
+                                     auth.accepter_gid, nonce, message.challenge.flags);
+      Proof proof;
+      proof.magic = kProofMagic;
+      std::memcpy(proof.mac, proof_mac.data(), kMacBytes);
+      int send_fds[2] = {auth.memfd, hca->wake_fd};
+      char control[CMSG_SPACE(sizeof(send_fds))];
+      std::memset(control, 0, sizeof(control));
+      iovec iov{&proof, sizeof(proof)};
+      msghdr msg;
+      std::memset(&msg, 0, sizeof(msg));
+      msg.msg_iov = &iov;
+      msg.msg_iovlen = 1;
+      msg.msg_control = control;
+      msg.msg_controllen = sizeof(control);
+      cmsghdr* c = CMSG_FIRSTHDR(&msg);
+      c->cmsg_level = SOL_SOCKET;
+      c->cmsg_type = SCM_RIGHTS;
+      c->cmsg_len = CMSG_LEN(sizeof(send_fds));
+      std::memcpy(CMSG_DATA(c), send_fds, sizeof(send_fds));
+      if (sendmsg(watch.fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT) == static_cast<ssize_t>(sizeof(proof))) {
+        watch.auth.reset();  // closes our copy of the memfd
+        return true;
+      }
+      why = absl::StrCat("cannot send the proof: ", std::strerror(errno));
+    }
+  }
+  if (n != 0) {
+    SWIRL_LOG_LIMITED(hca->peer_log, WARNING, "soft %s: QP 0x%x refused its peer's answer: %s",
+                      hca->name, watch.qp != nullptr ? watch.qp->qp_num : 0, why);
+  }
   return false;
 }
 
@@ -256,11 +520,14 @@ AcceptResult AcceptAll(Hca* hca) {
                  ? AcceptResult::kOutOfResources
                  : AcceptResult::kDone;
     }
-    // Only processes of the same user may link to our QPs, as with a device node's mode.
+    // Only processes of users we trust may link to our QPs, as with a device node's mode.
     ucred cred;
     socklen_t len = sizeof(cred);
-    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 ||
-        (cred.uid != getuid() && cred.uid != 0)) {
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || !UidTrusted(cred.uid)) {
+      SWIRL_LOG_LIMITED(hca->peer_log, WARNING,
+                        "soft %s: refused a link from uid %d (not ours, nor in "
+                        "SWIRL_SOFT_TRUSTED_UIDS)",
+                        hca->name, static_cast<int>(cred.uid));
       close(fd);
       continue;
     }
@@ -275,15 +542,24 @@ void HandleWatchEvent(Hca* hca, uint64_t id, uint32_t events) {
   }
   int fd = -1;
   SoftQp* qp = nullptr;
+  LinkAuth* auth = nullptr;
   {
     swirl::MutexLock lock(&hca->watch_mu);
     auto it = hca->watches.find(id);
     if (it == hca->watches.end()) return;
     fd = it->second.fd;
     qp = it->second.qp;
+    auth = it->second.auth.get();
+    if (qp != nullptr && auth != nullptr && (events & EPOLLIN)) {
+      // Our keyed hello's answer. Under watch_mu: the QP may drop this watch at any time.
+      if (ReceiveChallenge(hca, it->second)) return;
+      epoll_ctl(hca->epoll_fd, EPOLL_CTL_DEL, it->second.fd, nullptr);
+      WatchEnded(it->second);  // as if the accepter had refused the hello
+      return;
+    }
   }
   if (qp == nullptr && (events & EPOLLIN)) {
-    if (!ReceiveHello(hca, id, fd)) hca->Unwatch(id);
+    if (!ReceiveHello(hca, id, fd, auth)) hca->Unwatch(id);
     return;
   }
   if (events & (EPOLLHUP | EPOLLRDHUP | EPOLLERR)) {
@@ -294,8 +570,7 @@ void HandleWatchEvent(Hca* hca, uint64_t id, uint32_t events) {
     if (it->second.qp != nullptr) {
       WatchEnded(it->second);
     } else {
-      close(it->second.fd);
-      hca->watches.erase(it);
+      hca->UnwatchLocked(id);
     }
   } else if (events & EPOLLIN) {
     // Nothing is expected after the hello; a peer that keeps talking is dropped.
@@ -382,6 +657,7 @@ void HcaLoop(Hca* hca) {
   sched_setaffinity(0, sizeof(cpus), &cpus);
   epoll_event events[64];
   int64_t accept_paused_until = 0;  // out of descriptors: the listener rests, or it would spin
+  int64_t next_resume_ns = 0;
   for (;;) {
     const int64_t now = NowNs();
     const bool assist = hca->assist && MarkAssistedCqs(hca, now);
@@ -390,6 +666,17 @@ void HcaLoop(Hca* hca) {
       WatchTcpReceives(hca);
     }
     if (hca->tcp) ExpireTcpLinks(hca, now);
+    // Keyed hellos that wait for their QP's key: at once when one was set, else every 10 ms
+    // (for their deadlines).
+    if (hca->keys_changed.exchange(false, std::memory_order_acq_rel) ||
+        (now >= next_resume_ns && hca->handshakes_pending.load(std::memory_order_acquire))) {
+      next_resume_ns = now + 10 * 1000 * 1000;
+      if (hca->tcp) {
+        ResumeParkedTcp(hca);
+      } else {
+        ResumeParkedShm(hca);
+      }
+    }
     if (accept_paused_until != 0 && now >= accept_paused_until) {
       accept_paused_until = 0;
       epoll_event ev;
@@ -506,6 +793,14 @@ Hca* CreateHca(const std::string& name, std::string* error) {
       port = static_cast<uint16_t>(shifted);
     }
     hca->tcp = true;
+    if (const char* crypt = std::getenv("SWIRL_SOFT_TCP_CRYPT");
+        crypt != nullptr && std::strcmp(crypt, "off") == 0) {
+      hca->tcp_crypt = false;
+      SWIRL_LOG(WARNING,
+                "soft device %s: SWIRL_SOFT_TCP_CRYPT=off: TCP records of keyed links travel "
+                "unsealed unless the peer asks for sealing (for benchmarks only)",
+                name);
+    }
     hca->listen_fd = ListenTcp(hca->tcp_addr, port, &hca->gid, &why);
     hca->tcp_poll_fd = epoll_create1(EPOLL_CLOEXEC);
     if (hca->listen_fd < 0 || hca->tcp_poll_fd < 0) {
@@ -549,7 +844,57 @@ Hca* CreateHca(const std::string& name, std::string* error) {
 
 }  // namespace
 
-uint64_t Hca::Watch(int fd, SoftQp* qp) { return WatchTcp(fd, qp, nullptr, EPOLLIN | EPOLLRDHUP); }
+void ResumeParkedShm(Hca* hca) {
+  swirl::ReaderMutexLock lock(&hca->mu);
+  swirl::MutexLock watch_lock(&hca->watch_mu);
+  const int64_t now = NowNs();
+  std::vector<std::pair<uint64_t, const char*>> refused;
+  bool pending = false;
+  for (auto& [id, watch] : hca->watches) {
+    LinkAuth* auth = watch.auth.get();
+    if (auth == nullptr || watch.qp != nullptr) continue;  // only a peer's connections wait
+    pending = true;
+    if (auth->phase == LinkAuth::kAwaitKey) {
+      Hello hello;
+      std::memcpy(&hello, auth->hello.data(), sizeof(hello));
+      const QpKeyState state = QpKeyFor(hca, hello.dst_qpn, &auth->key, &auth->key_serial);
+      if (state == QpKeyState::kKeyed) {
+        if (!SendChallenge(hca, watch.fd, *auth)) refused.push_back({id, "cannot send challenge"});
+      } else if (state == QpKeyState::kNoQp) {
+        refused.push_back({id, "its QP is gone"});
+      } else if (state == QpKeyState::kKeyless) {
+        refused.push_back({id, "keyed hello for a QP without a link key"});
+      } else if (now >= auth->deadline_ns) {
+        refused.push_back({id, "its QP was given no link key in time"});
+      }
+    } else if (auth->phase == LinkAuth::kAwaitProof && now >= auth->deadline_ns) {
+      refused.push_back({id, "no proof in time"});
+    }
+  }
+  for (const auto& [id, why] : refused) {
+    SWIRL_LOG_LIMITED(hca->peer_log, WARNING, "soft %s: refused a keyed link: %s", hca->name,
+                      why);
+    hca->UnwatchLocked(id);
+  }
+  // (One that starts after this look sets the flag again.)
+  if (!pending) hca->handshakes_pending.store(false, std::memory_order_release);
+}
+
+uint64_t Hca::Watch(int fd, SoftQp* qp, std::unique_ptr<LinkAuth> auth) {
+  uint64_t id;
+  {
+    swirl::MutexLock lock(&watch_mu);
+    id = next_watch++;
+    LinkWatch& watch = watches[id];
+    watch = LinkWatch{qp, fd, nullptr, /*adopted=*/qp != nullptr};
+    watch.auth = std::move(auth);
+  }
+  epoll_event ev;
+  ev.events = EPOLLIN | EPOLLRDHUP;
+  ev.data.u64 = id;
+  epoll_ctl(epoll_fd, EPOLL_CTL_ADD, fd, &ev);
+  return id;
+}
 
 uint64_t Hca::WatchTcp(int fd, SoftQp* qp, TcpLink* link, uint32_t events) {
   uint64_t id;
@@ -657,7 +1002,8 @@ void ReleaseHca(Hca* hca) {
 }
 
 int SendHello(Hca* hca, const ibv_gid& gid, uint32_t src_qpn, uint32_t dst_qpn, int memfd,
-              uint64_t segment_size) {
+              uint64_t segment_size, const LinkKey* key, uint64_t key_serial,
+              std::unique_ptr<LinkAuth>* auth) {
   int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
   if (fd < 0) return -errno;
   socklen_t len;
@@ -667,14 +1013,46 @@ int SendHello(Hca* hca, const ibv_gid& gid, uint32_t src_qpn, uint32_t dst_qpn, 
     close(fd);
     return -err;
   }
+  // Anyone can bind an abstract name: the listener must be a process we would accept a link
+  // from, or our segment (and what our QP sends) would go to whoever claimed the peer's GID.
+  ucred cred;
+  socklen_t cred_len = sizeof(cred);
+  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cred_len) != 0 || !UidTrusted(cred.uid)) {
+    SWIRL_LOG_LIMITED(hca->peer_log, WARNING,
+                      "soft %s: QP 0x%x does not link to %s: its listener is uid %d (not ours, "
+                      "nor in SWIRL_SOFT_TRUSTED_UIDS)",
+                      hca->name, src_qpn, GidHex(gid), static_cast<int>(cred.uid));
+    close(fd);
+    return -EPERM;
+  }
   Hello hello;
   std::memset(&hello, 0, sizeof(hello));
   hello.magic = kHelloMagic;
-  hello.version = wire::kWireVersion;
+  hello.version = kHelloVersion;
   hello.src_qpn = src_qpn;
   hello.dst_qpn = dst_qpn;
   hello.src_gid = hca->gid;
   hello.segment_size = segment_size;
+  std::unique_ptr<LinkAuth> pending;
+  if (key != nullptr) {
+    hello.flags = kHelloKeyed;
+    const Nonce nonce = NewNonce();
+    std::memcpy(hello.nonce, nonce.data(), kNonceBytes);
+    pending = std::make_unique<LinkAuth>();
+    pending->phase = LinkAuth::kAwaitChallenge;
+    pending->key = *key;
+    pending->key_serial = key_serial;
+    pending->accepter_gid = gid;
+    pending->hello.assign(reinterpret_cast<const uint8_t*>(&hello),
+                          reinterpret_cast<const uint8_t*>(&hello) + sizeof(hello));
+    // The proof carries the segment later, when the QP's own descriptor may be gone.
+    pending->memfd = fcntl(memfd, F_DUPFD_CLOEXEC, 0);
+    if (pending->memfd < 0) {
+      int err = errno;
+      close(fd);
+      return -err;
+    }
+  }
   int fds[2] = {memfd, hca->wake_fd};
   char control[CMSG_SPACE(sizeof(fds))];
   std::memset(control, 0, sizeof(control));
@@ -683,19 +1061,22 @@ int SendHello(Hca* hca, const ibv_gid& gid, uint32_t src_qpn, uint32_t dst_qpn, 
   std::memset(&msg, 0, sizeof(msg));
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof(control);
-  cmsghdr* c = CMSG_FIRSTHDR(&msg);
-  c->cmsg_level = SOL_SOCKET;
-  c->cmsg_type = SCM_RIGHTS;
-  c->cmsg_len = CMSG_LEN(sizeof(fds));
-  std::memcpy(CMSG_DATA(c), fds, sizeof(fds));
+  if (key == nullptr) {  // keyed: nothing goes before the peer has proved itself
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(fds));
+    std::memcpy(CMSG_DATA(c), fds, sizeof(fds));
+  }
   if (sendmsg(fd, &msg, MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof(hello))) {
     int err = errno;
     close(fd);
     return -err;
   }
   fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+  if (auth != nullptr) *auth = std::move(pending);
   return fd;
 }
 

@@ -17,9 +17,16 @@ KeyTable::KeyTable() {
                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (memory == MAP_FAILED) std::abort();
   entries_ = static_cast<KeyEntry*>(memory);
+  memory = mmap(nullptr, sizeof(KeySlotExtra) * kSlots, PROT_READ | PROT_WRITE,
+                MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (memory == MAP_FAILED) std::abort();
+  extras_ = static_cast<KeySlotExtra*>(memory);
 }
 
-KeyTable::~KeyTable() { munmap(entries_, sizeof(KeyEntry) * kSlots); }
+KeyTable::~KeyTable() {
+  munmap(entries_, sizeof(KeyEntry) * kSlots);
+  munmap(extras_, sizeof(KeySlotExtra) * kSlots);
+}
 
 absl::StatusOr<KeyEntry*> KeyTable::Allocate(KeyKind kind) {
   swirl::MutexLock lock(&mu_);
@@ -37,6 +44,10 @@ absl::StatusOr<KeyEntry*> KeyTable::Allocate(KeyKind kind) {
     e->pd = nullptr;
     e->qp_serial = 0;
     e->mr = nullptr;
+    KeySlotExtra& extra = extras_[slot];
+    std::atomic_ref<int64_t>(extra.deadline_ns).store(0, std::memory_order_relaxed);
+    ++extra.generation;
+    extra.retired = false;
     std::atomic_ref<uint32_t>(e->bound_windows).store(0, std::memory_order_relaxed);
     uint32_t high = absl::Uniform<uint32_t>(bitgen_, 0, 1u << (24 - kSlotBits));
     e->index = (high << kSlotBits) | slot;

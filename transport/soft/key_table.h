@@ -45,6 +45,22 @@ struct KeyEntry {
   uint32_t bound_windows;  // MRs: windows bound over it (atomic_ref)
   uint32_t index;  // the index this slot currently answers to
 };
+// One cache line, and a power of two: every lookup the data path makes indexes the table.
+static_assert(sizeof(KeyEntry) == 64);
+
+// What only windows and the control path need of a slot, in a table beside the entries (so
+// that KeyEntry stays 64 bytes).
+struct KeySlotExtra {
+  // Windows: the lease (SetWindowDeadline), as NowNs(): from then on the responder refuses
+  // every access through the window. 0: none. Accessed through std::atomic_ref.
+  int64_t deadline_ns;
+  // Bumped by every Allocate: tells a slot still held by what allocated it from one released
+  // and allocated again (whose index may even be the same).
+  uint64_t generation;
+  // Type 2 windows: the window has moved on to another slot (FreshWindowRkey, memory.cc), and
+  // this one is released once nothing is bound in it.
+  bool retired;
+};
 
 class KeyTable {
  public:
@@ -96,11 +112,13 @@ class KeyTable {
 
   // The entry a key's index names (may be free or answer to another key: check it).
   KeyEntry* EntryFor(uint32_t key) { return &entries_[(key >> 8) & (kSlots - 1)]; }
+  KeySlotExtra& Extra(const KeyEntry* e) { return extras_[e - entries_]; }
 
   uint32_t live() const;
 
  private:
   KeyEntry* entries_;
+  KeySlotExtra* extras_;
   mutable swirl::Mutex mu_;
   uint32_t live_ ABSL_GUARDED_BY(mu_) = 0;
   absl::BitGen bitgen_ ABSL_GUARDED_BY(mu_);

@@ -6,6 +6,12 @@
 #include <cerrno>
 #include <cstdint>
 
+#include <algorithm>
+
+#include "absl/status/status.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "transport/soft/soft_device.h"
 #include "transport/soft/soft_internal.h"
 
 namespace swirl::soft {
@@ -192,10 +198,103 @@ int DeallocMw(ibv_mw* ibmw) {
     swirl::MutexLock lock(&sctx->hca->mw_mu);
     KeyTable::Unbind(e);
     sctx->hca->keys.Release(e);
+    if (mw->next != nullptr) sctx->hca->keys.Release(mw->next);
+    // Slots it moved out of that still hold a binding of it: that binding dies with it.
+    for (const auto& [slot, generation] : mw->left) {
+      if (sctx->hca->keys.Extra(slot).generation != generation || slot->kind != KeyKind::kMw2) {
+        continue;
+      }
+      KeyTable::Unbind(slot);
+      sctx->hca->keys.Release(slot);
+    }
   }
   static_cast<SoftPd*>(mw->pd)->users.fetch_sub(1, std::memory_order_release);
   delete mw;
   return 0;
+}
+
+// A fresh random slot per bind. A type 2 window's rkey is index | key byte, the index naming
+// its slot in the key table, and libibverbs' convention (ibv_inc_rkey, as the kernel's
+// ib_inc_rkey and every provider) lets the application choose only the key byte, in the slot
+// the window was given at allocation: 8 random bits per rebind of one window. mw->rkey cannot
+// carry more: a NIC never changes it for a type 2 bind, and programs (and the conformance
+// suite) rely on that. So the extra bits come through FreshWindowRkey (soft_device.h): a free
+// slot drawn at random and reserved for the window's next bind, whose rkey the application
+// passes to that bind as it would pass ibv_inc_rkey's; the window moves there with the bind
+// (about 31 random bits per bind: 17 of slot, 7 of the index's random high bits, 8 of key
+// byte less the one value 0 would give a key of 0). A bind with an rkey of the window's own
+// slot (ibv_inc_rkey) binds in place, as on any device. The slot left is released as soon as
+// nothing is bound in it. Under mw_mu: binds, invalidations and deallocation of windows all
+// change slots under it.
+void PrepareType2Bind(SoftMw* mw, uint32_t rkey, SendWqe& w) {
+  Hca* hca = ToSoft(mw->context)->hca;
+  swirl::MutexLock lock(&hca->mw_mu);
+  KeyTable& keys = hca->keys;
+  std::erase_if(mw->left, [&keys](const std::pair<KeyEntry*, uint64_t>& slot) {
+    return keys.Extra(slot.first).generation != slot.second || slot.first->kind != KeyKind::kMw2;
+  });
+  w.bind_from = nullptr;
+  w.bind_from_generation = 0;
+  if (mw->next != nullptr && (rkey >> 8) == mw->next->index) {
+    KeyEntry* old = mw->entry;
+    KeySlotExtra& left = keys.Extra(old);
+    left.retired = true;
+    mw->left.emplace_back(old, left.generation);
+    w.bind_from = old;
+    w.bind_from_generation = left.generation;
+    // The lease belongs to the window, not to the slot.
+    std::atomic_ref<int64_t>(keys.Extra(mw->next).deadline_ns)
+        .store(std::atomic_ref<int64_t>(left.deadline_ns).load(std::memory_order_relaxed),
+               std::memory_order_relaxed);
+    mw->entry = mw->next;
+    mw->next = nullptr;
+  }
+  w.bind_mw_entry = mw->entry;
+  w.bind_mw_index = mw->entry->index;
+}
+
+absl::StatusOr<uint32_t> FreshWindowRkey(ibv_mw* ibmw) {
+  if (ibmw == nullptr || !IsSoftContext(ibmw->context)) {
+    return absl::UnimplementedError(
+        "fresh window slots are a soft-device extension: use ibv_inc_rkey on this device");
+  }
+  auto* mw = static_cast<SoftMw*>(ibmw);
+  if (mw->type != IBV_MW_TYPE_2) {
+    return absl::InvalidArgumentError("only a type 2 window is bound with an rkey of its caller's");
+  }
+  Hca* hca = ToSoft(mw->context)->hca;
+  swirl::MutexLock lock(&hca->mw_mu);
+  // One reservation at a time: a newer one replaces it.
+  if (mw->next != nullptr) hca->keys.Release(mw->next);
+  mw->next = nullptr;
+  absl::StatusOr<KeyEntry*> fresh = hca->keys.Allocate(KeyKind::kMw2);
+  if (!fresh.ok()) return fresh.status();
+  (*fresh)->pd = mw->pd;
+  mw->next = *fresh;
+  return hca->keys.NewKey(*fresh);
+}
+
+void ReleaseIfRetired(KeyTable& keys, KeyEntry* e) {
+  if (keys.Extra(e).retired && e->kind == KeyKind::kMw2) keys.Release(e);
+}
+
+absl::Status SetWindowDeadline(ibv_mw* ibmw, absl::Time deadline) {
+  if (ibmw == nullptr || !IsSoftContext(ibmw->context)) {
+    return absl::UnimplementedError(
+        "window leases are a soft-device extension: this window's device ignores them");
+  }
+  auto* mw = static_cast<SoftMw*>(ibmw);
+  int64_t at = 0;  // InfiniteFuture: none
+  if (deadline != absl::InfiniteFuture()) {
+    // The device keeps time by CLOCK_MONOTONIC: the lease is the time left, from now.
+    const absl::Duration left = deadline - absl::Now();
+    at = left <= absl::ZeroDuration() ? 1 : NowNs() + std::max<int64_t>(absl::ToInt64Nanoseconds(left), 1);
+  }
+  SoftContext* sctx = ToSoft(mw->context);
+  swirl::MutexLock lock(&sctx->hca->mw_mu);  // the window's slot may move under a bind (memory.cc)
+  std::atomic_ref<int64_t>(sctx->hca->keys.Extra(mw->entry).deadline_ns)
+      .store(at, std::memory_order_relaxed);
+  return absl::OkStatus();
 }
 
 }  // namespace swirl::soft

@@ -9,6 +9,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include <openssl/crypto.h>
+
 #include "absl/strings/numbers.h"
 #include "base/log.h"
 #include "transport/soft/qp_ops.h"
@@ -53,15 +55,25 @@ int CreateSegment(SoftQp* qp) {
   const uint64_t size = wire::kRingsOffset + 2 * ring;
   int fd = memfd_create("swirl-soft-qp", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0) return errno;
-  if (ftruncate(fd, static_cast<off_t>(size)) != 0 ||
-      fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+  if (ftruncate(fd, static_cast<off_t>(size)) != 0) {
     int err = errno;
     close(fd);
     return err;
   }
+  // Our writable mapping first, then the seals: F_SEAL_FUTURE_WRITE leaves it writable but
+  // refuses every later writable mapping and write(2), so the peer we hand the memfd to (or
+  // anyone it passes it on to) can only read what we write. The size seals keep its mapping
+  // from faulting; F_SEAL_SEAL keeps all of them. The receiver checks them (MapPeerSegment).
   void* base = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (base == MAP_FAILED) {
     int err = errno;
+    close(fd);
+    return err;
+  }
+  if (fcntl(fd, F_ADD_SEALS,
+            F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE | F_SEAL_SEAL) != 0) {
+    int err = errno;
+    munmap(base, size);
     close(fd);
     return err;
   }
@@ -86,6 +98,40 @@ int CreateSegment(SoftQp* qp) {
   return 0;
 }
 
+// Our QP's link key, if it has one (its serial, else 0).
+uint64_t LinkKeyOf(SoftQp* qp, LinkKey* key) {
+  swirl::MutexLock lock(&qp->key_mu);
+  if (qp->key_serial != 0 && key != nullptr) *key = qp->link_key;
+  return qp->key_serial;
+}
+
+// Shared memory: our hello to the peer (keyed if the QP has a key), watched for the peer's
+// answer and hang-up. -errno if it could not be sent (nothing fails now: as a real link to an
+// absent peer, requests time out at RTS).
+int SendHelloFor(SoftQp* qp) {
+  LinkKey key;
+  const uint64_t serial = LinkKeyOf(qp, &key);
+  std::unique_ptr<LinkAuth> auth;
+  const int fd = SendHello(qp->hca, qp->attr.ah_attr.grh.dgid, qp->qp_num, qp->attr.dest_qp_num,
+                           qp->memfd, qp->own_size, serial != 0 ? &key : nullptr, serial, &auth);
+  OPENSSL_cleanse(key.data(), key.size());
+  if (fd < 0) return fd;
+  qp->out_socket = fd;
+  qp->out_watch = qp->hca->Watch(fd, qp, std::move(auth));
+  return fd;
+}
+
+// TCP: opens the connection to our peer (keyed if the QP has a key); its watch id, or 0.
+uint64_t ConnectTcpFor(SoftQp* qp) {
+  LinkKey key;
+  const uint64_t serial = LinkKeyOf(qp, &key);
+  const uint64_t watch =
+      ConnectTcpLink(qp->hca, qp, qp->attr.ah_attr.grh.dgid, qp->attr.dest_qp_num, qp->memfd,
+                     qp->own_size, serial != 0 ? &key : nullptr, serial);
+  OPENSSL_cleanse(key.data(), key.size());
+  return watch;
+}
+
 // Adopts a peer segment that the HCA thread validated, if it is the peer this QP was told about
 // at RTR. Candidates that arrive before RTR wait; wrong ones are closed.
 bool HandleLinkEvent(SoftQp* qp) {
@@ -105,8 +151,11 @@ bool HandleLinkEvent(SoftQp* qp) {
       keep.push_back(c);
       continue;
     }
+    // The peer proved the key this QP has (keyed), or the QP has none and neither did the
+    // hello: a candidate offered before SetLinkKey, or under an earlier key, is not the peer.
     const bool match = ready && !qp->linked && c.qp_num == qp->attr.dest_qp_num &&
-                       std::memcmp(&c.gid, &qp->attr.ah_attr.grh.dgid, sizeof(ibv_gid)) == 0;
+                       std::memcmp(&c.gid, &qp->attr.ah_attr.grh.dgid, sizeof(ibv_gid)) == 0 &&
+                       c.auth_serial == LinkKeyOf(qp, nullptr);
     // A matching candidate whose connection already ended (a stale link of a QP that was reset,
     // or a stranger posing as the peer) is dropped like a wrong one: a live match may follow.
     // Except on the connection this QP opened to its peer's address (TCP): what came back on it
@@ -138,12 +187,7 @@ bool HandleLinkEvent(SoftQp* qp) {
       if (qp->out_watch != 0) qp->hca->Unwatch(qp->out_watch);
       qp->out_watch = 0;
       qp->peer_gone.store(false, std::memory_order_release);
-      const int fd = SendHello(qp->hca, qp->attr.ah_attr.grh.dgid, qp->qp_num,
-                               qp->attr.dest_qp_num, qp->memfd, qp->own_size);
-      if (fd >= 0) {
-        qp->out_socket = fd;
-        qp->out_watch = qp->hca->Watch(fd, qp);
-      }
+      SendHelloFor(qp);
     }
     if (qp->hca->tcp && qp->out_watch == 0) {
       // The peer opened the connection: our segment goes back on it.
@@ -417,10 +461,14 @@ void FillWqe(SoftQp* qp, uint32_t index, const ibv_send_wr* wr) {
     w.swap = wr->wr.atomic.swap;
     if (total != 8) FailAtPost(qp, w, IBV_WC_LOC_LEN_ERR);
   } else if (wr->opcode == IBV_WR_BIND_MW) {
-    const auto* mw = static_cast<const SoftMw*>(wr->bind_mw.mw);
-    w.bind_mw_entry = mw->entry;
-    w.bind_mw_index = mw->handle;
+    auto* mw = static_cast<SoftMw*>(wr->bind_mw.mw);
     w.bind_mw_type2 = mw->type == IBV_MW_TYPE_2;
+    if (w.bind_mw_type2) {
+      PrepareType2Bind(mw, wr->bind_mw.rkey, w);
+    } else {
+      w.bind_mw_entry = mw->entry;
+      w.bind_mw_index = mw->handle;
+    }
     w.bind_mw_pd = mw->pd;
     const auto* mr = static_cast<const SoftMr*>(wr->bind_mw.bind_info.mr);
     w.bind_mr_entry = mr != nullptr ? mr->entry : nullptr;
@@ -700,8 +748,7 @@ bool RetryTcpLink(SoftQp* qp) {
   qp->hca->Unwatch(qp->out_watch);
   // The close marked the peer gone, but it was a refusal of a link never made: not a loss.
   qp->peer_gone.store(false, std::memory_order_release);
-  qp->out_watch = ConnectTcpLink(qp->hca, qp, qp->attr.ah_attr.grh.dgid, qp->attr.dest_qp_num,
-                                 qp->memfd, qp->own_size);
+  qp->out_watch = ConnectTcpFor(qp);
   if (qp->out_watch != 0 && qp->qstate == IBV_QPS_RTS && qp->link_deadline_ns != 0) {
     SetTcpLinkTimeout(qp->hca, qp->out_watch, std::max<int64_t>(qp->link_deadline_ns - now, 1));
   }
@@ -872,10 +919,19 @@ int ModifyQp(ibv_qp* ibqp, ibv_qp_attr* attr, int mask) {
   if (to == IBV_QPS_RESET) {
     TeardownLink(qp);
     ResetQueues(qp);
+    swirl::MutexLock key_lock(&qp->key_mu);
+    qp->key_final = false;  // the key may change again before the next RTR
   } else if (to == IBV_QPS_ERR) {
     EnterError(qp);
     CompleteSq(qp);
   } else if (from == IBV_QPS_INIT && to == IBV_QPS_RTR) {
+    {
+      // From now on the key is what it is: keyed hellos waiting for one get their answer.
+      swirl::MutexLock key_lock(&qp->key_mu);
+      qp->key_final = true;
+    }
+    qp->hca->keys_changed.store(true, std::memory_order_release);
+    qp->hca->Kick();
     qp->expected_msn = qp->attr.rq_psn & wire::kMsnMask;
     if (int err = CreateSegment(qp); err != 0) return err;
     if (qp->hca->tcp) {
@@ -884,14 +940,9 @@ int ModifyQp(ibv_qp* ibqp, ibv_qp_attr* attr, int mask) {
       // The other answers on that connection once it has adopted it (HandleLinkEvent).
       if (TcpConnectsFirst(qp->hca->gid, qp->qp_num, qp->attr.ah_attr.grh.dgid,
                            qp->attr.dest_qp_num)) {
-        qp->out_watch = ConnectTcpLink(qp->hca, qp, qp->attr.ah_attr.grh.dgid,
-                                       qp->attr.dest_qp_num, qp->memfd, qp->own_size);
+        qp->out_watch = ConnectTcpFor(qp);
       }
-    } else if (int fd = SendHello(qp->hca, qp->attr.ah_attr.grh.dgid, qp->qp_num,
-                                  qp->attr.dest_qp_num, qp->memfd, qp->own_size);
-               fd >= 0) {
-      qp->out_socket = fd;
-      qp->out_watch = qp->hca->Watch(fd, qp);
+    } else if (int fd = SendHelloFor(qp); fd >= 0) {
     } else {
       // Like a real link to an absent peer: nothing fails now; requests time out at RTS.
       if (IsTcpFabricGid(qp->attr.ah_attr.grh.dgid)) {
@@ -1183,6 +1234,41 @@ void RecvQueue::Init(uint32_t cap, uint32_t sges) {
   num_sge.assign(depth, 0);
   sge.assign(static_cast<size_t>(depth) * sges, ibv_sge{});
   head = tail = 0;
+}
+
+bool IsSoftQp(const ibv_qp* qp) { return qp != nullptr && IsSoftContext(qp->context); }
+
+absl::Status SetLinkKey(ibv_qp* ibqp, absl::Span<const uint8_t> key) {
+  if (ibqp == nullptr || !IsSoftContext(ibqp->context)) {
+    return absl::UnimplementedError(
+        "link keys are a soft-device extension: this QP's device ignores them (its RC link is "
+        "as unauthenticated as RoCE's)");
+  }
+  if (!key.empty() && key.size() != kLinkKeyBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a link key is ", kLinkKeyBytes, " bytes, not ", key.size()));
+  }
+  SoftQp* qp = AsSoft(ibqp);
+  {
+    std::lock_guard<QpLock> lock(qp->lock);
+    if (qp->qstate != IBV_QPS_RESET && qp->qstate != IBV_QPS_INIT) {
+      return absl::FailedPreconditionError(
+          "a QP's link key is set before RTR (the QP is past INIT)");
+    }
+    static std::atomic<uint64_t> next_serial{1};
+    swirl::MutexLock key_lock(&qp->key_mu);
+    if (key.empty()) {
+      OPENSSL_cleanse(qp->link_key.data(), qp->link_key.size());
+      qp->key_serial = 0;
+    } else {
+      std::memcpy(qp->link_key.data(), key.data(), kLinkKeyBytes);
+      qp->key_serial = next_serial.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
+  // A keyed hello that arrived before the key was waiting for it.
+  qp->hca->keys_changed.store(true, std::memory_order_release);
+  qp->hca->Kick();
+  return absl::OkStatus();
 }
 
 }  // namespace swirl::soft

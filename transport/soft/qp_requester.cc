@@ -190,6 +190,7 @@ void ExecuteLocalOp(SoftQp* qp, SendWqe& w) {
       return;
     }
     KeyTable::Unbind(e);
+    ReleaseIfRetired(keys, e);
     FailWqe(qp, w, IBV_WC_SUCCESS);
     return;
   }
@@ -206,6 +207,13 @@ void ExecuteLocalOp(SoftQp* qp, SendWqe& w) {
   }
   if (w.bind_mw_pd != qp->pd) return bind_error();
   if (type2 && KeyTable::PublishedKey(e) != 0) return bind_error();  // only from the free state
+  // A bind into a fresh slot: the window must be free in the slot it leaves too (once that
+  // slot is released or reused, it holds none of the window's bindings).
+  KeyEntry* from = w.bind_from;
+  const bool from_ours = from != nullptr &&
+                         keys.Extra(from).generation == w.bind_from_generation &&
+                         from->kind == KeyKind::kMw2;
+  if (from_ours && KeyTable::PublishedKey(from) != 0) return bind_error();
   // Local bits mean nothing for a window and are ignored, as rxe and mlx5 do (applications
   // pass their MR's flags); zero-based and other modes are not supported.
   constexpr unsigned int kIgnored = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND;
@@ -243,6 +251,7 @@ void ExecuteLocalOp(SoftQp* qp, SendWqe& w) {
     std::atomic_ref<uint32_t>(e->mr->bound_windows).fetch_add(1, std::memory_order_acq_rel);
   }
   KeyTable::Publish(e, (e->index << 8) | (w.bind_rkey & 0xff));
+  if (from_ours) keys.Release(from);  // the window lives in `e` now
   FailWqe(qp, w, IBV_WC_SUCCESS);
 }
 

@@ -173,6 +173,7 @@ Outcome ReceiverNotReady(SoftQp* qp, const wire::FrameHeader& h) {
     return false;
   }
   KeyTable::Unbind(e);
+  ReleaseIfRetired(qp->hca->keys, e);
   return true;
 }
 
@@ -415,7 +416,14 @@ KeyEntry* PinRemote(SoftQp* qp, uint32_t rkey, uint64_t addr, uint64_t length, i
   if (e == nullptr) return nullptr;
   bool ok = e->pd == qp->pd && (e->access & access) && length <= e->length && addr >= e->addr &&
             addr - e->addr <= e->length - length;
-  if (e->kind == KeyKind::kMw2) ok = ok && e->qp_serial == qp->serial;
+  if (e->kind != KeyKind::kMr) {
+    if (e->kind == KeyKind::kMw2) ok = ok && e->qp_serial == qp->serial;
+    // A window's lease (SetWindowDeadline) ends here, at the responder, whatever the owner
+    // still has to do to revoke it. Only a window with one reads the clock.
+    const int64_t deadline =
+        std::atomic_ref<int64_t>(qp->hca->keys.Extra(e).deadline_ns).load(std::memory_order_relaxed);
+    ok = ok && (deadline == 0 || NowNs() < deadline);
+  }
   if (!ok) {
     KeyTable::Unpin(e);
     return nullptr;

@@ -18,17 +18,25 @@
 // SWIRL_SOFT_PROGRESS, SWIRL_SOFT_TCP (the TCP fabric: every soft device of the process
 // listens on that address, one of this host's, on a free port, or with a port given, softN on
 // that port + N; its GID is ::ffff:<IPv4> with the port in bytes 8-9; a malformed value or a
-// port in use fails the open).
+// port in use fails the open), SWIRL_SOFT_TCP_CRYPT (off: TCP records of keyed links travel
+// unsealed, for benchmarks; logged as a warning), SWIRL_SOFT_TRUSTED_UIDS (users besides our own
+// whose processes may link to ours over shared memory, comma-separated uids).
 // The wire format between processes is in docs/SOFT_WIRE.md.
 
 #ifndef SWIRL_TRANSPORT_SOFT_SOFT_DEVICE_H_
 #define SWIRL_TRANSPORT_SOFT_SOFT_DEVICE_H_
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <memory>
+#include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "transport/verbs/device_ops.h"
 
 namespace swirl::soft {
@@ -63,6 +71,46 @@ void FreeSoftDeviceBlock(ibv_device* device);
 // device a program found in ibv_get_device_list, and programs compare the two.
 absl::StatusOr<std::unique_ptr<verbs::DeviceOps>> OpenSoftDeviceAs(absl::string_view name,
                                                                    ibv_device* device);
+
+// ---- Beyond RoCE: soft-device extensions. Each takes any libibverbs object and is a clear
+// no-op on another device's: it returns Unimplemented, which a caller that also runs on NICs
+// treats as "this device does not do it" (a NIC's RC link and windows are as RoCE makes them).
+
+// Parses a SWIRL_SOFT_TRUSTED_UIDS value ("1000,1001"; empty: none): false if malformed (the
+// device then trusts no other user, and says so).
+bool ParseTrustedUids(const char* text, std::vector<uid_t>* uids);
+
+// True if `qp` belongs to a soft device (of this library or the interposer's).
+bool IsSoftQp(const ibv_qp* qp);
+
+// Binds `qp`'s link to whoever knows `key` (32 random bytes, the same on both QPs of the pair,
+// handed over by the control plane, e.g. over TLS). Set it in RESET or INIT, before RTR
+// (FailedPrecondition after); an empty key removes it. With a key, the QP links only with a
+// peer that proves it knows the key for a nonce the QP has just drawn, on either fabric, and
+// proves it back (a replayed hello fails); on the TCP fabric the link's records are also
+// sealed with AES-256-GCM under keys derived from it (SWIRL_SOFT_TCP_CRYPT=off: not). A QP
+// with a key refuses a peer without one and the other way round. A QP without a key links as
+// before: unauthenticated, as a RoCE QP is (anyone who knows the GIDs and QPNs, which the
+// control plane carries, can take the link). docs/SOFT_WIRE.md, "Link keys".
+// Unimplemented for a QP of another device; InvalidArgument for a key of another size.
+absl::Status SetLinkKey(ibv_qp* qp, absl::Span<const uint8_t> key);
+
+// A memory window's lease: from `deadline` on, the responder itself refuses every remote access
+// through `mw` (REM_ACCESS_ERR at the requester), whatever the application still has to do to
+// revoke it. absl::InfiniteFuture() removes it. It belongs to the window, so it holds for the
+// window's next binds too until changed (set it before posting the bind it is for).
+// Unimplemented for a window of another device.
+absl::Status SetWindowDeadline(ibv_mw* mw, absl::Time deadline);
+
+// An rkey for the next bind of type 2 window `mw` in a slot of the key table drawn at random
+// and reserved for it: post the bind (IBV_WR_BIND_MW) with this rkey and the window moves
+// there, so its rkeys differ in about 31 random bits from bind to bind, where ibv_inc_rkey
+// varies only the 8 of the key byte. A bind with an rkey of the window's current slot (the
+// one its last bind used, or mw->rkey's until it moved: ibv_inc_rkey) binds in place, as on any
+// device; mw->rkey never changes. One reservation at a time (a new call replaces it). The slot
+// left is freed once nothing is bound in it. Unimplemented for another device's window (use
+// ibv_inc_rkey there), InvalidArgument for a type 1 window, ResourceExhausted if no slot is free.
+absl::StatusOr<uint32_t> FreshWindowRkey(ibv_mw* mw);
 
 }  // namespace swirl::soft
 

@@ -20,9 +20,11 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "base/log_limiter.h"
 #include "base/mutex.h"
 #include "base/spinlock.h"
 #include "transport/soft/key_table.h"
+#include "transport/soft/link_auth.h"
 #include "transport/soft/ring.h"
 #include "transport/soft/wire.h"
 
@@ -65,7 +67,13 @@ struct SoftMr : ibv_mr {
 };
 
 struct SoftMw : ibv_mw {
-  KeyEntry* entry;
+  KeyEntry* entry;  // the slot the window's binding lives in (type 2: its latest bind's)
+  // Type 2: a bind may move the window to a fresh random slot (memory.cc, PrepareType2Bind).
+  // `next` is the slot FreshWindowRkey reserved, where a bind whose rkey names it lands;
+  // `left` the slots the window moved out of that may still hold its binding (each with the
+  // generation it had then). Under Hca::mw_mu.
+  KeyEntry* next = nullptr;
+  std::vector<std::pair<KeyEntry*, uint64_t>> left;
 };
 
 struct SoftChannel : ibv_comp_channel {
@@ -253,6 +261,10 @@ struct SendWqe {
   uint32_t bind_mw_index;  // the window's slot index then (a reused slot answers to another)
   bool bind_mw_type2;
   const ibv_pd* bind_mw_pd;
+  // Type 2, a bind into a fresh slot: the slot the window leaves (null: it stays), which must
+  // hold no binding when the bind runs, and its generation then.
+  KeyEntry* bind_from;
+  uint64_t bind_from_generation;
   KeyEntry* bind_mr_entry;  // null: no region (a type 1 unbind)
   uint32_t bind_mr_lkey;
   uint64_t bind_addr;
@@ -274,6 +286,9 @@ struct PeerSegment {
   uint32_t qp_num = 0;
   // TCP fabric: `base` is a private mirror owned by the link's TcpLink, unmapped with it.
   bool mirror = false;
+  // The link key serial (SoftQp::key_serial) the peer proved knowledge of; 0: keyless hello.
+  // A QP adopts only a candidate proved with the key it has (or none, if it has none).
+  uint64_t auth_serial = 0;
   const wire::SegmentControl* control() const {
     return reinterpret_cast<const wire::SegmentControl*>(base + wire::kControlOffset);
   }
@@ -499,6 +514,15 @@ struct SoftQp : VerbsQp {
 
   // ibv_qp_ex's work-request builders (null unless created for them; qp_ex.cc).
   std::unique_ptr<WrBatch> wr_batch;
+
+  // The link key (SetLinkKey), which the HCA thread reads to answer a peer's hello
+  // (QpKeyFor). Not under `lock`: the HCA thread never takes a QP's lock.
+  swirl::Mutex key_mu;
+  LinkKey link_key ABSL_GUARDED_BY(key_mu) = {};
+  uint64_t key_serial ABSL_GUARDED_BY(key_mu) = 0;  // 0: no key; unique per SetLinkKey call
+  // Past INIT (RTR or later): the key can no longer change, so a QP without one refuses keyed
+  // hellos instead of keeping them waiting for a key.
+  bool key_final ABSL_GUARDED_BY(key_mu) = false;
 };
 
 // A poll's check before taking a QP's lock (cq.cc): the QP is idle (QpLock) and the HCA thread
@@ -512,6 +536,26 @@ inline bool IdleWithoutLock(const SoftQp* qp) {
 
 struct TcpLink;  // tcp_link.cc
 
+// A keyed link's handshake in progress (link_auth.h; docs/SOFT_WIRE.md, "Link keys"), on
+// either fabric. The opener waits for the challenge; the accepter waits for its QP's key (the
+// hello came before SetLinkKey: parked), then for the proof.
+struct LinkAuth {
+  enum Phase : uint8_t { kAwaitChallenge, kAwaitKey, kAwaitProof, kDone };
+  Phase phase = kAwaitChallenge;
+  LinkKey key{};
+  uint64_t key_serial = 0;
+  Nonce nonce{};                // the accepter's (its challenge's)
+  std::vector<uint8_t> hello;   // the opener's hello as it travelled: what the MACs cover
+  ibv_gid accepter_gid{};
+  uint32_t accepter_flags = 0;
+  int memfd = -1;               // shared memory, opener: our segment until the proof carries it
+  int64_t deadline_ns = 0;      // accepter: when a parked hello or a missing proof is given up
+  LinkAuth() = default;
+  LinkAuth(const LinkAuth&) = delete;
+  LinkAuth& operator=(const LinkAuth&) = delete;
+  ~LinkAuth();
+};
+
 struct LinkWatch {
   SoftQp* qp = nullptr;  // null while the connection still owes its hello
   int fd = -1;
@@ -521,6 +565,8 @@ struct LinkWatch {
   // not take down the link the QP really has. `dead` remembers an end seen before adoption.
   bool adopted = false;
   bool dead = false;
+  // Shared memory: the keyed handshake in progress on this connection (null: none, or done).
+  std::unique_ptr<LinkAuth> auth;
 };
 
 // Marks watch `id` adopted by its QP, unless its connection has already ended: then returns
@@ -545,6 +591,9 @@ struct Hca {
   // into a mirror at the peer, instead of one shared memfd (tcp_link.cc).
   bool tcp = false;
   uint32_t tcp_addr = 0;  // IPv4, network order
+  // Keyed links' records are sealed (AES-256-GCM) unless SWIRL_SOFT_TCP_CRYPT=off; a link is
+  // sealed if either side asks.
+  bool tcp_crypt = true;
   // The incoming links polls read (PullTcp): one epoll_wait per poll, however many links; with
   // a single one, a poll reads it without asking epoll (one syscall per message, not two).
   int tcp_poll_fd = -1;
@@ -568,10 +617,23 @@ struct Hca {
   absl::flat_hash_map<uint64_t, LinkWatch> watches ABSL_GUARDED_BY(watch_mu);
   uint64_t next_watch ABSL_GUARDED_BY(watch_mu) = 1;
   absl::BitGen bitgen ABSL_GUARDED_BY(mu);
+  // Every log line a peer can cause goes through this: a stranger sending bad hellos must not
+  // fill the log.
+  swirl::LogLimiter peer_log;
+  // A QP got a link key or moved to RTR: keyed hellos waiting for it resume (ResumeParked*).
+  std::atomic<bool> keys_changed{false};
+  // Some peer's keyed handshake may be in progress here (set when one starts, cleared by a
+  // ResumeParked* that finds none): only then does the HCA thread look for them, so a device
+  // whose links have no keys pays nothing for them.
+  std::atomic<bool> handshakes_pending{false};
+  // TCP: connections closed, or refused, to keep one address within its share of the places
+  // before authentication (TakeFromSource; tests read it).
+  std::atomic<uint64_t> tcp_turned_away{0};
 
   // Registers `fd` with the HCA thread for hangup detection; returns the watch id.
-  // (`qp` non-null: the QP's own outgoing link, adopted from the start.)
-  uint64_t Watch(int fd, SoftQp* qp);
+  // (`qp` non-null: the QP's own outgoing link, adopted from the start; `auth`: its keyed
+  // handshake, which the HCA thread finishes.)
+  uint64_t Watch(int fd, SoftQp* qp, std::unique_ptr<LinkAuth> auth = nullptr);
   // The same for a TCP link (takes ownership of `link`), with the epoll events it starts with.
   uint64_t WatchTcp(int fd, SoftQp* qp, TcpLink* link, uint32_t events);
   // Stops watching and closes the fd.
@@ -630,6 +692,9 @@ inline bool HcaAssists(const SoftQp* qp) {
 
 // ---- Functions shared between the files -------------------------------------------------------
 
+// device.cc: whether `context` is a soft device's (the soft_device.h extensions check it).
+bool IsSoftContext(const ibv_context* context);
+
 int64_t NowNs();
 
 // hca.cc
@@ -639,10 +704,24 @@ int QueryPkey(uint8_t port_num, int index, __be16* pkey);
 Hca* AcquireHca(const std::string& name, std::string* error);
 void ReleaseHca(Hca* hca);
 std::string GidHex(const ibv_gid& gid);
-// Connects to the HCA owning `gid`, handing it our segment for QP `dst_qpn`. Returns the
-// connected socket, or -errno.
+// Connects to the HCA owning `gid`, handing it our segment for QP `dst_qpn` (keyless), or
+// opening a keyed handshake (`key` non-null: the HCA thread finishes it, ReceiveChallenge).
+// Refuses a listener of a user we do not trust (SO_PEERCRED). On success returns the
+// connected socket and, for a keyed hello, the handshake's state in *auth; else -errno.
 int SendHello(Hca* hca, const ibv_gid& gid, uint32_t src_qpn, uint32_t dst_qpn, int memfd,
-              uint64_t segment_size);
+              uint64_t segment_size, const LinkKey* key, uint64_t key_serial,
+              std::unique_ptr<LinkAuth>* auth);
+// What QP `qpn` answers a keyed or keyless hello with (HCA thread; caller holds hca->mu as a
+// reader): kNoQp; kKeyed (with its key and serial); kWait (no key yet and still before RTR:
+// the hello waits for SetLinkKey); kKeyless (no key, and none can come).
+enum class QpKeyState { kNoQp, kKeyed, kWait, kKeyless };
+QpKeyState QpKeyFor(Hca* hca, uint32_t qpn, LinkKey* key, uint64_t* serial);
+// Whether a peer process of user `uid` may link to us, or we to it: our own uid, or one
+// listed in SWIRL_SOFT_TRUSTED_UIDS (comma-separated).
+bool UidTrusted(uid_t uid);
+// Keyed handshakes waiting for their QP's key resume (HCA thread, after SetLinkKey or RTR
+// kicked it, and every loop): shared memory here, TCP in ResumeParkedTcp.
+void ResumeParkedShm(Hca* hca);
 // True if a peer's segment geometry (untrusted) is one we can map and read safely.
 bool SegmentGeometryOk(uint64_t segment_size, uint64_t request_ring_offset,
                        uint64_t request_ring_size, uint64_t response_ring_offset,
@@ -667,8 +746,10 @@ bool TcpConnectsFirst(const ibv_gid& own_gid, uint32_t own_qpn, const ibv_gid& p
 // its peer's; returns its watch id, or 0 if the GID names no TCP peer or the socket could not be
 // set up (then nothing fails now: an unlinked QP fails at its link deadline, as on shared
 // memory). Never blocks: the HCA thread completes the connect.
+// With `key` (our QP's link key, of serial `key_serial`), the link opens with the keyed
+// handshake and, unless SWIRL_SOFT_TCP_CRYPT=off on both sides, its records are sealed.
 uint64_t ConnectTcpLink(Hca* hca, SoftQp* qp, const ibv_gid& gid, uint32_t dst_qpn, int memfd,
-                        uint64_t segment_size);
+                        uint64_t segment_size, const LinkKey* key, uint64_t key_serial);
 // `qp` adopted the peer segment that arrived on connection `watch_id`: ships its own segment
 // back on it from now on. Returns `watch_id`, or 0 if that connection is gone or already
 // carries a segment of ours (a connection we opened).
@@ -679,11 +760,17 @@ enum class AcceptResult {
   kBusy,            // TCP: 64 connections owe their hello; the rest wait in the backlog
   kOutOfResources,  // the process or system ran out of descriptors or memory
 };
-// Accepts connections (at most 64 may owe their hello, for 1 s each).
+// Accepts connections (at most 64 may owe their hello, 8 from one address, a silent one for
+// 250 ms).
+// Whether a new connection from `source` may take a place before authentication (making room
+// if it can: TCP's per-address share). HCA thread; takes hca->mu and watch_mu itself.
+bool TakeFromSource(Hca* hca, uint32_t source);
 AcceptResult AcceptTcp(Hca* hca);
 // Drops connections that owe their hello past its deadline, and fails QPs whose link did not
 // connect in time (HCA thread).
 void ExpireTcpLinks(Hca* hca, int64_t now);
+// Keyed hellos waiting for their QP's key, and proofs overdue (HCA thread; takes hca->mu).
+void ResumeParkedTcp(Hca* hca);
 // An event on a TCP link's socket (HCA thread).
 void HandleTcpEvent(Hca* hca, uint64_t id, uint32_t events);
 // Ships whatever our QPs have written since the last call (HCA thread).
@@ -816,6 +903,12 @@ int DeregMr(ibv_mr* mr);
 // The keys stay the same. On an error nothing changed and the region remains usable.
 int ReregMr(ibv_mr* mr, int flags, ibv_pd* pd, void* addr, size_t length, int access);
 ibv_mw* AllocMw(ibv_pd* pd, ibv_mw_type type);
+// At the post of a type 2 bind with `rkey` (the QP's lock held): the slot the bind lands in
+// (the window's, or the fresh one FreshWindowRkey reserved: the window moves there now), with
+// the slot it leaves in w.bind_from.
+void PrepareType2Bind(SoftMw* mw, uint32_t rkey, SendWqe& w);
+// A type 2 window's slot was just unbound: released if the window had left it. mw_mu held.
+void ReleaseIfRetired(KeyTable& keys, KeyEntry* e);
 int DeallocMw(ibv_mw* mw);
 
 }  // namespace swirl::soft

@@ -57,16 +57,16 @@ namespace swirl::soft {
 namespace {
 
 constexpr uint64_t kTcpHelloMagic = 0x3150435457535731ull;  // "1WSWTCP1"
-// 3: one connection carries both directions (2: a connection per direction, which a version-3
-// device would answer on, confusing it).
-constexpr uint32_t kTcpVersion = 3;
+// 4: flags and a nonce (link keys: the challenge and proof below). 3: one connection carries
+// both directions (2: a connection per direction, which a version-3 device would answer on).
+constexpr uint32_t kTcpVersion = 4;
 
 struct TcpHello {
   uint64_t magic;
   uint32_t version;
   uint32_t src_qpn;
   uint32_t dst_qpn;
-  uint32_t reserved;
+  uint32_t flags;  // kHelloKeyed, kHelloCrypt (an answering hello: 0)
   ibv_gid src_gid;
   uint64_t segment_size;
   uint64_t request_ring_offset;
@@ -74,7 +74,26 @@ struct TcpHello {
   uint64_t response_ring_offset;
   uint64_t response_ring_size;
   uint64_t control[4];  // request_consumed, response_consumed, acked, state
+  uint8_t nonce[kNonceBytes];  // keyed: the opener's fresh nonce; else zero
 };
+static_assert(sizeof(TcpHello) == 128);
+
+// A keyed link's handshake (link_auth.h): the accepter's challenge, then the opener's proof.
+constexpr uint64_t kTcpChallengeMagic = 0x4350435457535731ull;  // "1WSWTCPC"
+struct TcpChallenge {
+  uint64_t magic;
+  uint32_t flags;  // the accepter's kHelloCrypt
+  uint32_t reserved;
+  uint8_t nonce[kNonceBytes];
+  uint8_t mac[kMacBytes];  // HelloMac(accepter)
+};
+static_assert(sizeof(TcpChallenge) == 64);
+constexpr uint64_t kTcpProofMagic = 0x5050435457535731ull;  // "1WSWTCPP"
+struct TcpProof {
+  uint64_t magic;
+  uint8_t mac[kMacBytes];  // HelloMac(opener)
+};
+static_assert(sizeof(TcpProof) == 40);
 
 enum RecordKind : uint8_t { kRecordFrame = 1, kRecordControl = 2 };
 
@@ -91,10 +110,17 @@ constexpr size_t kControlWords = 4;
 // The largest frame a writer makes (a WRITE chunk with its extension); PAD frames, which fill a
 // ring's tail, can be longer and are shipped as their header alone (see Ship).
 constexpr uint64_t kMaxFrame = wire::FrameBytes(wire::kOpWrite, wire::kMaxChunk);
-constexpr size_t kStaging = 2 * (sizeof(TcpRecord) + kMaxFrame);
-// Connections that have not sent their hello yet: how many, and for how long.
+constexpr size_t kStaging = 2 * (sizeof(TcpRecord) + kMaxFrame + kTagBytes);
+// Connections that have not sent their hello yet (or, keyed, finished their handshake): how
+// many in all, and from one source address; a silent one is closed after kHelloTimeoutNs, and
+// a keyed hello waits at most kParkedHelloNs for its QP's key and kProofTimeoutNs for its proof.
 constexpr int kMaxWaitingHellos = 64;
-constexpr int64_t kHelloTimeoutNs = 1000 * 1000 * 1000;
+constexpr int kMaxWaitingPerSource = 8;
+constexpr int64_t kHelloTimeoutNs = 250 * 1000 * 1000;
+constexpr int64_t kParkedHelloNs = int64_t{30} * 1000 * 1000 * 1000;
+constexpr int64_t kProofTimeoutNs = int64_t{5} * 1000 * 1000 * 1000;
+// A sealed record's plaintext is at most a frame; each unit sealed for one sendmsg has a slot.
+constexpr size_t kSealSlot = kMaxFrame + 64;
 // How long an outgoing link may take to connect before its QP fails, until RTS sets the QP's
 // own timeout (SetTcpLinkTimeout).
 constexpr int64_t kConnectTimeoutNs = int64_t{30} * 1000 * 1000 * 1000;
@@ -112,6 +138,19 @@ struct LinkSegment {
 
 struct TcpLink {
   bool outgoing = false;  // we opened the connection
+  // Keyed: the handshake in progress (null once done, or for a keyless link); what follows it
+  // (records, an answering hello) flows only once `authenticated`.
+  std::unique_ptr<LinkAuth> auth;
+  bool authenticated = true;
+  uint64_t key_serial = 0;  // we opened it with our QP's key of this serial (0: keyless)
+  // Sealed records (a keyed link with crypto on): ours, and the peer's.
+  std::unique_ptr<RecordCipher> tx, rx;
+  std::unique_ptr<char[]> seal;  // kBatch slots of kSealSlot: sealed bodies awaiting sendmsg
+  // A connection a stranger opened: its source (IPv4, network order) and whether it has sent
+  // anything yet (the per-source cap closes the oldest silent one first).
+  uint32_t source = 0;
+  bool heard = false;
+  int64_t accepted_ns = 0;
   bool connecting = false;
   bool failed = false;
   // Opened by a stranger, before its hello / ours, while connecting: when to give up
@@ -132,6 +171,8 @@ struct TcpLink {
     size_t head_len = 0;
     const char* body = nullptr;
     size_t body_len = 0;
+    uint8_t tag[kTagBytes];  // sealed: the body's tag, after it
+    size_t tag_len = 0;
   };
   static constexpr int kBatch = 16;
   Pending out[kBatch];
@@ -180,13 +221,15 @@ void ArmOut(Hca* hca, uint64_t id, int fd, TcpLink& link, bool on) {
 // is armed) or failed (link.failed).
 bool Flush(Hca* hca, uint64_t id, int fd, TcpLink& link) {
   while (link.out_count > 0) {
-    iovec iov[2 * TcpLink::kBatch];
+    iovec iov[3 * TcpLink::kBatch];
     int n = 0;
     size_t skip = link.out_sent;
     for (int i = 0; i < link.out_count; ++i) {
       const TcpLink::Pending& p = link.out[i];
-      const std::pair<const char*, size_t> parts[2] = {{p.head, p.head_len},
-                                                      {p.body, p.body_len}};
+      const std::pair<const char*, size_t> parts[3] = {
+          {p.head, p.head_len},
+          {p.body, p.body_len},
+          {reinterpret_cast<const char*>(p.tag), p.tag_len}};
       for (const auto& [data, len] : parts) {
         if (skip >= len) {
           skip -= len;
@@ -212,22 +255,65 @@ bool Flush(Hca* hca, uint64_t id, int fd, TcpLink& link) {
     }
     link.out_sent += static_cast<size_t>(k);
     size_t total = 0;
-    for (int i = 0; i < link.out_count; ++i) total += link.out[i].head_len + link.out[i].body_len;
+    for (int i = 0; i < link.out_count; ++i) {
+      total += link.out[i].head_len + link.out[i].body_len + link.out[i].tag_len;
+    }
     if (link.out_sent == total) link.out_count = 0, link.out_sent = 0;
   }
   ArmOut(hca, id, fd, link, false);
   return true;
 }
 
-// Queues a record; the batch has room (the caller flushed a full one).
-void QueueRecord(TcpLink& link, const TcpRecord& record, const void* extra, size_t extra_len,
+// Queues a record; the batch has room (the caller flushed a full one). On a sealed link the
+// record's header travels in the clear (authenticated) and the rest (`extra`, then `body`) is
+// sealed into the batch slot's buffer, its tag after it. False if sealing failed.
+bool QueueRecord(TcpLink& link, const TcpRecord& record, const void* extra, size_t extra_len,
                  const char* body, size_t body_len) {
+  const int slot = link.out_count;
   TcpLink::Pending& p = link.out[link.out_count++];
   std::memcpy(p.head, &record, sizeof(record));
+  p.tag_len = 0;
+  if (link.tx != nullptr) {
+    char* sealed = link.seal.get() + slot * kSealSlot;
+    // Sealed straight from where it is (the segment, for a frame): no copy before the cipher's.
+    const void* plain = body_len == 0 ? extra : body;
+    if (extra_len > 0 && body_len > 0) {  // (no record has both; kept general)
+      std::memcpy(sealed, extra, extra_len);
+      std::memcpy(sealed + extra_len, body, body_len);
+      plain = sealed;
+    }
+    p.head_len = sizeof(record);
+    p.body = sealed;
+    p.body_len = extra_len + body_len;
+    p.tag_len = kTagBytes;
+    return link.tx->Seal(&record, sizeof(record), plain, p.body_len, sealed, p.tag);
+  }
   if (extra_len > 0) std::memcpy(p.head + sizeof(record), extra, extra_len);
   p.head_len = sizeof(record) + extra_len;
   p.body = body;
   p.body_len = body_len;
+  return true;
+}
+
+// Queues a unit that is not a record (a hello, a proof): sealed if the link is (an answering
+// hello), else as it is. The batch has room.
+bool QueueUnit(TcpLink& link, const void* data, size_t length) {
+  const int slot = link.out_count;
+  TcpLink::Pending& p = link.out[link.out_count++];
+  p.tag_len = 0;
+  if (link.tx != nullptr) {
+    char* sealed = link.seal.get() + slot * kSealSlot;
+    p.head_len = 0;
+    p.body = sealed;
+    p.body_len = length;
+    p.tag_len = kTagBytes;
+    return link.tx->Seal(nullptr, 0, data, length, sealed, p.tag);
+  }
+  std::memcpy(p.head, data, length);
+  p.head_len = length;
+  p.body = nullptr;
+  p.body_len = 0;
+  return true;
 }
 
 // Ships what our QP has published since the last call: frames in order, then the control words
@@ -235,6 +321,8 @@ void QueueRecord(TcpLink& link, const TcpRecord& record, const void* extra, size
 // (an error published after its NAK) never arrives ahead of the frames written before it.
 void Ship(Hca* hca, uint64_t id, int fd, TcpLink& link) {
   if (link.failed || link.connecting || !link.ships() || !Flush(hca, id, fd, link)) return;
+  // A keyed link ships nothing of its QP's before the handshake (only the hello went).
+  if (!link.authenticated) return;
   LinkSegment& seg = link.out_seg;
   uint64_t control[kControlWords];
   for (size_t i = 0; i < kControlWords; ++i) {
@@ -265,7 +353,10 @@ void Ship(Hca* hca, uint64_t id, int fd, TcpLink& link) {
       if (link.out_count == TcpLink::kBatch && !Flush(hca, id, fd, link)) return;
       TcpRecord record{kRecordFrame, static_cast<uint8_t>(ring), 0,
                        static_cast<uint32_t>(bytes), pos};
-      QueueRecord(link, record, nullptr, 0, frame, bytes);
+      if (!QueueRecord(link, record, nullptr, 0, frame, bytes)) {
+        link.failed = true;
+        return;
+      }
       seg.position[ring] = pos + consumed;
     }
   }
@@ -274,7 +365,10 @@ void Ship(Hca* hca, uint64_t id, int fd, TcpLink& link) {
       std::memcmp(control, link.shipped_control, sizeof(control)) != 0) {
     if (link.out_count == TcpLink::kBatch && !Flush(hca, id, fd, link)) return;
     TcpRecord record{kRecordControl, 0, 0, static_cast<uint32_t>(sizeof(control)), 0};
-    QueueRecord(link, record, control, sizeof(control), nullptr, 0);
+    if (!QueueRecord(link, record, control, sizeof(control), nullptr, 0)) {
+      link.failed = true;
+      return;
+    }
     std::memcpy(link.shipped_control, control, sizeof(control));
     link.control_shipped = true;
   }
@@ -297,29 +391,12 @@ void MarkGone(Hca* hca, LinkWatch& watch, uint64_t id) {
   WatchEnded(watch);
 }
 
-// Validates an incoming hello and offers a mirror of the segment it describes to its QP.
-bool AcceptHello(Hca* hca, uint64_t id, LinkWatch& watch, const TcpHello& hello,
-                 std::string* why) {
+// Maps a private mirror of the segment `hello` describes and offers it to its QP: a hello that
+// passed (keyless, keyed and proved with the key of serial `auth_serial`, or the answer on a
+// connection we opened).
+bool OfferMirror(Hca* hca, uint64_t id, LinkWatch& watch, const TcpHello& hello,
+                 uint64_t auth_serial, std::string* why) {
   TcpLink& link = *watch.tcp;
-  if (link.outgoing && watch.qp != nullptr && hello.dst_qpn != watch.qp->qp_num) {
-    *why = "hello on our connection names another QP";
-    return false;
-  }
-  if (hello.magic != kTcpHelloMagic || hello.version != kTcpVersion ||
-      !SegmentGeometryOk(hello.segment_size, hello.request_ring_offset, hello.request_ring_size,
-                         hello.response_ring_offset, hello.response_ring_size)) {
-    *why = "malformed hello";
-    return false;
-  }
-  // The GID must name the address the connection comes from (as RoCE's IP-based GIDs do).
-  sockaddr_in peer;
-  socklen_t len = sizeof(peer);
-  if (getpeername(watch.fd, reinterpret_cast<sockaddr*>(&peer), &len) != 0 ||
-      peer.sin_family != AF_INET ||
-      std::memcmp(&peer.sin_addr.s_addr, hello.src_gid.raw + 12, 4) != 0) {
-    *why = "hello's GID does not match its address";
-    return false;
-  }
   void* base = mmap(nullptr, hello.segment_size, PROT_READ | PROT_WRITE,
                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (base == MAP_FAILED) {
@@ -348,6 +425,7 @@ bool AcceptHello(Hca* hca, uint64_t id, LinkWatch& watch, const TcpHello& hello,
   segment.gid = hello.src_gid;
   segment.qp_num = hello.src_qpn;
   segment.mirror = true;
+  segment.auth_serial = auth_serial;
   if (!OfferSegment(hca, id, hello.dst_qpn, segment, why)) return false;
   epoll_event ev;
   ev.events = EPOLLIN;
@@ -357,6 +435,170 @@ bool AcceptHello(Hca* hca, uint64_t id, LinkWatch& watch, const TcpHello& hello,
   return true;
 }
 
+// The accepter's challenge to a keyed hello, once its QP's key is known (auth.key).
+bool SendTcpChallenge(Hca* hca, int fd, TcpLink& link) {
+  LinkAuth& auth = *link.auth;
+  auth.nonce = NewNonce();
+  auth.accepter_gid = hca->gid;
+  auth.accepter_flags = hca->tcp_crypt ? kHelloCrypt : 0;
+  const Mac mac = HelloMac(auth.key, AuthRole::kAccepter, AuthFabric::kTcp, auth.hello,
+                           auth.accepter_gid, auth.nonce, auth.accepter_flags);
+  TcpChallenge challenge;
+  std::memset(&challenge, 0, sizeof(challenge));
+  challenge.magic = kTcpChallengeMagic;
+  challenge.flags = auth.accepter_flags;
+  std::memcpy(challenge.nonce, auth.nonce.data(), kNonceBytes);
+  std::memcpy(challenge.mac, mac.data(), kMacBytes);
+  auth.phase = LinkAuth::kAwaitProof;
+  link.deadline_ns = NowNs() + kProofTimeoutNs;
+  // Nothing else of ours is queued on this connection yet: the challenge goes first.
+  return send(fd, &challenge, sizeof(challenge), MSG_NOSIGNAL | MSG_DONTWAIT) ==
+         static_cast<ssize_t>(sizeof(challenge));
+}
+
+// Both sides, once the handshake has passed: the record ciphers, if either side asked for them.
+bool StartSealing(TcpLink& link, const LinkAuth& auth, uint32_t accepter_flags) {
+  TcpHello hello;
+  std::memcpy(&hello, auth.hello.data(), sizeof(hello));
+  if (((hello.flags | accepter_flags) & kHelloCrypt) == 0) return true;
+  Nonce opener_nonce;
+  std::memcpy(opener_nonce.data(), hello.nonce, kNonceBytes);
+  link.tx = RecordCipher::Create(auth.key, opener_nonce, auth.nonce, link.outgoing, true);
+  link.rx = RecordCipher::Create(auth.key, opener_nonce, auth.nonce, !link.outgoing, false);
+  link.seal = std::make_unique<char[]>(TcpLink::kBatch * kSealSlot);
+  return link.tx != nullptr && link.rx != nullptr;
+}
+
+// Validates a hello. The opener's (on a connection a peer opened): offered to its QP if keyless,
+// else answered with a challenge (or parked until the QP has its key: ResumeParkedTcp);
+// nothing is mapped or offered for a keyed hello before its proof. The answer to ours (on a
+// connection we opened): offered.
+bool AcceptHello(Hca* hca, uint64_t id, LinkWatch& watch, const TcpHello& hello,
+                 std::string* why) {
+  TcpLink& link = *watch.tcp;
+  if (link.outgoing && watch.qp != nullptr && hello.dst_qpn != watch.qp->qp_num) {
+    *why = "hello on our connection names another QP";
+    return false;
+  }
+  const uint32_t known_flags = link.outgoing ? 0 : kHelloKeyed | kHelloCrypt;
+  if (hello.magic != kTcpHelloMagic || hello.version != kTcpVersion ||
+      (hello.flags & ~known_flags) != 0 ||
+      !SegmentGeometryOk(hello.segment_size, hello.request_ring_offset, hello.request_ring_size,
+                         hello.response_ring_offset, hello.response_ring_size)) {
+    *why = "malformed hello";
+    return false;
+  }
+  // The GID must name the address the connection comes from (as RoCE's IP-based GIDs do).
+  sockaddr_in peer;
+  socklen_t len = sizeof(peer);
+  if (getpeername(watch.fd, reinterpret_cast<sockaddr*>(&peer), &len) != 0 ||
+      peer.sin_family != AF_INET ||
+      std::memcmp(&peer.sin_addr.s_addr, hello.src_gid.raw + 12, 4) != 0) {
+    *why = "hello's GID does not match its address";
+    return false;
+  }
+  // The answer on our own connection: that connection passed the handshake (if keyed).
+  if (link.outgoing) return OfferMirror(hca, id, watch, hello, link.key_serial, why);
+  const bool keyed = (hello.flags & kHelloKeyed) != 0;
+  LinkKey key;
+  uint64_t serial = 0;
+  const QpKeyState state = QpKeyFor(hca, hello.dst_qpn, &key, &serial);
+  if (state == QpKeyState::kNoQp) {
+    *why = "no such QP";
+    return false;
+  }
+  if (!keyed) {
+    if (state == QpKeyState::kKeyed) {
+      *why = "keyless hello for a QP with a link key";
+      return false;
+    }
+    return OfferMirror(hca, id, watch, hello, 0, why);
+  }
+  if (state == QpKeyState::kKeyless) {
+    *why = "keyed hello for a QP without a link key";
+    return false;
+  }
+  link.auth = std::make_unique<LinkAuth>();
+  link.auth->hello.assign(reinterpret_cast<const uint8_t*>(&hello),
+                          reinterpret_cast<const uint8_t*>(&hello) + sizeof(hello));
+  link.authenticated = false;
+  hca->handshakes_pending.store(true, std::memory_order_release);
+  if (state == QpKeyState::kWait) {
+    link.auth->phase = LinkAuth::kAwaitKey;
+    link.deadline_ns = NowNs() + kParkedHelloNs;
+    return true;
+  }
+  link.auth->key = key;
+  link.auth->key_serial = serial;
+  if (!SendTcpChallenge(hca, watch.fd, link)) {
+    *why = "cannot send the challenge";
+    return false;
+  }
+  return true;
+}
+
+// The opener's side: checks the accepter's challenge and queues the proof (before any record).
+bool AcceptChallenge(Hca* hca, uint64_t id, LinkWatch& watch, const TcpChallenge& challenge,
+                     std::string* why) {
+  TcpLink& link = *watch.tcp;
+  LinkAuth& auth = *link.auth;
+  Nonce nonce;
+  Mac mac;
+  std::memcpy(nonce.data(), challenge.nonce, kNonceBytes);
+  std::memcpy(mac.data(), challenge.mac, kMacBytes);
+  if (challenge.magic != kTcpChallengeMagic || (challenge.flags & ~kHelloCrypt) != 0) {
+    *why = "malformed challenge";
+    return false;
+  }
+  if (!MacEqual(mac, HelloMac(auth.key, AuthRole::kAccepter, AuthFabric::kTcp, auth.hello,
+                              auth.accepter_gid, nonce, challenge.flags))) {
+    *why = "challenge does not match the QP's link key";
+    return false;
+  }
+  const Mac proof_mac = HelloMac(auth.key, AuthRole::kOpener, AuthFabric::kTcp, auth.hello,
+                                 auth.accepter_gid, nonce, challenge.flags);
+  TcpProof proof;
+  proof.magic = kTcpProofMagic;
+  std::memcpy(proof.mac, proof_mac.data(), kMacBytes);
+  if (link.out_count == TcpLink::kBatch && !Flush(hca, id, watch.fd, link)) {
+    *why = "cannot send the proof";
+    return false;
+  }
+  QueueUnit(link, &proof, sizeof(proof));  // unsealed: the ciphers start after it
+  auth.nonce = nonce;
+  if (!StartSealing(link, auth, challenge.flags)) {
+    *why = "cannot set up the record ciphers";
+    return false;
+  }
+  link.authenticated = true;
+  link.auth.reset();
+  return true;
+}
+
+// The accepter's side: checks the opener's proof, then offers the hello it proved.
+bool AcceptProof(Hca* hca, uint64_t id, LinkWatch& watch, const TcpProof& proof,
+                 std::string* why) {
+  TcpLink& link = *watch.tcp;
+  LinkAuth& auth = *link.auth;
+  Mac mac;
+  std::memcpy(mac.data(), proof.mac, kMacBytes);
+  if (proof.magic != kTcpProofMagic ||
+      !MacEqual(mac, HelloMac(auth.key, AuthRole::kOpener, AuthFabric::kTcp, auth.hello,
+                              auth.accepter_gid, auth.nonce, auth.accepter_flags))) {
+    *why = "proof does not match the QP's link key";
+    return false;
+  }
+  if (!StartSealing(link, auth, auth.accepter_flags)) {
+    *why = "cannot set up the record ciphers";
+    return false;
+  }
+  TcpHello hello;
+  std::memcpy(&hello, auth.hello.data(), sizeof(hello));
+  const uint64_t serial = auth.key_serial;
+  link.authenticated = true;
+  link.auth.reset();
+  return OfferMirror(hca, id, watch, hello, serial, why);
+}
 
 // Applies one complete record at `data` (header validated by the caller) to the mirror.
 void ApplyFrame(LinkSegment& seg, const TcpRecord& record, const char* data) {
@@ -383,15 +625,46 @@ bool ApplyStaged(Hca* hca, uint64_t id, LinkWatch& watch, std::string* why) {
   TcpLink& link = *watch.tcp;
   size_t at = 0;
   for (;;) {
-    const char* p = link.staging.get() + at;
+    char* p = link.staging.get() + at;
     const size_t have = link.staged - at;
     if (!link.hello_done) {
-      if (have < sizeof(TcpHello)) break;
+      if (link.auth != nullptr) {
+        // A keyed handshake: the accepter's challenge (we opened), or the opener's proof.
+        if (link.auth->phase == LinkAuth::kAwaitChallenge) {
+          if (have < sizeof(TcpChallenge)) break;
+          TcpChallenge challenge;
+          std::memcpy(&challenge, p, sizeof(challenge));
+          if (!AcceptChallenge(hca, id, watch, challenge, why)) return false;
+          at += sizeof(TcpChallenge);
+          continue;
+        }
+        if (link.auth->phase == LinkAuth::kAwaitKey) {
+          if (have == 0) break;
+          *why = "spoke before its challenge";
+          return false;
+        }
+        if (have < sizeof(TcpProof)) break;
+        TcpProof proof;
+        std::memcpy(&proof, p, sizeof(proof));
+        if (!AcceptProof(hca, id, watch, proof, why)) return false;
+        link.hello_done = true;
+        at += sizeof(TcpProof);
+        continue;
+      }
+      // A hello: the opener's, or the answer to ours (sealed, on a sealed link).
+      const size_t unit = sizeof(TcpHello) + (link.rx != nullptr ? kTagBytes : 0);
+      if (have < unit) break;
+      if (link.rx != nullptr &&
+          !link.rx->Open(nullptr, 0, p, sizeof(TcpHello),
+                         reinterpret_cast<const uint8_t*>(p + sizeof(TcpHello)))) {
+        *why = "hello failed authentication";
+        return false;
+      }
       TcpHello hello;
       std::memcpy(&hello, p, sizeof(hello));
       if (!AcceptHello(hca, id, watch, hello, why)) return false;
-      link.hello_done = true;
-      at += sizeof(TcpHello);
+      link.hello_done = link.auth == nullptr;  // a keyed hello goes on to its handshake
+      at += unit;
       continue;
     }
     if (have < sizeof(TcpRecord)) break;
@@ -415,8 +688,17 @@ bool ApplyStaged(Hca* hca, uint64_t id, LinkWatch& watch, std::string* why) {
       *why = "unknown record";
       return false;
     }
-    if (have < sizeof(TcpRecord) + record.length) break;
-    const char* data = p + sizeof(TcpRecord);
+    const size_t tag = link.rx != nullptr ? kTagBytes : 0;
+    if (have < sizeof(TcpRecord) + record.length + tag) break;
+    char* data = p + sizeof(TcpRecord);
+    // A sealed record must be exactly what the peer sealed as the next unit: a tampered,
+    // replayed, dropped or reordered one fails here and ends the link, failing its QP.
+    if (link.rx != nullptr &&
+        !link.rx->Open(&record, sizeof(record), data, record.length,
+                       reinterpret_cast<const uint8_t*>(data + record.length))) {
+      *why = "record failed authentication";
+      return false;
+    }
     if (record.kind == kRecordControl) {
       uint64_t words[kControlWords];
       std::memcpy(words, data, sizeof(words));
@@ -428,7 +710,7 @@ bool ApplyStaged(Hca* hca, uint64_t id, LinkWatch& watch, std::string* why) {
       ApplyFrame(link.in_seg, record, data);
       link.in_seg.position[record.ring] += Advance(link.in_seg, record, data);
     }
-    at += sizeof(TcpRecord) + record.length;
+    at += sizeof(TcpRecord) + record.length + tag;
   }
   std::memmove(link.staging.get(), link.staging.get() + at, link.staged - at);
   link.staged -= at;
@@ -458,6 +740,7 @@ bool Receive(Hca* hca, uint64_t id, LinkWatch& watch, bool hangup = false) {
       link.staged += static_cast<size_t>(n);
       taken += static_cast<size_t>(n);
       arrived = true;
+      link.heard = true;
       if (static_cast<size_t>(n) >= kBulkRead) {
         // A stream of large frames: acknowledge at once. The connection also carries our own
         // records, which makes the kernel treat it as interactive and hold its ACKs back for
@@ -472,7 +755,7 @@ bool Receive(Hca* hca, uint64_t id, LinkWatch& watch, bool hangup = false) {
         continue;
       }
     }
-    if (n != 0) SWIRL_LOG(WARNING, "soft %s: TCP link dropped: %s", hca->name, why);
+    if (n != 0) SWIRL_LOG_LIMITED(hca->peer_log, WARNING, "soft %s: TCP link dropped: %s", hca->name, why);
     if (watch.qp == nullptr) {
       hca->UnwatchLocked(id);  // never got as far as a QP: nothing else refers to it
     } else {
@@ -538,8 +821,12 @@ int ListenTcp(uint32_t addr, uint16_t port, ibv_gid* gid, std::string* why) {
 namespace {
 
 // Maps our QP's segment read-only for `link` and queues our hello, the first thing we send.
+// `key` (the opener's, when our QP has one): the hello opens a keyed handshake with the
+// accepter at `peer_gid`, and nothing else goes before it has passed. An answering hello
+// (key null) is sealed if the link is.
 bool StartShipping(Hca* hca, SoftQp* qp, uint32_t dst_qpn, int memfd, uint64_t segment_size,
-                   TcpLink& link) {
+                   TcpLink& link, const LinkKey* key = nullptr, uint64_t key_serial = 0,
+                   const ibv_gid* peer_gid = nullptr) {
   void* base = mmap(nullptr, segment_size, PROT_READ, MAP_SHARED, memfd, 0);
   if (base == MAP_FAILED) return false;
   LinkSegment& seg = link.out_seg;
@@ -565,12 +852,23 @@ bool StartShipping(Hca* hca, SoftQp* qp, uint32_t dst_qpn, int memfd, uint64_t s
   for (size_t i = 0; i < kControlWords; ++i) {
     hello.control[i] = ControlWord(seg, i)->load(std::memory_order_acquire);
   }
-  TcpLink::Pending& first = link.out[link.out_count++];
-  std::memcpy(first.head, &hello, sizeof(hello));
-  first.head_len = sizeof(hello);
+  if (key != nullptr) {
+    hello.flags = kHelloKeyed | (hca->tcp_crypt ? kHelloCrypt : 0);
+    const Nonce nonce = NewNonce();
+    std::memcpy(hello.nonce, nonce.data(), kNonceBytes);
+    link.auth = std::make_unique<LinkAuth>();
+    link.auth->phase = LinkAuth::kAwaitChallenge;
+    link.auth->key = *key;
+    link.auth->key_serial = key_serial;
+    link.auth->accepter_gid = *peer_gid;
+    link.auth->hello.assign(reinterpret_cast<const uint8_t*>(&hello),
+                            reinterpret_cast<const uint8_t*>(&hello) + sizeof(hello));
+    link.authenticated = false;
+    link.key_serial = key_serial;
+  }
   std::memcpy(link.shipped_control, hello.control, sizeof(hello.control));
   link.control_shipped = true;
-  return true;
+  return QueueUnit(link, &hello, sizeof(hello));
 }
 
 }  // namespace
@@ -582,7 +880,7 @@ bool TcpConnectsFirst(const ibv_gid& own_gid, uint32_t own_qpn, const ibv_gid& p
 }
 
 uint64_t ConnectTcpLink(Hca* hca, SoftQp* qp, const ibv_gid& gid, uint32_t dst_qpn, int memfd,
-                        uint64_t segment_size) {
+                        uint64_t segment_size, const LinkKey* key, uint64_t key_serial) {
   if (!IsTcpFabricGid(gid)) {
     // The likeliest cause: the peer's soft device is on shared memory (SWIRL_SOFT_TCP unset).
     SWIRL_LOG(WARNING,
@@ -616,7 +914,8 @@ uint64_t ConnectTcpLink(Hca* hca, SoftQp* qp, const ibv_gid& gid, uint32_t dst_q
   link->outgoing = true;
   link->connecting = true;
   link->deadline_ns = NowNs() + kConnectTimeoutNs;
-  if (!StartShipping(hca, qp, dst_qpn, memfd, segment_size, *link)) {
+  if (!StartShipping(hca, qp, dst_qpn, memfd, segment_size, *link, key, key_serial, &gid)) {
+    if (link->out_seg.base != nullptr) munmap(link->out_seg.base, link->out_seg.size);
     close(fd);
     delete link;
     return 0;
@@ -642,6 +941,62 @@ uint64_t ReplyOnTcpLink(Hca* hca, SoftQp* qp, uint64_t watch_id, int memfd,
   return watch_id;
 }
 
+namespace {
+
+// The connections from `source` that have not finished their hello (or handshake): how many,
+// and the oldest one that has sent nothing (0: none).
+struct SourceCount {
+  int waiting = 0;
+  uint64_t oldest_silent = 0;
+};
+SourceCount CountSource(Hca* hca, uint32_t source) {
+  SourceCount count;
+  int64_t oldest_ns = INT64_MAX;
+  swirl::MutexLock watch_lock(&hca->watch_mu);
+  for (const auto& [id, watch] : hca->watches) {
+    const TcpLink* other = watch.tcp;
+    if (other == nullptr || other->outgoing || other->hello_done || other->failed ||
+        other->source != source) {
+      continue;
+    }
+    ++count.waiting;
+    if (!other->heard && other->accepted_ns < oldest_ns) {
+      oldest_ns = other->accepted_ns;
+      count.oldest_silent = id;
+    }
+  }
+  return count;
+}
+
+}  // namespace
+
+bool TakeFromSource(Hca* hca, uint32_t source) {
+  // One address may hold only a few of the places before authentication: a flood from one
+  // host delays that host's own links, not everyone's. Past its share, its oldest connection
+  // that has sent nothing makes room; if every one has spoken, the new one is closed. Either
+  // way the opener of a connection closed unlinked dials again 10 ms later (RetryTcpLink), so
+  // a burst of real peers from one host links all the same, a few of them a redial later.
+  const SourceCount count = CountSource(hca, source);
+  if (count.waiting < kMaxWaitingPerSource) return true;
+  hca->tcp_turned_away.fetch_add(1, std::memory_order_relaxed);
+  char text[INET_ADDRSTRLEN] = "?";
+  inet_ntop(AF_INET, &source, text, sizeof(text));
+  if (count.oldest_silent == 0) {
+    SWIRL_LOG_LIMITED(hca->peer_log, WARNING,
+                      "soft %s: refused a TCP connection from %s: %d of its connections have "
+                      "not finished their hello",
+                      hca->name, text, count.waiting);
+    return false;
+  }
+  // INFO: a burst of real peers from one host does this too (they dial again).
+  SWIRL_LOG_LIMITED(hca->peer_log, INFO,
+                    "soft %s: closed a silent TCP connection from %s for a newer one: %d of "
+                    "its connections have not finished their hello",
+                    hca->name, text, count.waiting);
+  hca->Unwatch(count.oldest_silent);
+  return true;
+}
+
 AcceptResult AcceptTcp(Hca* hca) {
   for (;;) {
     // Anyone may connect, so connections that owe a hello are capped; past the cap the rest
@@ -654,18 +1009,60 @@ AcceptResult AcceptTcp(Hca* hca) {
       }
     }
     if (waiting >= kMaxWaitingHellos) return AcceptResult::kBusy;
-    int fd = accept4(hca->listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    sockaddr_in from;
+    std::memset(&from, 0, sizeof(from));
+    socklen_t from_len = sizeof(from);
+    int fd = accept4(hca->listen_fd, reinterpret_cast<sockaddr*>(&from), &from_len,
+                     SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) {
       return errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM
                  ? AcceptResult::kOutOfResources
                  : AcceptResult::kDone;
     }
+    const uint32_t source = from.sin_family == AF_INET ? from.sin_addr.s_addr : 0;
+    if (!TakeFromSource(hca, source)) {
+      close(fd);
+      continue;
+    }
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     auto* link = new TcpLink;
-    link->deadline_ns = NowNs() + kHelloTimeoutNs;
+    link->source = source;
+    link->accepted_ns = NowNs();
+    link->deadline_ns = link->accepted_ns + kHelloTimeoutNs;
     hca->WatchTcp(fd, nullptr, link, EPOLLIN | EPOLLRDHUP);
   }
+}
+
+void ResumeParkedTcp(Hca* hca) {
+  swirl::ReaderMutexLock lock(&hca->mu);
+  swirl::MutexLock watch_lock(&hca->watch_mu);
+  std::vector<std::pair<uint64_t, const char*>> refused;
+  bool pending = false;
+  for (auto& [id, watch] : hca->watches) {
+    TcpLink* link = watch.tcp;
+    if (link == nullptr || link->failed || link->auth == nullptr || link->outgoing) continue;
+    pending = true;
+    if (link->auth->phase != LinkAuth::kAwaitKey) continue;
+    TcpHello hello;
+    std::memcpy(&hello, link->auth->hello.data(), sizeof(hello));
+    const QpKeyState state =
+        QpKeyFor(hca, hello.dst_qpn, &link->auth->key, &link->auth->key_serial);
+    if (state == QpKeyState::kKeyed) {
+      if (!SendTcpChallenge(hca, watch.fd, *link)) refused.push_back({id, "cannot send challenge"});
+    } else if (state == QpKeyState::kNoQp) {
+      refused.push_back({id, "its QP is gone"});
+    } else if (state == QpKeyState::kKeyless) {
+      refused.push_back({id, "keyed hello for a QP without a link key"});
+    }  // kWait: until its deadline (ExpireTcpLinks)
+  }
+  for (const auto& [id, why] : refused) {
+    SWIRL_LOG_LIMITED(hca->peer_log, WARNING, "soft %s: refused a keyed TCP link: %s", hca->name,
+                      why);
+    hca->UnwatchLocked(id);
+  }
+  // (One that starts after this look sets the flag again.)
+  if (!pending) hca->handshakes_pending.store(false, std::memory_order_release);
 }
 
 void ExpireTcpLinks(Hca* hca, int64_t now) {
