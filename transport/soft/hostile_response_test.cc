@@ -225,6 +225,23 @@ TEST_F(HostileResponse, WellFormedResponsesComplete) {
                 /*failed=*/false, region);
 }
 
+// Without injected faults the soft device runs no transport timer (soft_device.h, "Injected
+// faults"): a request its peer never answers waits, well past the ACK timeout x (retry_cnt + 1)
+// that would end it in a process with faults armed. (This binary never arms any.)
+TEST_F(HostileResponse, WithoutInjectedFaultsAnUnansweredRequestWaits) {
+  auto p = NewPair();
+  ASSERT_NE(p, nullptr);
+  Post(*p, 1, IBV_WR_SEND, 0, 16);
+  // ConnectOptions' defaults: 4.096 us x 2^14 per try, 7 retries; then as long again.
+  const absl::Time until = absl::Now() + 2 * absl::Nanoseconds((int64_t{4096} << 14) * 8);
+  while (absl::Now() < until && p->a_wcs.empty()) PollA(*p);
+  EXPECT_TRUE(Sends(*p).empty()) << "the unanswered SEND completed:\n" << Describe(Sends(*p));
+  EXPECT_EQ(State(*p->a_qp), IBV_QPS_RTS);
+  // It still completes when the peer answers.
+  Publish(*p, &wire::SegmentControl::acked, wire::NextMsn(MsnOf(*p, 1)));
+  ExpectOutcome(*p, {{1, IBV_WC_SUCCESS}}, /*failed=*/false, Untouched());
+}
+
 // ---- (1) Acknowledgements --------------------------------------------------------------------
 
 TEST_F(HostileResponse, AckOfRequestsNeverSent) {
