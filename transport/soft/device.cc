@@ -294,6 +294,7 @@ absl::StatusOr<std::unique_ptr<verbs::DeviceOps>> OpenSoftDeviceAs(absl::string_
     return absl::InvalidArgumentError(
         absl::StrCat("'", name, "' is not a soft device name (soft0, soft1, ...)"));
   }
+  if (absl::Status faults = CheckFaultEnvironment(); !faults.ok()) return faults;
   std::string error;
   Hca* hca = AcquireHca(std::string(name), &error);
   if (hca == nullptr) return absl::UnavailableError(error);

@@ -945,6 +945,20 @@ bool WatchDead(Hca* hca, uint64_t id) {
   return it == hca->watches.end() || it->second.dead;
 }
 
+void ShutdownWatch(Hca* hca, uint64_t id) {
+  swirl::MutexLock lock(&hca->watch_mu);
+  auto it = hca->watches.find(id);
+  if (it != hca->watches.end()) shutdown(it->second.fd, SHUT_RDWR);
+}
+
+void ForEachQp(const std::function<void(SoftQp*)>& fn) {
+  swirl::MutexLock registry_lock(&g_registry_mu);
+  for (auto& [name, hca] : Registry()) {
+    swirl::ReaderMutexLock lock(&hca->mu);
+    for (auto& [qpn, qp] : hca->qps) fn(qp);
+  }
+}
+
 void WatchEnded(LinkWatch& watch) {
   watch.dead = true;
   if (watch.adopted && watch.qp != nullptr) {

@@ -14,6 +14,7 @@ namespace swirl::soft::hostile {
 using verbs::CompletionQueue;
 using verbs::Context;
 using verbs::MemoryRegion;
+using verbs::MemoryWindow;
 using verbs::ProtectionDomain;
 using verbs::QueuePair;
 
@@ -30,7 +31,7 @@ bool Linked(SoftQp* qp) {
   return qp->linked;
 }
 
-std::unique_ptr<Pair> MakePair(bool post_recvs) {
+std::unique_ptr<Pair> MakePair(bool post_recvs, const verbs::ConnectOptions& options) {
   auto p = std::make_unique<Pair>();
   p->a_ctx = Context::Wrap(*OpenSoftDevice("soft0"));
   p->b_ctx = Context::Wrap(*OpenSoftDevice("soft1"));
@@ -53,7 +54,6 @@ std::unique_ptr<Pair> MakePair(bool post_recvs) {
     mem->mr = *MemoryRegion::Register(pd, mem->region(), kRegion, kAccess);
   }
 
-  verbs::ConnectOptions options;
   auto aa = *p->a_qp->LocalAddress(100, options);
   auto ba = *p->b_qp->LocalAddress(200, options);
   if (!p->a_qp->Connect(ba, 100, options).ok() || !p->b_qp->Connect(aa, 200, options).ok()) {
@@ -85,16 +85,23 @@ std::unique_ptr<Pair> MakePair(bool post_recvs) {
 }
 
 uint64_t Inject(SoftQp* qp, const Frame& f, Ring ring) {
+  const std::optional<uint64_t> pos = TryInject(qp, f, ring);
+  if (!pos) {
+    ADD_FAILURE() << "no room for " << (f.reserve != 0 ? f.reserve : wire::FrameBytes(f.op, f.length))
+                  << " bytes in the ring";
+    return ~uint64_t{0};
+  }
+  return *pos;
+}
+
+std::optional<uint64_t> TryInject(SoftQp* qp, const Frame& f, Ring ring) {
   std::lock_guard<QpLock> lock(qp->lock);
   RingWriter& tx = ring == Ring::kRequest ? qp->req_tx : qp->resp_tx;
   const bool with_ext = f.extension || wire::HasRemoteExtension(f.op);
   const uint64_t bytes = f.reserve != 0 ? f.reserve : wire::FrameBytes(f.op, f.length);
   uint64_t pos = 0;
   char* frame = tx.Reserve(bytes, &pos, qp->expected_msn);
-  if (frame == nullptr) {
-    ADD_FAILURE() << "no room for " << bytes << " bytes in the ring";
-    return ~uint64_t{0};
-  }
+  if (frame == nullptr) return std::nullopt;
   auto* h = reinterpret_cast<wire::FrameHeader*>(frame);
   h->op = f.op;
   h->flags = f.flags;
@@ -118,6 +125,38 @@ uint64_t Inject(SoftQp* qp, const Frame& f, Ring ring) {
   return pos;
 }
 
+uint32_t TakeMsn(SoftQp* a) {
+  std::lock_guard<QpLock> lock(a->lock);
+  const uint32_t msn = a->next_msn;
+  a->next_msn = wire::NextMsn(msn);
+  return msn;
+}
+
+bool RecordOutstanding(SoftQp* a, uint64_t wr_id, uint32_t msn, ibv_wr_opcode opcode,
+                       uint32_t length) {
+  std::lock_guard<QpLock> lock(a->lock);
+  if (a->sq_tail - a->sq_released.load() >= a->max_send_wr) return false;
+  SendWqe& w = a->sq[a->sq_tail & a->sq_mask];
+  std::memset(&w, 0, sizeof(w));
+  w.wr_id = wr_id;
+  w.opcode = opcode;
+  w.send_flags = IBV_SEND_SIGNALED;
+  w.state = SendWqe::kAwaiting;
+  w.has_msn = true;
+  w.status = IBV_WC_SUCCESS;
+  w.msn = msn;
+  w.length = length;
+  w.sent = length;
+  if (opcode == IBV_WR_RDMA_READ || opcode == IBV_WR_ATOMIC_FETCH_AND_ADD ||
+      opcode == IBV_WR_ATOMIC_CMP_AND_SWP) {
+    ++a->rd_atomic_outstanding;
+  }
+  a->newest_signaled = a->sq_tail;
+  ++a->sq_tail;
+  ++a->sq_tx;
+  return true;
+}
+
 ibv_qp_state State(QueuePair& qp) {
   absl::StatusOr<ibv_qp_state> s = qp.QueryState();
   return s.ok() ? *s : IBV_QPS_UNKNOWN;
@@ -134,6 +173,51 @@ void PollAll(Pair& p) {
   for (int n = p.a_cq->Poll(8, wc); n > 0; n = p.a_cq->Poll(8, wc)) {
     p.a_wcs.insert(p.a_wcs.end(), wc, wc + n);
   }
+}
+
+void PollA(Pair& p) {
+  ibv_wc wc[8];
+  for (int n = p.a_cq->Poll(8, wc); n > 0; n = p.a_cq->Poll(8, wc)) {
+    p.a_wcs.insert(p.a_wcs.end(), wc, wc + n);
+  }
+}
+
+bool PostRequest(Pair& p, uint64_t wr_id, ibv_wr_opcode opcode, uint64_t offset,
+                 uint32_t length, uint32_t lkey) {
+  ibv_sge sge{p.a_addr(static_cast<int64_t>(offset)), length, lkey != 0 ? lkey : p.a_lkey()};
+  ibv_send_wr wr{};
+  wr.wr_id = wr_id;
+  wr.opcode = opcode;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  if (opcode == IBV_WR_ATOMIC_FETCH_AND_ADD || opcode == IBV_WR_ATOMIC_CMP_AND_SWP) {
+    wr.wr.atomic.remote_addr = p.addr(static_cast<int64_t>(offset));
+    wr.wr.atomic.rkey = p.rkey();
+    wr.wr.atomic.compare_add = 1;
+  } else {
+    wr.wr.rdma.remote_addr = p.addr(static_cast<int64_t>(offset));
+    wr.wr.rdma.rkey = p.rkey();
+  }
+  ibv_send_wr* bad = nullptr;
+  return ibv_post_send(p.a_qp->get(), &wr, &bad) == 0;
+}
+
+uint32_t MsnOf(Pair& p, uint64_t wr_id) {
+  SoftQp* a = p.a();
+  std::lock_guard<QpLock> lock(a->lock);
+  for (uint32_t i = a->sq_head; i != a->sq_tail; ++i) {
+    const SendWqe& w = a->sq[i & a->sq_mask];
+    if (w.wr_id == wr_id && w.has_msn) return w.msn;
+  }
+  ADD_FAILURE() << "request " << wr_id << " has no MSN";
+  return 0;
+}
+
+void Publish(Pair& p, wire::Published wire::SegmentControl::*word, uint64_t value) {
+  std::lock_guard<QpLock> lock(p.b()->lock);
+  wire::SharedRelease();
+  (p.b()->own_ctrl->*word).value.store(value, std::memory_order_release);
 }
 
 size_t FirstMismatch(const char* p, size_t n, char want) {
@@ -162,6 +246,40 @@ bool BystanderRoundTrip(Pair& by, uint64_t i) {
   return by.a_wcs.size() == 1 && by.a_wcs[0].status == IBV_WC_SUCCESS &&
          by.b_recv_wcs.size() == 1 && by.b_recv_wcs[0].status == IBV_WC_SUCCESS &&
          by.b_recv_wcs[0].wr_id == i && by.b_recv_wcs[0].imm_data == static_cast<uint32_t>(i);
+}
+
+bool BindWindow(Pair& p, uint64_t offset, uint64_t length, unsigned int access,
+                std::unique_ptr<MemoryWindow>* mw, uint32_t* rkey) {
+  auto allocated = MemoryWindow::Allocate(p.b_pd, IBV_MW_TYPE_2);
+  if (!allocated.ok()) {
+    ADD_FAILURE() << allocated.status();
+    return false;
+  }
+  *mw = std::move(*allocated);
+  *rkey = ibv_inc_rkey((*mw)->rkey());
+  ibv_send_wr bind{};
+  bind.wr_id = 0xb1d;
+  bind.opcode = IBV_WR_BIND_MW;
+  bind.send_flags = IBV_SEND_SIGNALED;
+  bind.bind_mw.mw = (*mw)->get();
+  bind.bind_mw.rkey = *rkey;
+  bind.bind_mw.bind_info.mr = p.b_mem.mr->get();
+  bind.bind_mw.bind_info.addr = p.addr(static_cast<int64_t>(offset));
+  bind.bind_mw.bind_info.length = length;
+  bind.bind_mw.bind_info.mw_access_flags = access;
+  ibv_send_wr* bad = nullptr;
+  if (ibv_post_send(p.b_qp->get(), &bind, &bad) != 0) {
+    ADD_FAILURE() << "post of the bind failed";
+    return false;
+  }
+  const absl::Time deadline = absl::Now() + absl::Seconds(3);
+  while (p.b_send_wcs.empty() && absl::Now() < deadline) PollAll(p);
+  if (p.b_send_wcs.size() != 1 || p.b_send_wcs[0].status != IBV_WC_SUCCESS) {
+    ADD_FAILURE() << "the bind did not complete successfully";
+    return false;
+  }
+  p.b_send_wcs.clear();
+  return true;
 }
 
 }  // namespace swirl::soft::hostile

@@ -76,8 +76,8 @@ struct Pair {
 bool Linked(SoftQp* qp);
 
 // A fresh pair; both regions filled with kFillByte and registered with every access; B's two
-// receives posted unless `post_recvs` is false. Null on failure.
-std::unique_ptr<Pair> MakePair(bool post_recvs = true);
+// receives posted unless `post_recvs` is false; connected with `options`. Null on failure.
+std::unique_ptr<Pair> MakePair(bool post_recvs = true, const verbs::ConnectOptions& options = {});
 
 // ---- Writing crafted frames ---------------------------------------------------------------
 
@@ -101,6 +101,18 @@ enum class Ring { kRequest, kResponse };
 // Reserve (which pads a too-short ring tail), everything but the stamp, Commit (which stamps
 // it), then the doorbell. Returns the frame's ring position.
 uint64_t Inject(SoftQp* qp, const Frame& f, Ring ring = Ring::kRequest);
+// The same, or nothing if the ring has no room for the frame (the peer has not consumed enough).
+std::optional<uint64_t> TryInject(SoftQp* qp, const Frame& f, Ring ring = Ring::kRequest);
+
+// A's next MSN for a crafted message, taken as the requester takes one (A must never see an ack
+// for an MSN it did not hand out: that is itself a protocol error).
+uint32_t TakeMsn(SoftQp* a);
+
+// Records in A's send queue the request that crafted frames with `msn` stand for, as
+// TryFastSend records a SEND it wrote: signaled, transmitted, awaiting B's ack, NAK or failure.
+// False if A's send queue is full.
+bool RecordOutstanding(SoftQp* a, uint64_t wr_id, uint32_t msn, ibv_wr_opcode opcode,
+                       uint32_t length);
 
 // ---- Driving the pair ---------------------------------------------------------------------
 
@@ -108,11 +120,30 @@ ibv_qp_state State(verbs::QueuePair& qp);  // the device's query_qp
 
 // Polls every CQ of the pair (both sides make progress) into its *_wcs.
 void PollAll(Pair& p);
+// Polls A's CQ only (hostile_response_test: B never runs) into a_wcs.
+void PollA(Pair& p);
+
+// Posts one signaled request on A: its local data is `length` bytes at `offset` in A's region
+// (READ and atomic destination, SEND and WRITE source; `lkey` 0: A's region's), and READs,
+// WRITEs and atomics aim at the same offset in B's region. False if ibv_post_send refused it.
+bool PostRequest(Pair& p, uint64_t wr_id, ibv_wr_opcode opcode, uint64_t offset,
+                 uint32_t length, uint32_t lkey = 0);
+// The MSN A gave request `wr_id` when it transmitted it (a gtest failure and 0 if it has none).
+uint32_t MsnOf(Pair& p, uint64_t wr_id);
+// Stores `value` into one of B's published words (B's control block, which A maps), as the QP
+// code publishes them.
+void Publish(Pair& p, wire::Published wire::SegmentControl::*word, uint64_t value);
 
 size_t FirstMismatch(const char* p, size_t n, char want);
 
 // A valid SEND from the bystander's A to its B, received: the devices still work.
 bool BystanderRoundTrip(Pair& by, uint64_t i);
+
+// Binds a type 2 window over [offset, offset + length) of B's region through B's QP; its
+// completion is collected and removed from b_send_wcs. True on success (else a gtest failure
+// says what went wrong).
+bool BindWindow(Pair& p, uint64_t offset, uint64_t length, unsigned int access,
+                std::unique_ptr<verbs::MemoryWindow>* mw, uint32_t* rkey);
 
 }  // namespace swirl::soft::hostile
 

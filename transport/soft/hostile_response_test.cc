@@ -47,40 +47,10 @@ static_assert(3 * kChunkFrame <= kRingBytes && 4 * kChunkFrame > kRingBytes);
 
 // ---- A: real requests ------------------------------------------------------------------------
 
-// Posts one signaled request on A: its local data is `length` bytes at `offset` in A's region
-// (READ and atomic destination, SEND and WRITE source; `lkey` 0: A's region's), and READs,
-// WRITEs and atomics aim at the same offset in B's region.
+// Posts one signaled request on A (hostile_peer.h, PostRequest).
 void Post(Pair& p, uint64_t wr_id, ibv_wr_opcode opcode, uint64_t offset, uint32_t length,
           uint32_t lkey = 0) {
-  ibv_sge sge{p.a_addr(static_cast<int64_t>(offset)), length, lkey != 0 ? lkey : p.a_lkey()};
-  ibv_send_wr wr{};
-  wr.wr_id = wr_id;
-  wr.opcode = opcode;
-  wr.send_flags = IBV_SEND_SIGNALED;
-  wr.sg_list = &sge;
-  wr.num_sge = 1;
-  if (opcode == IBV_WR_ATOMIC_FETCH_AND_ADD || opcode == IBV_WR_ATOMIC_CMP_AND_SWP) {
-    wr.wr.atomic.remote_addr = p.addr(static_cast<int64_t>(offset));
-    wr.wr.atomic.rkey = p.rkey();
-    wr.wr.atomic.compare_add = 1;
-  } else {
-    wr.wr.rdma.remote_addr = p.addr(static_cast<int64_t>(offset));
-    wr.wr.rdma.rkey = p.rkey();
-  }
-  ibv_send_wr* bad = nullptr;
-  ASSERT_EQ(ibv_post_send(p.a_qp->get(), &wr, &bad), 0) << "wr " << wr_id;
-}
-
-// The MSN A gave request `wr_id` when it transmitted it.
-uint32_t MsnOf(Pair& p, uint64_t wr_id) {
-  SoftQp* a = p.a();
-  std::lock_guard<QpLock> lock(a->lock);
-  for (uint32_t i = a->sq_head; i != a->sq_tail; ++i) {
-    const SendWqe& w = a->sq[i & a->sq_mask];
-    if (w.wr_id == wr_id && w.has_msn) return w.msn;
-  }
-  ADD_FAILURE() << "request " << wr_id << " has no MSN";
-  return 0;
+  ASSERT_TRUE(PostRequest(p, wr_id, opcode, offset, length, lkey)) << "wr " << wr_id;
 }
 
 // ---- B: crafted responses and published words -------------------------------------------------
@@ -118,14 +88,6 @@ Frame NakFrame(uint32_t msn, uint32_t status, uint32_t ack) {
 
 uint64_t Respond(Pair& p, const Frame& f) { return Inject(p.b(), f, Ring::kResponse); }
 
-// Stores `value` into one of B's published words (B's control block, which A maps), as the QP
-// code publishes them.
-void Publish(Pair& p, wire::Published wire::SegmentControl::*word, uint64_t value) {
-  std::lock_guard<QpLock> lock(p.b()->lock);
-  wire::SharedRelease();
-  (p.b()->own_ctrl->*word).value.store(value, std::memory_order_release);
-}
-
 // ---- Checking A -----------------------------------------------------------------------------
 
 using Completions = std::vector<std::pair<uint64_t, ibv_wc_status>>;
@@ -142,14 +104,6 @@ std::vector<char> Untouched() { return std::vector<char>(kRegion, kFillByte); }
 
 void Place(std::vector<char>& region, uint64_t offset, uint64_t length) {
   std::memset(region.data() + offset, kPayloadByte, length);
-}
-
-// Polls A's CQ (A only: B never runs) into a_wcs.
-void PollA(Pair& p) {
-  ibv_wc wc[8];
-  for (int n = p.a_cq->Poll(8, wc); n > 0; n = p.a_cq->Poll(8, wc)) {
-    p.a_wcs.insert(p.a_wcs.end(), wc, wc + n);
-  }
 }
 
 // A's send completions so far, in order.
@@ -269,6 +223,23 @@ TEST_F(HostileResponse, WellFormedResponsesComplete) {
   Place(region, 4096, 8);
   ExpectOutcome(*p, {{1, IBV_WC_SUCCESS}, {2, IBV_WC_SUCCESS}, {3, IBV_WC_SUCCESS}},
                 /*failed=*/false, region);
+}
+
+// Without injected faults the soft device runs no transport timer (soft_device.h, "Injected
+// faults"): a request its peer never answers waits, well past the ACK timeout x (retry_cnt + 1)
+// that would end it in a process with faults armed. (This binary never arms any.)
+TEST_F(HostileResponse, WithoutInjectedFaultsAnUnansweredRequestWaits) {
+  auto p = NewPair();
+  ASSERT_NE(p, nullptr);
+  Post(*p, 1, IBV_WR_SEND, 0, 16);
+  // ConnectOptions' defaults: 4.096 us x 2^14 per try, 7 retries; then as long again.
+  const absl::Time until = absl::Now() + 2 * absl::Nanoseconds((int64_t{4096} << 14) * 8);
+  while (absl::Now() < until && p->a_wcs.empty()) PollA(*p);
+  EXPECT_TRUE(Sends(*p).empty()) << "the unanswered SEND completed:\n" << Describe(Sends(*p));
+  EXPECT_EQ(State(*p->a_qp), IBV_QPS_RTS);
+  // It still completes when the peer answers.
+  Publish(*p, &wire::SegmentControl::acked, wire::NextMsn(MsnOf(*p, 1)));
+  ExpectOutcome(*p, {{1, IBV_WC_SUCCESS}}, /*failed=*/false, Untouched());
 }
 
 // ---- (1) Acknowledgements --------------------------------------------------------------------

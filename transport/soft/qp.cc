@@ -41,11 +41,6 @@ uint64_t RingSize() {
   return size;
 }
 
-int64_t AckTimeoutNs(const ibv_qp_attr& attr) {
-  if (attr.timeout == 0) return 0;  // infinite
-  return static_cast<int64_t>(4096) << attr.timeout;  // 4.096 us * 2^timeout
-}
-
 bool PdOf(ibv_pd* pd, SoftContext* sctx) { return pd != nullptr && pd->context == &sctx->vctx.context; }
 
 // ---- Link ------------------------------------------------------------------------------------------
@@ -536,6 +531,11 @@ int PostSendLocked(SoftQp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr, bool type1
 
 // ---- Shared helpers ----------------------------------------------------------------------------
 
+int64_t AckTimeoutNs(const ibv_qp_attr& attr) {
+  if (attr.timeout == 0) return 0;  // infinite
+  return static_cast<int64_t>(4096) << attr.timeout;  // 4.096 us * 2^timeout
+}
+
 const ibv_sge* WqeSges(const SoftQp* qp, uint32_t index) {
   return &qp->sq_sge[(index & qp->sq_mask) * std::max<uint32_t>(qp->max_send_sge, 1)];
 }
@@ -758,6 +758,9 @@ bool RetryTcpLink(SoftQp* qp) {
 bool ProgressSlow(SoftQp* qp) {
   bool did = HandleLinkEvent(qp);
   if (qp->qstate == IBV_QPS_RESET || qp->qstate == IBV_QPS_INIT) return did;
+  // Injected faults (faults.cc): a frozen QP moves nothing at all.
+  QpFaults* const faults = qp->faults.load(std::memory_order_acquire);
+  if (faults != nullptr && FaultsBeforeProgress(qp, faults)) return did;
   const uint64_t req_head = qp->req_tx.head();
   const uint64_t resp_head = qp->resp_tx.head();
   if (qp->linked) {
@@ -766,9 +769,11 @@ bool ProgressSlow(SoftQp* qp) {
     const uint64_t peer_state = qp->peer.control()->state.value.load(std::memory_order_acquire);
     wire::SharedAcquire();
     const bool gone = qp->peer_gone.load(std::memory_order_acquire);
-    if (qp->pending_nak.active) FlushPendingNak(qp);
+    // An injected noack: the responder takes, and so acknowledges, nothing more.
+    const bool responder = faults == nullptr || !faults->silent;
+    if (qp->pending_nak.active && responder) FlushPendingNak(qp);
     did |= ProcessResponses(qp);
-    did |= ProcessRequests(qp);
+    if (responder) did |= ProcessRequests(qp);
     // Completions first: a NAK just processed puts the QP in error with its own status, which
     // must not be mistaken for the peer going silent below.
     CompleteSq(qp);
@@ -795,6 +800,7 @@ bool ProgressSlow(SoftQp* qp) {
         did = true;  // (a QP that stays, with nothing to fail, did nothing: no busy assist)
       }
     }
+    if (faults != nullptr) RunTransportTimer(qp, faults);
   } else if (qp->hca->tcp && qp->out_watch != 0 && RetryTcpLink(qp)) {
     did = true;
   } else if (qp->link_deadline_ns != 0 && qp->sq_head != qp->sq_tail &&
@@ -895,6 +901,12 @@ int CreateQp(SoftContext* sctx, ibv_pd* pd, ibv_qp_init_attr* attr, ibv_qp** out
     qp->handle = qpn;
     qp->hca->qps[qpn] = qp;
   }
+  {
+    // Injected faults (faults.cc): a QP of an armed process gets its QpFaults before any poll
+    // of its CQs can reach it; the K-th QP created is what SWIRL_SOFT_FAULTS' qp=#K names.
+    static std::atomic<uint64_t> created{0};
+    AttachFaults(qp, created.fetch_add(1, std::memory_order_relaxed) + 1);
+  }
   AttachQp(qp->scq, qp);
   if (qp->rcq != qp->scq) AttachQp(qp->rcq, qp);
   if (qp->ssrq) qp->ssrq->qp_count.fetch_add(1);
@@ -921,6 +933,7 @@ int ModifyQp(ibv_qp* ibqp, ibv_qp_attr* attr, int mask) {
     ResetQueues(qp);
     swirl::MutexLock key_lock(&qp->key_mu);
     qp->key_final = false;  // the key may change again before the next RTR
+    if (QpFaults* f = qp->faults.load(std::memory_order_acquire)) ResetFaults(f);
   } else if (to == IBV_QPS_ERR) {
     EnterError(qp);
     CompleteSq(qp);
@@ -1018,6 +1031,7 @@ int DestroyQp(ibv_qp* ibqp) {
   qp->spd->users.fetch_sub(1, std::memory_order_release);
   pthread_mutex_destroy(&qp->mutex);
   pthread_cond_destroy(&qp->cond);
+  delete qp->faults.load(std::memory_order_acquire);
   delete qp;
   return 0;
 }

@@ -15,6 +15,19 @@
 
 namespace swirl::soft {
 
+class RingWriter;
+
+// Injected faults (faults.cc) see each frame a QP writes through this, before its stamp.
+class CommitHook {
+ public:
+  // False: the stamp is held back (the hook stamps it later with RingWriter::StampHeld, or the
+  // frame is never seen). The frame's bytes may be changed.
+  virtual bool BeforeStamp(RingWriter& ring, char* frame, uint64_t pos) = 0;
+
+ protected:
+  ~CommitHook() = default;
+};
+
 class RingWriter {
  public:
   // `base` is `size` bytes of the owner's segment; `size` a power of two.
@@ -51,9 +64,20 @@ class RingWriter {
 
   // Publishes the frame written at `frame` (from Reserve) as `bytes` long.
   void Commit(char* frame, uint64_t pos, uint64_t bytes) {
+    // A QP without an injected fault pays this one predictable branch.
+    if (hook_ != nullptr) [[unlikely]] {
+      CommitHooked(frame, pos, bytes);
+      return;
+    }
     Stamp(reinterpret_cast<wire::FrameHeader*>(frame), pos);
     head_ = pos + bytes;
   }
+  // Stamps a frame whose stamp a CommitHook held back.
+  void StampHeld(char* frame, uint64_t pos) {
+    Stamp(reinterpret_cast<wire::FrameHeader*>(frame), pos);
+  }
+  // Survives Init: a fault armed before the QP's segment exists watches its rings from the start.
+  void SetCommitHook(CommitHook* hook) { hook_ = hook; }
 
   uint64_t head() const { return head_; }
   uint64_t size() const { return size_; }
@@ -80,6 +104,11 @@ class RingWriter {
     consumed_cache_ = consumed;
     return head_ + bytes - consumed_cache_ <= size_;
   }
+  // Commit with a hook: out of line, so that the common path stays as it was.
+  [[gnu::noinline]] void CommitHooked(char* frame, uint64_t pos, uint64_t bytes) {
+    head_ = pos + bytes;
+    if (hook_->BeforeStamp(*this, frame, pos)) Stamp(reinterpret_cast<wire::FrameHeader*>(frame), pos);
+  }
   static void Stamp(wire::FrameHeader* header, uint64_t pos) {
     wire::SharedRelease();
     __atomic_store_n(&header->stamp, wire::kStampValid | pos, __ATOMIC_RELEASE);
@@ -91,6 +120,7 @@ class RingWriter {
   uint64_t consumed_cache_ = 0;
   const std::atomic<uint64_t>* consumed_ = nullptr;
   bool consumer_lied_ = false;
+  CommitHook* hook_ = nullptr;
 };
 
 class RingReader {

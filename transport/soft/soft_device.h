@@ -20,7 +20,8 @@
 // that port + N; its GID is ::ffff:<IPv4> with the port in bytes 8-9; a malformed value or a
 // port in use fails the open), SWIRL_SOFT_TCP_CRYPT (off: TCP records of keyed links travel
 // unsealed, for benchmarks; logged as a warning), SWIRL_SOFT_TRUSTED_UIDS (users besides our own
-// whose processes may link to ours over shared memory, comma-separated uids).
+// whose processes may link to ours over shared memory, comma-separated uids), SWIRL_SOFT_FAULTS
+// (injected faults, below; a malformed value fails the open).
 // The wire format between processes is in docs/SOFT_WIRE.md.
 
 #ifndef SWIRL_TRANSPORT_SOFT_SOFT_DEVICE_H_
@@ -111,6 +112,79 @@ absl::Status SetWindowDeadline(ibv_mw* mw, absl::Time deadline);
 // left is freed once nothing is bound in it. Unimplemented for another device's window (use
 // ibv_inc_rkey there), InvalidArgument for a type 1 window, ResourceExhausted if no slot is free.
 absl::StatusOr<uint32_t> FreshWindowRkey(ibv_mw* mw);
+// ---- Injected faults (for tests; docs/SOFT_WIRE.md, "Injected faults") ----------------------
+//
+// What a link or a peer's device does to an RC connection in production, on demand: a link
+// that fails or goes silent, a peer that stalls, a QP that dies, acknowledgements that stop, a
+// frame that arrives corrupted. Off unless asked for, by the test API below or by
+// SWIRL_SOFT_FAULTS in the environment (read when the process first opens a soft device):
+//
+//   SWIRL_SOFT_FAULTS="RULE[;RULE...]", RULE = "qp=<QPN|#K|*>,at_frame=<N>,action=<ACTION>"
+//     qp        a QP number (decimal or 0x hex), #K: the K-th QP the process creates (from 1),
+//               or * (every QP); default *
+//     at_frame  as FaultSpec::at_frame; default 0
+//     action    drop | fail | stall:<ms> | err | noack | corrupt
+//   (SWIRL_SOFT_FAULTS=none arms the process, below, without any fault.)
+//
+// A process with faults armed (the variable set, or InjectFault called once) also runs RC's
+// transport timer on every QP it has: a request the peer has not acknowledged within the QP's
+// ACK timeout x (retry_cnt + 1) fails with IBV_WC_RETRY_EXC_ERR and the QP enters ERR, as a
+// NIC's retries end. Without faults there is no such timer, since a live soft peer always
+// answers (its HCA thread does when its owner does not), and a peer stopped in a debugger, or
+// a SWIRL_SOFT_PROGRESS=off test's puppet, must not fail its connections. (With the timer, a
+// receiver-not-ready wait longer than that timeout also ends so: the soft responder waits for
+// a receive where a NIC would send RNR NAKs, which the requester could tell from silence.)
+// Costs nothing when off: a QP of a process without faults takes none of these paths.
+struct FaultSpec {
+  enum class Action {
+    // From the fault on, the link carries nothing either way (frames, acknowledgements,
+    // consumer indices), as a cut cable: each side's outstanding requests fail with
+    // RETRY_EXC_ERR at its ACK timeout, and nothing else tells either side.
+    kDrop,
+    // The link fails, and both ends see it (a reset connection): each side's outstanding
+    // requests, and its next one, fail with RETRY_EXC_ERR; a side with none stays in RTS.
+    kFail,
+    // The QP stalls for `stall_ms`: it reads, writes and acknowledges nothing, then goes on as
+    // if nothing happened; everything completes late and correctly (unless the peer's ACK
+    // timeout ran out first).
+    kStall,
+    // The QP enters ERR as after a local catastrophic error: IBV_EVENT_QP_FATAL, its work
+    // requests flush; the peer's outstanding requests then fail with RETRY_EXC_ERR.
+    kErr,
+    // The QP stops acknowledging: its responder executes, consumes and acknowledges nothing
+    // more (its own requests still go out and complete); the peer's requests fail with
+    // RETRY_EXC_ERR at the peer's ACK timeout.
+    kNoAck,
+    // One frame arrives corrupted (a header byte the receiver must refuse: an undefined flag
+    // bit): the receiver fails the connection as for any malformed frame (a responder: protocol
+    // error, and the requester's request fails with RETRY_EXC_ERR; a requester reading a
+    // corrupted response: IBV_WC_BAD_RESP_ERR). One-shot.
+    kCorrupt,
+  };
+  Action action = Action::kFail;
+  // When the fault fires: at the QP's N-th outgoing frame from now (requests and responses
+  // alike, PAD frames aside; 1 is the next one), that frame included (dropped, held back,
+  // corrupted); 0: at once, at the QP's next progress once it is linked (kCorrupt: its next
+  // frame).
+  uint32_t at_frame = 0;
+  uint32_t stall_ms = 0;  // kStall
+};
+
+// A SWIRL_SOFT_FAULTS rule.
+struct FaultRule {
+  enum class Match { kAny, kQpNum, kOrdinal };
+  Match match = Match::kAny;
+  uint32_t value = 0;  // the QPN, or K of #K
+  FaultSpec spec;
+};
+// Parses SWIRL_SOFT_FAULTS' syntax (above); InvalidArgument saying what is wrong.
+absl::StatusOr<std::vector<FaultRule>> ParseFaultRules(absl::string_view text);
+
+// Arms `spec` on `qp` (a soft device's RC QP, in any state; it fires once linked), replacing
+// any fault armed on it before, and arms the process (the transport timer above). The fault
+// stays with the QP until it fires (kStall: until the stall ends; kDrop and kNoAck: for the
+// QP's life, or until it is reset).
+absl::Status InjectFault(ibv_qp* qp, const FaultSpec& spec);
 
 }  // namespace swirl::soft
 

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <map>
 #include <memory>
@@ -21,16 +22,19 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "base/log_limiter.h"
+#include "absl/status/status.h"
 #include "base/mutex.h"
 #include "base/spinlock.h"
 #include "transport/soft/key_table.h"
 #include "transport/soft/link_auth.h"
 #include "transport/soft/ring.h"
+#include "transport/soft/soft_device.h"
 #include "transport/soft/wire.h"
 
 namespace swirl::soft {
 
 struct Hca;
+struct QpFaults;
 struct SoftContext;
 struct SoftCq;
 struct SoftQp;
@@ -523,6 +527,44 @@ struct SoftQp : VerbsQp {
   // Past INIT (RTR or later): the key can no longer change, so a QP without one refuses keyed
   // hellos instead of keeping them waiting for a key.
   bool key_final ABSL_GUARDED_BY(key_mu) = false;
+  // Injected faults and the transport timer (faults.cc): null unless the process has faults
+  // armed; then this QP takes the general paths (Normal() is false), where they act. Set once,
+  // with release; owned by the QP; its fields are the QP lock's.
+  std::atomic<QpFaults*> faults{nullptr};
+};
+
+// A QP's injected fault and transport timer (soft_device.h, "Injected faults"; faults.cc). Its
+// rings call it for each frame they write (CommitHook) while a fault is armed.
+struct QpFaults final : CommitHook {
+  explicit QpFaults(SoftQp* q) : qp(q) {}
+  bool BeforeStamp(RingWriter& ring, char* frame, uint64_t pos) override;
+
+  SoftQp* const qp;
+  // The armed fault, if any (`armed`), and how far it has got.
+  bool armed = false;
+  FaultSpec spec;
+  uint32_t frames_out = 0;  // frames written since it was armed
+  bool fired = false;
+  bool pending = false;     // fired, and its action is the QP's next progress's (fail, err)
+  // Stall and drop: nothing moves until `frozen_until_ns` (drop: never).
+  bool frozen = false;
+  int64_t frozen_until_ns = 0;
+  bool silent = false;      // noack: the responder takes nothing more
+  // The first frame written while frozen (or the one a fault fired at), its stamp held back:
+  // the peer reads a ring in order, so nothing after it shows either.
+  RingWriter* held_ring = nullptr;
+  char* held_frame = nullptr;
+  uint64_t held_pos = 0;
+  // Drop: the control block the QP publishes into from then on, which the peer never sees.
+  alignas(wire::kCacheLine) wire::SegmentControl blackhole{};
+
+  // The transport timer: since when the oldest outstanding request has waited with nothing
+  // from the peer moving (0: not waiting), and what moved last.
+  int64_t waiting_since_ns = 0;
+  uint32_t seen_sq_head = 0;
+  uint32_t seen_peer_acked = 0;
+  uint64_t seen_resp_tail = 0;
+  uint64_t seen_req_consumed = 0;
 };
 
 // A poll's check before taking a QP's lock (cq.cc): the QP is idle (QpLock) and the HCA thread
@@ -568,6 +610,13 @@ struct LinkWatch {
   // Shared memory: the keyed handshake in progress on this connection (null: none, or done).
   std::unique_ptr<LinkAuth> auth;
 };
+
+// Ends watch `id`'s connection both ways (shutdown(2)) as a failed link would: each end's HCA
+// then sees the hang-up and fails the QP that adopted it. Takes watch_mu.
+void ShutdownWatch(Hca* hca, uint64_t id);
+// Calls fn(qp) for every QP of every soft device of this process, under the device registry's
+// lock and each device's mu (not the QP's lock): a QP it names is not destroyed meanwhile.
+void ForEachQp(const std::function<void(SoftQp*)>& fn);
 
 // Marks watch `id` adopted by its QP, unless its connection has already ended: then returns
 // false and the candidate should be dropped. Takes watch_mu.
@@ -813,9 +862,10 @@ int BindMw(ibv_qp* qp, ibv_mw* mw, ibv_mw_bind* bind);
 bool ProgressNormal(SoftQp* qp, bool responses_ready, bool requests_ready);
 bool ProgressSlow(SoftQp* qp);
 
-// Linked, RTS, and nothing exceptional pending.
+// Linked, RTS, and nothing exceptional pending (an armed process's QPs never are: faults.cc).
 inline bool Normal(const SoftQp* qp) {
   return qp->linked && qp->qstate == IBV_QPS_RTS && !qp->pending_nak.active &&
+         qp->faults.load(std::memory_order_relaxed) == nullptr &&
          !qp->cur_read.active && !qp->rnr_waiting && !qp->cq_overflow &&
          !qp->link_event.load(std::memory_order_relaxed) &&
          !qp->peer_gone.load(std::memory_order_relaxed) &&
@@ -861,6 +911,23 @@ inline bool ProgressLocked(SoftQp* qp, PollSink* sink = nullptr) {
 }
 // Flushes anything pending for a QP whose CQ overflowed.
 void FailQpLocked(SoftQp* qp, ibv_wc_status status);
+
+// faults.cc: injected faults and the transport timer (soft_device.h). A QP created in an armed
+// process gets its QpFaults (and any SWIRL_SOFT_FAULTS rule that names it) here; DestroyQp frees
+// them. Called by CreateQp before the QP is published.
+void AttachFaults(SoftQp* qp, uint64_t ordinal);
+// SWIRL_SOFT_FAULTS is well-formed (or unset); else why not. Checked when a device opens.
+absl::Status CheckFaultEnvironment();
+// ProgressSlow's part (QP lock held), before anything else moves: acts on a fault that fired,
+// and returns true while the QP is frozen (a stall or a drop): then nothing else may move.
+bool FaultsBeforeProgress(SoftQp* qp, QpFaults* f);
+// After the QP's progress: the transport timer (fails a request the peer has left
+// unacknowledged too long).
+void RunTransportTimer(SoftQp* qp, QpFaults* f);
+// RESET: the QP's link is gone; a fault that fired is over, one not yet fired stays armed.
+void ResetFaults(QpFaults* f);
+// ACK timeout of `attr` (qp.cc): 4.096 us x 2^timeout, 0 for timeout 0 (infinite).
+int64_t AckTimeoutNs(const ibv_qp_attr& attr);
 
 // qp_ex.cc: ibv_create_qp_ex (verbs_context::create_qp_ex). RC QPs with a PD, optionally with
 // the ibv_wr_* builders (IBV_QP_INIT_ATTR_SEND_OPS_FLAGS); returns nullptr with errno set

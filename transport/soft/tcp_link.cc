@@ -1178,7 +1178,11 @@ bool PullTcp(Hca* hca) {
   for (int i = 0; i < n; ++i) {
     // Only links past their hello are in this set: they belong to a QP, and Receive never
     // erases them (hellos are the HCA thread's: they need hca->mu).
-    auto it = hca->watches.find(ready[i].data.u64);
+    // Copied out first: epoll_event is packed on x86-64, so its u64 sits at offset 4, and
+    // find() binds a reference to its argument (a misaligned one is undefined behaviour;
+    // clang's UBSan stops on it).
+    const uint64_t id = ready[i].data.u64;
+    auto it = hca->watches.find(id);
     if (it == hca->watches.end() || it->second.tcp == nullptr || it->second.tcp->failed) continue;
     // A link the HCA thread watches belongs to a QP with an assisted CQ (its owner may sleep on
     // a channel): we took the data from under the thread's wakeup, so wake it ourselves.

@@ -22,6 +22,7 @@
 #include "transport/soft/link_auth.h"
 #include "transport/soft/soft_device.h"
 #include "transport/soft/soft_internal.h"
+#include "transport/soft/tcp_peer.h"
 #include "transport/soft/test_side.h"
 #include "transport/soft/wire.h"
 #include "transport/verbs/verbs.h"
@@ -29,32 +30,9 @@
 namespace swirl::soft {
 namespace {
 
-// The link protocol's structures, written from the document (not shared with tcp_link.cc).
-struct Hello {
-  uint64_t magic = 0x3150435457535731ull;
-  uint32_t version = 4;  // flags and a nonce (3: one connection for both directions)
-  uint32_t src_qpn = 0;
-  uint32_t dst_qpn = 0;
-  uint32_t flags = 0;  // 1 keyed, 2 seal records
-  ibv_gid src_gid{};
-  uint64_t segment_size = wire::kRingsOffset + 2 * wire::kMinRingSize;
-  uint64_t request_ring_offset = wire::kRingsOffset;
-  uint64_t request_ring_size = wire::kMinRingSize;
-  uint64_t response_ring_offset = wire::kRingsOffset + wire::kMinRingSize;
-  uint64_t response_ring_size = wire::kMinRingSize;
-  uint64_t control[4] = {0, 0, 0, wire::kLinkActive};
-  uint8_t nonce[16] = {};
-};
-static_assert(sizeof(Hello) == 128);
-
-struct Record {
-  uint8_t kind;  // 1 frame, 2 control
-  uint8_t ring;
-  uint16_t reserved;
-  uint32_t length;
-  uint64_t position;
-};
-static_assert(sizeof(Record) == 16);
+using tcp_peer::Hello;
+using tcp_peer::Record;
+using tcp_peer::TcpGid;
 
 // A keyed link's handshake (docs/SOFT_WIRE.md, "Link keys").
 struct Challenge {
@@ -125,15 +103,6 @@ void FirstSendFrame(uint32_t msn, uint32_t ack, const char* text, char (&frame)[
   std::memcpy(frame + sizeof(header), text, length);
 }
 
-ibv_gid TcpGid(uint16_t port_network_order) {
-  ibv_gid gid{};
-  std::memcpy(gid.raw + 8, &port_network_order, 2);
-  gid.raw[10] = gid.raw[11] = 0xff;
-  const uint32_t loopback = htonl(INADDR_LOOPBACK);
-  std::memcpy(gid.raw + 12, &loopback, 4);
-  return gid;
-}
-
 void PostRecv(Side& s, uint64_t wr_id) {
   ibv_sge sge{reinterpret_cast<uint64_t>(s.buf.data()), 4096, s.mr->lkey()};
   ibv_recv_wr wr{};
@@ -202,11 +171,8 @@ struct HealthyPair {
 // The last port of the kernel's ephemeral range (net.ipv4.ip_local_port_range): connections a
 // device opens, and the ports its listeners take, come from that range.
 int EphemeralPortEnd() {
-  int low = 32768, high = 60999;
-  if (FILE* f = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
-    if (std::fscanf(f, "%d %d", &low, &high) != 2) high = 60999;
-    std::fclose(f);
-  }
+  int low, high;
+  tcp_peer::EphemeralPortRange(&low, &high);
   return high;
 }
 
