@@ -74,7 +74,6 @@ ServerSide MakeServer(uint8_t choice) {
   c.require_remote_invalidation = (choice & 8) != 0;
   c.allow_local_fallback = (choice & 16) == 0;
   c.max_bulk_size = (choice & 32) ? 0 : uint64_t{16} << 20;
-  c.allow_unsafe_static_rkey = (choice & 64) != 0;
   if (choice & 128) {  // small buffers and few credits
     c.credits = internal::kMinCredits;
     c.buffer_size = 512;
@@ -154,8 +153,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   FUZZ_CHECK(n.max_bulk_size() <= server.config.max_bulk_size);
   FUZZ_CHECK(n.max_bulk_size() <= client.max_bulk_size());
   FUZZ_CHECK(n.bulk_mode() == client.bulk_mode());
-  FUZZ_CHECK(n.bulk_mode() != control::BULK_UNSAFE_STATIC_RKEY_BENCHMARK_ONLY ||
-             server.config.allow_unsafe_static_rkey);
+  // Only the two modes that expose memory through per-request windows (2, the retired
+  // static-rkey mode, is refused).
+  FUZZ_CHECK(n.bulk_mode() == control::BULK_SERVER_EXPOSES ||
+             n.bulk_mode() == control::BULK_MIRROR);
   FUZZ_CHECK(n.client_max_inline() <= 1024);
   const bool both_can = server.caps.remote_invalidation() && client.remote_invalidation();
   if (n.invalidation() == control::INVALIDATION_REMOTE) {
