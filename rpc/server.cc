@@ -296,7 +296,9 @@ class Server::Impl final : public control::Control::Service {
     if (!Authenticated(context)) return absl::UnauthenticatedError("missing or wrong token");
     // The version first: an incompatible client is told so before anything else is parsed.
     internal::LocalConfig local = LocalConfig();
-    auto negotiated = internal::Negotiate(request, caps_, local);
+    auto negotiated = internal::Negotiate(request, caps_, local, [this](const ibv_gid& client) {
+      return context_->CheckReachable(caps_.gid, client);
+    });
     if (!negotiated.ok()) return negotiated.status();
     auto client_address = internal::FromProto(request.address());
     if (!client_address.ok()) return client_address.status();
