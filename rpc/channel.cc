@@ -12,6 +12,7 @@
 #include "base/mutex.h"
 #include "base/log.h"
 #include "proto/control.grpc.pb.h"
+#include "rpc/establish.h"
 #include "rpc/handshake.h"
 #include "rpc/worker.h"
 #include "transport/device.h"
@@ -44,15 +45,16 @@ absl::StatusOr<verbs::Capabilities> CachedCapabilities(const std::shared_ptr<ver
                                                        const ChannelOptions& options) {
   static auto* cache = new std::map<std::string, verbs::Capabilities>();
   // Keyed on the entry "automatic" resolves to, so that -1 and that index share one probe.
-  absl::StatusOr<int> gid_index = ctx->ResolveGidIndex(options.port, options.gid_index);
-  const std::string key = absl::StrCat(ctx->name(), "/", options.port, "/",
-                                       gid_index.ok() ? *gid_index : options.gid_index);
+  const TransportOptions& t = options.transport;
+  absl::StatusOr<int> gid_index = ctx->ResolveGidIndex(t.port, t.gid_index);
+  const std::string key =
+      absl::StrCat(ctx->name(), "/", t.port, "/", gid_index.ok() ? *gid_index : t.gid_index);
   swirl::MutexLock lock(&g_mu);
   auto it = cache->find(key);
   if (it != cache->end()) return it->second;
   verbs::ProbeOptions probe;
-  probe.port_num = options.port;
-  probe.gid_index = options.gid_index;
+  probe.port_num = t.port;
+  probe.gid_index = t.gid_index;
   probe.confirm_remote_invalidation = true;
   auto caps = verbs::ProbeCapabilities(ctx, probe);
   if (!caps.ok()) return caps.status();
@@ -66,7 +68,7 @@ absl::StatusOr<verbs::Capabilities> CachedCapabilities(const std::shared_ptr<ver
 absl::StatusOr<std::shared_ptr<ClientRuntime>> NewRuntime(const ChannelOptions& options,
                                                           bool shared) {
   auto runtime = std::make_shared<ClientRuntime>();
-  auto context = OpenDevice(options.device);
+  auto context = OpenDevice(options.transport.device);
   if (!context.ok()) return context.status();
   runtime->context = *context;
   auto caps = CachedCapabilities(runtime->context, options);
@@ -75,16 +77,11 @@ absl::StatusOr<std::shared_ptr<ClientRuntime>> NewRuntime(const ChannelOptions& 
   auto pd = verbs::ProtectionDomain::Create(runtime->context);
   if (!pd.ok()) return pd.status();
   runtime->pd = *pd;
-  WorkerOptions wo;
+  WorkerOptions wo = WorkerOptionsFor(options.transport);
   wo.name = shared ? "client-worker" : "channel-worker";
   wo.core = options.worker_core;
   wo.own_thread = options.driver == ChannelOptions::Driver::kBackgroundThread;
   wo.max_connections = shared ? 64 : 1;
-  wo.credits = options.credits;
-  wo.buffer_size = options.buffer_size;
-  wo.keepalive = options.keepalive;
-  wo.bulk_pool_bytes = options.bulk_pool_bytes;
-  wo.window_lease = options.window_lease;
   auto worker = Worker::Create(runtime->context, runtime->pd, runtime->caps, wo, nullptr);
   if (!worker.ok()) return worker.status();
   runtime->worker = std::move(*worker);
@@ -97,9 +94,9 @@ absl::StatusOr<std::shared_ptr<ClientRuntime>> GetRuntime(const ChannelOptions& 
                       !options.dedicated_worker;
   if (!shared) return NewRuntime(options, false);
   static auto* runtimes = new std::map<std::string, std::weak_ptr<ClientRuntime>>();
-  const std::string key =
-      absl::StrCat(options.device, "/", options.port, "/", options.gid_index, "/",
-                   options.credits, "/", options.buffer_size, "/", options.bulk_pool_bytes);
+  const TransportOptions& t = options.transport;
+  const std::string key = absl::StrCat(t.device, "/", t.port, "/", t.gid_index, "/", t.credits,
+                                       "/", t.buffer_size, "/", t.bulk_pool_bytes);
   {
     swirl::MutexLock lock(&g_mu);
     if (auto existing = (*runtimes)[key].lock()) return existing;
@@ -174,11 +171,7 @@ class Channel::Impl {
     runtime = *rt;
     internal::Worker* worker = runtime->worker.get();
 
-    internal::LocalConfig local;
-    local.credits = options.credits;
-    local.buffer_size = options.buffer_size;
-    local.max_inline = std::min<uint32_t>(runtime->caps.max_inline_data, 1024);
-    local.require_remote_invalidation = options.require_remote_invalidation;
+    internal::LocalConfig local = internal::LocalConfigFor(options.transport, runtime->caps);
     local.bulk_mode = options.bulk_mode == BulkMode::kMirror ? control::BULK_MIRROR
                                                              : control::BULK_SERVER_EXPOSES;
     local.max_bulk_size = runtime->worker->bulk_pool() == nullptr
@@ -188,8 +181,8 @@ class Channel::Impl {
     verbs::ConnectOptions co;
     // swirl's RPCs never use atomics; a device without them may refuse a QP that asks for them.
     co.access_flags &= ~IBV_ACCESS_REMOTE_ATOMIC;
-    co.port_num = options.port;
-    co.gid_index = options.gid_index;
+    co.port_num = options.transport.port;
+    co.gid_index = options.transport.gid_index;
     const uint64_t local_id = absl::Uniform<uint64_t>(absl::BitGen());
     auto c = worker->CreateConnection(local_id, &methods, co);
     if (!c.ok()) return c.status();
@@ -203,10 +196,8 @@ class Channel::Impl {
     request.set_protocol_version(internal::kControlProtocolVersion);
     request.set_client_name(options.client_name);
     *request.mutable_address() = internal::ToProto(*local_address);
-    verbs::Capabilities declared = runtime->caps;
-    if (options.local_invalidation_only) {
-      declared.remote_invalidation_advertised = false;
-    }
+    const verbs::Capabilities declared =
+        internal::DeclaredCapabilities(runtime->caps, options.transport.invalidation);
     *request.mutable_capabilities() = internal::DescribeLocal(declared, local);
     control::ConnectResponse response;
     grpc::ClientContext ctx;
@@ -245,8 +236,9 @@ class Channel::Impl {
                 "connection %u to %s: remote invalidation unavailable (%s); bulk windows are "
                 "revoked by explicit LOCAL_INV (counted in windows_locally_invalidated)",
                 connection_id, address,
-                options.local_invalidation_only ? "this side asked for the fallback"
-                                                : "not supported end to end");
+                options.transport.invalidation == InvalidationPolicy::kLocalOnly
+                    ? "this side asked for the fallback"
+                    : "not supported end to end");
     }
     return absl::OkStatus();
   }

@@ -32,6 +32,7 @@
 #include "rpc/bulk.h"
 #include "rpc/call.h"
 #include "rpc/service.h"
+#include "rpc/transport_options.h"
 
 namespace swirl {
 
@@ -42,32 +43,21 @@ struct ChannelOptions {
   std::string tls_root_cert_file;
   std::string tls_target_name;  // override the name checked in the server certificate
 
-  std::string device;  // "" = automatic
-  // Port and GID table entry (see ServerOptions: -1 picks one, RoCE v2 and IPv4 first).
-  uint8_t port = 1;
-  int gid_index = -1;
+  // The RDMA side (device, GID, credits, buffers, bulk pool, invalidation, keepalive, window
+  // lease; rpc/transport_options.h). The bulk pool is the worker's.
+  TransportOptions transport;
   enum class Driver { kBackgroundThread, kCaller };
   Driver driver = Driver::kBackgroundThread;
   bool dedicated_worker = false;  // background driver: own worker thread instead of shared
   int worker_core = -1;           // pin the worker thread (a shared one: see above)
 
-  uint32_t credits = 32;
-  uint32_t buffer_size = 4096 + 32;
   absl::Duration connect_timeout = absl::Seconds(10);
-  absl::Duration keepalive = absl::Seconds(5);
 
   // Services this side offers to the server (server-to-client calls). Must outlive the channel.
   std::vector<Service*> services;
 
-  // Bulk transfers (docs/BULK.md). 0 bytes: no bulk pool (large payloads then fail).
-  size_t bulk_pool_bytes = 64 << 20;
+  // Bulk transfers (docs/BULK.md): who exposes the buffers.
   BulkMode bulk_mode = BulkMode::kServerExposes;
-  // Refuse to connect unless remote invalidation works end to end (no local fallback).
-  bool require_remote_invalidation = false;
-  // Declare this side unable to do remote invalidation, so the explicit local-invalidation
-  // fallback is used (to test and measure the fallback; never needed otherwise).
-  bool local_invalidation_only = false;
-  absl::Duration window_lease = absl::Seconds(5);  // mirror mode: our windows' lease
 };
 
 class Channel : public CallTarget {

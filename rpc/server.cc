@@ -14,6 +14,7 @@
 #include "base/mutex.h"
 #include "base/log.h"
 #include "proto/control.grpc.pb.h"
+#include "rpc/establish.h"
 #include "rpc/handshake.h"
 #include "rpc/worker.h"
 #include "transport/device.h"
@@ -94,21 +95,23 @@ class Server::Impl final : public control::Control::Service {
 
   absl::Status Start() {
     if (started_) return absl::FailedPreconditionError("already started");
-    auto context = OpenDevice(options_.device);
+    auto context = OpenDevice(options_.transport.device);
     if (!context.ok()) return context.status();
     context_ = *context;
     verbs::ProbeOptions probe;
-    probe.port_num = options_.port;
-    probe.gid_index = options_.gid_index;
+    probe.port_num = options_.transport.port;
+    probe.gid_index = options_.transport.gid_index;
     probe.confirm_remote_invalidation = true;
     auto caps = verbs::ProbeCapabilities(context_, probe);
     if (!caps.ok()) return caps.status();
     caps_ = *caps;
-    if (options_.require_remote_invalidation && !caps_.remote_invalidation()) {
+    if (options_.transport.invalidation == InvalidationPolicy::kRequireRemote &&
+        !caps_.remote_invalidation()) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "require_remote_invalidation is set but ", caps_.device,
+          "remote invalidation is required but ", caps_.device,
           " cannot do remote invalidation (", caps_.selftest_detail, ")"));
     }
+    declared_ = internal::DeclaredCapabilities(caps_, options_.transport.invalidation);
     auto pd = verbs::ProtectionDomain::Create(context_);
     if (!pd.ok()) return pd.status();
     pd_ = *pd;
@@ -117,22 +120,17 @@ class Server::Impl final : public control::Control::Service {
         1, (options_.max_connections + options_.worker_cores.size() - 1) /
                options_.worker_cores.size());
     for (size_t i = 0; i < options_.worker_cores.size(); ++i) {
-      internal::WorkerOptions wo;
+      internal::WorkerOptions wo = internal::WorkerOptionsFor(options_.transport);
       wo.name = absl::StrCat("server-worker-", i);
       wo.core = options_.worker_cores[i];
       wo.own_thread = true;
       wo.adaptive_idle = options_.idle_spin > absl::ZeroDuration();
       wo.idle_spin = options_.idle_spin;
       wo.max_connections = per_worker;
-      wo.credits = options_.credits;
-      wo.buffer_size = options_.buffer_size;
-      wo.keepalive = options_.keepalive;
       wo.setup_timeout = options_.setup_timeout;
-      wo.bulk_pool_bytes = options_.bulk_pool_bytes;
       wo.grant_bytes_per_connection = options_.grant_bytes_per_connection;
       wo.download_bytes_per_connection = options_.download_bytes_per_connection;
       wo.bulk_bytes_per_client = options_.bulk_bytes_per_client;
-      wo.window_lease = options_.window_lease;
       wo.on_closed = [this](uint64_t id, const absl::Status& why) {
         OnClosed(id, /*was_accepted=*/true, why);
       };
@@ -296,7 +294,7 @@ class Server::Impl final : public control::Control::Service {
     if (!Authenticated(context)) return absl::UnauthenticatedError("missing or wrong token");
     // The version first: an incompatible client is told so before anything else is parsed.
     internal::LocalConfig local = LocalConfig();
-    auto negotiated = internal::Negotiate(request, caps_, local, [this](const ibv_gid& client) {
+    auto negotiated = internal::Negotiate(request, declared_, local, [this](const ibv_gid& client) {
       return context_->CheckReachable(caps_.gid, client);
     });
     if (!negotiated.ok()) return negotiated.status();
@@ -380,8 +378,8 @@ class Server::Impl final : public control::Control::Service {
     verbs::ConnectOptions co;
     // swirl's RPCs never use atomics; a device without them may refuse a QP that asks for them.
     co.access_flags &= ~IBV_ACCESS_REMOTE_ATOMIC;
-    co.port_num = options_.port;
-    co.gid_index = options_.gid_index;
+    co.port_num = options_.transport.port;
+    co.gid_index = options_.transport.gid_index;
     auto connection = worker->CreateConnection(id, &methods_, co);
     if (!connection.ok()) return connection.status();
     std::shared_ptr<internal::Connection> c = *connection;
@@ -399,7 +397,7 @@ class Server::Impl final : public control::Control::Service {
     accepted_.fetch_add(1, std::memory_order_relaxed);
     response->set_connection_id(id);
     *response->mutable_address() = internal::ToProto(*local);
-    *response->mutable_capabilities() = internal::DescribeLocal(caps_, LocalConfig());
+    *response->mutable_capabilities() = internal::DescribeLocal(declared_, LocalConfig());
     *response->mutable_negotiated() = negotiated;
     SWIRL_LOG(INFO, "connection %u from %s (%s): credits %u/%u, max message %u, invalidation %s",
               id, peer, internal::LoggableName(request.client_name()), negotiated.client_credits(),
@@ -457,7 +455,7 @@ class Server::Impl final : public control::Control::Service {
   control::StatsResponse CollectStats(uint64_t only) const {
     control::StatsResponse out;
     out.set_device(caps_.device);
-    *out.mutable_capabilities() = internal::DescribeLocal(caps_, LocalConfig());
+    *out.mutable_capabilities() = internal::DescribeLocal(declared_, LocalConfig());
     control::ServerStats* s = out.mutable_server();
     s->set_connections_accepted(accepted_.load());
     s->set_connections_refused(refused_.load());
@@ -541,19 +539,14 @@ class Server::Impl final : public control::Control::Service {
   }
 
   internal::LocalConfig LocalConfig() const {
-    internal::LocalConfig local;
-    local.credits = options_.credits;
-    local.buffer_size = options_.buffer_size;
-    local.max_inline = std::min<uint32_t>(caps_.max_inline_data, 1024);
+    internal::LocalConfig local = internal::LocalConfigFor(options_.transport, caps_);
     local.eager_threshold = options_.eager_threshold;
     local.window_credits = options_.window_credits;
-    local.require_remote_invalidation = options_.require_remote_invalidation;
-    local.allow_local_fallback = options_.allow_local_invalidation_fallback;
     // A worker's pool serves buffers of power-of-two size classes up to bit_floor(pool).
-    local.max_bulk_size = options_.bulk_pool_bytes == 0
+    local.max_bulk_size = options_.transport.bulk_pool_bytes == 0
                               ? 0
                               : std::min(options_.max_bulk_size,
-                                         std::bit_floor(options_.bulk_pool_bytes));
+                                         std::bit_floor(options_.transport.bulk_pool_bytes));
     return local;
   }
 
@@ -567,6 +560,8 @@ class Server::Impl final : public control::Control::Service {
   std::shared_ptr<verbs::Context> context_;
   std::shared_ptr<verbs::ProtectionDomain> pd_;
   verbs::Capabilities caps_;
+  // caps_ as this server negotiates with and tells clients (InvalidationPolicy::kLocalOnly).
+  verbs::Capabilities declared_;
   std::unique_ptr<internal::ThreadPool> pool_;
   // Control handlers run on gRPC's threads, which can outlive grpc::Server::Shutdown's
   // deadline: they read workers_ under this lock, and Shutdown destroys the workers under it.
