@@ -3,9 +3,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
-#include <fstream>
 #include <map>
-#include <sstream>
 
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
@@ -40,43 +38,14 @@ namespace {
 
 swirl::Mutex g_mu;
 
-// The capability probe (with its self-test) runs once per device, port and GID per process.
-absl::StatusOr<verbs::Capabilities> CachedCapabilities(const std::shared_ptr<verbs::Context>& ctx,
-                                                       const ChannelOptions& options) {
-  static auto* cache = new std::map<std::string, verbs::Capabilities>();
-  // Keyed on the entry "automatic" resolves to, so that -1 and that index share one probe.
-  const TransportOptions& t = options.transport;
-  absl::StatusOr<int> gid_index = ctx->ResolveGidIndex(t.port, t.gid_index);
-  const std::string key =
-      absl::StrCat(ctx->name(), "/", t.port, "/", gid_index.ok() ? *gid_index : t.gid_index);
-  swirl::MutexLock lock(&g_mu);
-  auto it = cache->find(key);
-  if (it != cache->end()) return it->second;
-  verbs::ProbeOptions probe;
-  probe.port_num = t.port;
-  probe.gid_index = t.gid_index;
-  probe.confirm_remote_invalidation = true;
-  auto caps = verbs::ProbeCapabilities(ctx, probe);
-  if (!caps.ok()) return caps.status();
-  // A self-test that could not run (port down) is tried again next time, not remembered.
-  if (caps->remote_invalidation_selftest != verbs::SelfTest::kNotRun) {
-    (*cache)[key] = *caps;
-  }
-  return *caps;
-}
-
 absl::StatusOr<std::shared_ptr<ClientRuntime>> NewRuntime(const ChannelOptions& options,
                                                           bool shared) {
   auto runtime = std::make_shared<ClientRuntime>();
-  auto context = OpenDevice(options.transport.device);
-  if (!context.ok()) return context.status();
-  runtime->context = *context;
-  auto caps = CachedCapabilities(runtime->context, options);
-  if (!caps.ok()) return caps.status();
-  runtime->caps = *caps;
-  auto pd = verbs::ProtectionDomain::Create(runtime->context);
-  if (!pd.ok()) return pd.status();
-  runtime->pd = *pd;
+  auto device = OpenTransport(options.transport, Probe::kOncePerProcess);
+  if (!device.ok()) return device.status();
+  runtime->context = device->context;
+  runtime->pd = device->pd;
+  runtime->caps = device->caps;
   WorkerOptions wo = WorkerOptionsFor(options.transport);
   wo.name = shared ? "client-worker" : "channel-worker";
   wo.core = options.worker_core;
@@ -107,14 +76,6 @@ absl::StatusOr<std::shared_ptr<ClientRuntime>> GetRuntime(const ChannelOptions& 
   if (auto existing = (*runtimes)[key].lock()) return existing;  // lost a race: use theirs
   (*runtimes)[key] = *runtime;
   return runtime;
-}
-
-absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
 }
 
 }  // namespace
@@ -178,68 +139,50 @@ class Channel::Impl {
                               ? 0
                               : runtime->worker->bulk_pool()->max_allocation();
 
-    verbs::ConnectOptions co;
-    // swirl's RPCs never use atomics; a device without them may refuse a QP that asks for them.
-    co.access_flags &= ~IBV_ACCESS_REMOTE_ATOMIC;
-    co.port_num = options.transport.port;
-    co.gid_index = options.transport.gid_index;
-    const uint64_t local_id = absl::Uniform<uint64_t>(absl::BitGen());
-    auto c = worker->CreateConnection(local_id, &methods, co);
-    if (!c.ok()) return c.status();
-    const uint32_t psn = absl::Uniform<uint32_t>(absl::BitGen(), 0, 1u << 24);
-    auto local_address = (*c)->qp().LocalAddress(psn, co);
-    if (!local_address.ok()) {
-      worker->Abandon(*c);
-      return local_address.status();
-    }
-    control::ConnectRequest request;
-    request.set_protocol_version(internal::kControlProtocolVersion);
-    request.set_client_name(options.client_name);
-    *request.mutable_address() = internal::ToProto(*local_address);
     const verbs::Capabilities declared =
         internal::DeclaredCapabilities(runtime->caps, options.transport.invalidation);
-    *request.mutable_capabilities() = internal::DescribeLocal(declared, local);
     control::ConnectResponse response;
-    grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + options.connect_timeout));
-    AddAuth(&ctx);
-    absl::Status s = internal::FromGrpc(stub->Connect(&ctx, request, &response));
-    if (s.ok()) s = internal::CheckNegotiated(response.negotiated(), local, declared);
-    absl::StatusOr<verbs::PeerAddress> server_address =
-        s.ok() ? internal::FromProto(response.address()) : absl::StatusOr<verbs::PeerAddress>(s);
-    if (s.ok()) s = server_address.status();
-    if (s.ok()) s = (*c)->qp().ToRtr(*server_address, co);
-    if (s.ok()) s = (*c)->qp().ToRts(psn, co);
-    if (!s.ok()) {
-      worker->Abandon(*c);
+    auto exchange = [&](const verbs::PeerAddress& ours) -> absl::StatusOr<internal::PeerAnswer> {
+      control::ConnectRequest request;
+      request.set_protocol_version(internal::kControlProtocolVersion);
+      request.set_client_name(options.client_name);
+      *request.mutable_address() = internal::ToProto(ours);
+      *request.mutable_capabilities() = internal::DescribeLocal(declared, local);
+      grpc::ClientContext ctx;
+      ctx.set_deadline(absl::ToChronoTime(absl::Now() + options.connect_timeout));
+      AddAuth(&ctx);
+      absl::Status s = internal::FromGrpc(stub->Connect(&ctx, request, &response));
+      if (s.ok()) s = internal::CheckNegotiated(response.negotiated(), local, declared);
+      if (!s.ok()) return s;
+      auto server_address = internal::FromProto(response.address());
+      if (!server_address.ok()) return server_address.status();
+      return internal::PeerAnswer{*server_address, response.negotiated(),
+                                  response.connection_id()};
+    };
+    internal::ConnectionSetup setup{.worker = worker,
+                                    .id = absl::Uniform<uint64_t>(absl::BitGen()),
+                                    .methods = &methods,
+                                    .transport = &options.transport,
+                                    .is_server = false,
+                                    .peer = address,
+                                    .client_name = options.client_name};
+    auto c = internal::EstablishConnection(setup, exchange);
+    if (!c.ok()) {
+      // The server may have set its side up already: it is told, instead of waiting for its
+      // setup_timeout.
       if (response.connection_id() != 0) {
         SendDisconnect(response.connection_id(), response.disconnect_secret());
       }
-      return s;
+      return c.status();
     }
     negotiated = response.negotiated();
     connection_id = response.connection_id();
     disconnect_secret = response.disconnect_secret();
-    (*c)->Configure(negotiated, /*is_server=*/false, address, options.client_name);
     connection = *c;
-    worker->Activate(connection);
     // A caller-driven worker acts only when driven: once now, so that the activation (and the
     // ping that tells the server we are up, ServerOptions::setup_timeout) does not wait for the
     // first call.
     if (worker->caller_driven()) worker->TryDrive();
-    SWIRL_LOG(INFO, "connected to %s as connection %u: invalidation %s, bulk %s", address,
-              connection_id, control::InvalidationMode_Name(negotiated.invalidation()),
-              control::BulkMode_Name(negotiated.bulk_mode()));
-    // Never silently weaker: a fallback in force is said where operators look.
-    if (negotiated.invalidation() == control::INVALIDATION_LOCAL) {
-      SWIRL_LOG(WARNING,
-                "connection %u to %s: remote invalidation unavailable (%s); bulk windows are "
-                "revoked by explicit LOCAL_INV (counted in windows_locally_invalidated)",
-                connection_id, address,
-                options.transport.invalidation == InvalidationPolicy::kLocalOnly
-                    ? "this side asked for the fallback"
-                    : "not supported end to end");
-    }
     return absl::OkStatus();
   }
 
@@ -335,19 +278,7 @@ control::ConnectionStats Channel::LocalStats() const {
   out.set_connection_id(impl_->connection_id);
   *out.mutable_negotiated() = impl_->negotiated;
   if (impl_->connection == nullptr) return out;
-  internal::ConnectionCounters& k = impl_->connection->counters();
-  out.set_requests_sent(k.requests_sent.load());
-  out.set_responses_received(k.responses_received.load());
-  out.set_requests_received(k.requests_received.load());
-  out.set_responses_sent(k.responses_sent.load());
-  out.set_bytes_sent(k.bytes_sent.load());
-  out.set_bytes_received(k.bytes_received.load());
-  out.set_protocol_errors(k.protocol_errors.load());
-  out.set_windows_granted(k.windows_granted.load());
-  out.set_windows_remote_invalidated(k.windows_remote_invalidated.load());
-  out.set_windows_locally_invalidated(k.windows_locally_invalidated.load());
-  out.set_windows_lease_expired(k.windows_lease_expired.load());
-  out.set_invalidation_violations(k.invalidation_violations.load());
+  internal::CopyCounters(impl_->connection->counters(), &out);
   return out;
 }
 

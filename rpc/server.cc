@@ -4,8 +4,6 @@
 #include <grpcpp/health_check_service_interface.h>
 
 #include <bit>
-#include <fstream>
-#include <sstream>
 #include <thread>
 
 #include "absl/random/random.h"
@@ -17,7 +15,6 @@
 #include "rpc/establish.h"
 #include "rpc/handshake.h"
 #include "rpc/worker.h"
-#include "transport/device.h"
 
 namespace swirl {
 namespace {
@@ -62,14 +59,6 @@ grpc::Status ToGrpc(const absl::Status& s) {
   return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
 }
 
-absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 const char* StateName(internal::Connection::State s) {
   switch (s) {
     case internal::Connection::State::kNew: return "new";
@@ -95,16 +84,11 @@ class Server::Impl final : public control::Control::Service {
 
   absl::Status Start() {
     if (started_) return absl::FailedPreconditionError("already started");
-    auto context = OpenDevice(options_.transport.device);
-    if (!context.ok()) return context.status();
-    context_ = *context;
-    verbs::ProbeOptions probe;
-    probe.port_num = options_.transport.port;
-    probe.gid_index = options_.transport.gid_index;
-    probe.confirm_remote_invalidation = true;
-    auto caps = verbs::ProbeCapabilities(context_, probe);
-    if (!caps.ok()) return caps.status();
-    caps_ = *caps;
+    auto device = internal::OpenTransport(options_.transport, internal::Probe::kFresh);
+    if (!device.ok()) return device.status();
+    context_ = device->context;
+    pd_ = device->pd;
+    caps_ = device->caps;
     if (options_.transport.invalidation == InvalidationPolicy::kRequireRemote &&
         !caps_.remote_invalidation()) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -112,9 +96,6 @@ class Server::Impl final : public control::Control::Service {
           " cannot do remote invalidation (", caps_.selftest_detail, ")"));
     }
     declared_ = internal::DeclaredCapabilities(caps_, options_.transport.invalidation);
-    auto pd = verbs::ProtectionDomain::Create(context_);
-    if (!pd.ok()) return pd.status();
-    pd_ = *pd;
     pool_ = std::make_unique<internal::ThreadPool>(options_.handler_threads);
     const uint32_t per_worker = std::max<uint32_t>(
         1, (options_.max_connections + options_.worker_cores.size() - 1) /
@@ -145,9 +126,9 @@ class Server::Impl final : public control::Control::Service {
     grpc::ServerBuilder builder;
     std::shared_ptr<grpc::ServerCredentials> credentials = grpc::InsecureServerCredentials();
     if (!options_.tls_cert_file.empty() || !options_.tls_key_file.empty()) {
-      auto cert = ReadFile(options_.tls_cert_file);
+      auto cert = internal::ReadFile(options_.tls_cert_file);
       if (!cert.ok()) return cert.status();
-      auto key = ReadFile(options_.tls_key_file);
+      auto key = internal::ReadFile(options_.tls_key_file);
       if (!key.ok()) return key.status();
       grpc::SslServerCredentialsOptions ssl;
       ssl.pem_key_cert_pairs.push_back({*key, *cert});
@@ -375,41 +356,23 @@ class Server::Impl final : public control::Control::Service {
       }
     }
     if (worker == nullptr) return absl::ResourceExhaustedError("every worker is full");
-    verbs::ConnectOptions co;
-    // swirl's RPCs never use atomics; a device without them may refuse a QP that asks for them.
-    co.access_flags &= ~IBV_ACCESS_REMOTE_ATOMIC;
-    co.port_num = options_.transport.port;
-    co.gid_index = options_.transport.gid_index;
-    auto connection = worker->CreateConnection(id, &methods_, co);
+    internal::ConnectionSetup setup{.worker = worker,
+                                    .id = id,
+                                    .methods = &methods_,
+                                    .transport = &options_.transport,
+                                    .is_server = true,
+                                    .peer = peer,
+                                    .client_name = request.client_name()};
+    auto connection = internal::EstablishConnection(
+        setup, [&](const verbs::PeerAddress& local) -> absl::StatusOr<internal::PeerAnswer> {
+          *response->mutable_address() = internal::ToProto(local);
+          return internal::PeerAnswer{client_address, negotiated, id};
+        });
     if (!connection.ok()) return connection.status();
-    std::shared_ptr<internal::Connection> c = *connection;
-    const uint32_t psn = absl::Uniform<uint32_t>(absl::BitGen(), 0, 1u << 24);
-    auto local = c->qp().LocalAddress(psn, co);
-    absl::Status s = local.status();
-    if (s.ok()) s = c->qp().ToRtr(client_address, co);
-    if (s.ok()) s = c->qp().ToRts(psn, co);
-    if (!s.ok()) {
-      worker->Abandon(c);
-      return s;
-    }
-    c->Configure(negotiated, /*is_server=*/true, peer, request.client_name());
-    worker->Activate(c);
     accepted_.fetch_add(1, std::memory_order_relaxed);
     response->set_connection_id(id);
-    *response->mutable_address() = internal::ToProto(*local);
     *response->mutable_capabilities() = internal::DescribeLocal(declared_, LocalConfig());
     *response->mutable_negotiated() = negotiated;
-    SWIRL_LOG(INFO, "connection %u from %s (%s): credits %u/%u, max message %u, invalidation %s",
-              id, peer, internal::LoggableName(request.client_name()), negotiated.client_credits(),
-              negotiated.server_credits(), negotiated.max_message_size(),
-              control::InvalidationMode_Name(negotiated.invalidation()));
-    if (negotiated.invalidation() == control::INVALIDATION_LOCAL) {
-      SWIRL_LOG(WARNING,
-                "connection %u from %s: remote invalidation unavailable end to end; bulk "
-                "windows are revoked by explicit LOCAL_INV (counted in "
-                "windows_locally_invalidated)",
-                id, peer);
-    }
     return absl::OkStatus();
   }
 
@@ -494,19 +457,7 @@ class Server::Impl final : public control::Control::Service {
         cs->set_client_name(c->client_name());
         cs->set_peer(c->peer());
         *cs->mutable_negotiated() = c->negotiated();
-        internal::ConnectionCounters& k = c->counters();
-        cs->set_requests_received(k.requests_received.load());
-        cs->set_responses_sent(k.responses_sent.load());
-        cs->set_requests_sent(k.requests_sent.load());
-        cs->set_responses_received(k.responses_received.load());
-        cs->set_bytes_received(k.bytes_received.load());
-        cs->set_bytes_sent(k.bytes_sent.load());
-        cs->set_protocol_errors(k.protocol_errors.load());
-        cs->set_windows_granted(k.windows_granted.load());
-        cs->set_windows_remote_invalidated(k.windows_remote_invalidated.load());
-        cs->set_windows_locally_invalidated(k.windows_locally_invalidated.load());
-        cs->set_windows_lease_expired(k.windows_lease_expired.load());
-        cs->set_invalidation_violations(k.invalidation_violations.load());
+        internal::CopyCounters(c->counters(), cs);
         cs->set_state(StateName(c->state()));
       }
     }
