@@ -3,17 +3,14 @@
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
-#include <map>
 
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "base/mutex.h"
-#include "base/log.h"
 #include "proto/control.grpc.pb.h"
 #include "rpc/establish.h"
 #include "rpc/handshake.h"
 #include "rpc/worker.h"
-#include "transport/device.h"
 
 namespace swirl {
 namespace internal {
@@ -22,63 +19,6 @@ absl::Status FromGrpc(const grpc::Status& s) {
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
 }
 
-// The device, its capabilities and a worker, shared by the channels of a process that use the
-// background driver (or owned by one channel).
-struct ClientRuntime {
-  std::shared_ptr<verbs::Context> context;
-  std::shared_ptr<verbs::ProtectionDomain> pd;
-  verbs::Capabilities caps;
-  std::unique_ptr<Worker> worker;
-  ~ClientRuntime() {
-    if (worker) worker->Stop();
-  }
-};
-
-namespace {
-
-swirl::Mutex g_mu;
-
-absl::StatusOr<std::shared_ptr<ClientRuntime>> NewRuntime(const ChannelOptions& options,
-                                                          bool shared) {
-  auto runtime = std::make_shared<ClientRuntime>();
-  auto device = OpenTransport(options.transport, Probe::kOncePerProcess);
-  if (!device.ok()) return device.status();
-  runtime->context = device->context;
-  runtime->pd = device->pd;
-  runtime->caps = device->caps;
-  WorkerOptions wo = WorkerOptionsFor(options.transport);
-  wo.name = shared ? "client-worker" : "channel-worker";
-  wo.core = options.worker_core;
-  wo.own_thread = options.driver == ChannelOptions::Driver::kBackgroundThread;
-  wo.max_connections = shared ? 64 : 1;
-  auto worker = Worker::Create(runtime->context, runtime->pd, runtime->caps, wo, nullptr);
-  if (!worker.ok()) return worker.status();
-  runtime->worker = std::move(*worker);
-  runtime->worker->Start();
-  return runtime;
-}
-
-absl::StatusOr<std::shared_ptr<ClientRuntime>> GetRuntime(const ChannelOptions& options) {
-  const bool shared = options.driver == ChannelOptions::Driver::kBackgroundThread &&
-                      !options.dedicated_worker;
-  if (!shared) return NewRuntime(options, false);
-  static auto* runtimes = new std::map<std::string, std::weak_ptr<ClientRuntime>>();
-  const TransportOptions& t = options.transport;
-  const std::string key = absl::StrCat(t.device, "/", t.port, "/", t.gid_index, "/", t.credits,
-                                       "/", t.buffer_size, "/", t.bulk_pool_bytes);
-  {
-    swirl::MutexLock lock(&g_mu);
-    if (auto existing = (*runtimes)[key].lock()) return existing;
-  }
-  auto runtime = NewRuntime(options, true);
-  if (!runtime.ok()) return runtime;
-  swirl::MutexLock lock(&g_mu);
-  if (auto existing = (*runtimes)[key].lock()) return existing;  // lost a race: use theirs
-  (*runtimes)[key] = *runtime;
-  return runtime;
-}
-
-}  // namespace
 }  // namespace internal
 
 class Channel::Impl {
@@ -87,7 +27,7 @@ class Channel::Impl {
   std::string address;
   std::shared_ptr<grpc::Channel> grpc_channel;
   std::unique_ptr<control::Control::Stub> stub;
-  std::shared_ptr<internal::ClientRuntime> runtime;
+  std::shared_ptr<ClientRuntime> runtime;
   internal::MethodTable methods;
   std::shared_ptr<internal::Connection> connection;
   uint64_t connection_id = 0;
@@ -99,6 +39,43 @@ class Channel::Impl {
   // that start together from both closing it.
   std::atomic<bool> closed{false};
   swirl::Mutex close_mu;
+
+  // The runtime a channel with `options` runs on (rpc/client_runtime.h, the contract).
+  static absl::StatusOr<std::shared_ptr<ClientRuntime>> RuntimeFor(const ChannelOptions& options) {
+    const ClientRuntimeOptions own{.transport = options.transport,
+                                   .worker_core = options.worker_core};
+    const bool caller_driven = options.driver == ChannelOptions::Driver::kCaller;
+    if (options.runtime == nullptr) {
+      if (caller_driven || options.dedicated_worker) {
+        return ClientRuntime::Make({.transport = own.transport,
+                                    .worker_core = own.worker_core,
+                                    .max_channels = 1},
+                                   "channel-worker", /*own_thread=*/!caller_driven);
+      }
+      return ClientRuntime::Shared(own);
+    }
+    if (caller_driven || options.dedicated_worker) {
+      return absl::InvalidArgumentError(
+          "ChannelOptions::runtime is for background-driven channels that share a worker; a "
+          "caller-driven or dedicated_worker channel has one of its own");
+    }
+    // Nothing silently overridden: the channel's own settings are the defaults it was made
+    // with, or the runtime's.
+    const ChannelOptions defaults;
+    const ClientRuntimeOptions& theirs = options.runtime->options();
+    if (options.transport != defaults.transport && options.transport != theirs.transport) {
+      return absl::InvalidArgumentError(
+          "ChannelOptions::transport differs from the transport options of the runtime it "
+          "names, whose worker the channel would use: leave it as it is or set it equal");
+    }
+    if (options.worker_core != defaults.worker_core &&
+        options.worker_core != theirs.worker_core) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "ChannelOptions::worker_core is ", options.worker_core, ", but the runtime it names "
+          "pins its worker to ", theirs.worker_core));
+    }
+    return options.runtime;
+  }
 
   void AddAuth(grpc::ClientContext* ctx) const {
     if (!options.auth_token.empty()) {
@@ -127,20 +104,23 @@ class Channel::Impl {
     for (Service* s : options.services) {
       if (absl::Status st = methods.Add(*s); !st.ok()) return st;
     }
-    auto rt = internal::GetRuntime(options);
+    auto rt = RuntimeFor(options);
     if (!rt.ok()) return rt.status();
     runtime = *rt;
-    internal::Worker* worker = runtime->worker.get();
+    // The runtime's settings are the channel's (equal to its own, or its own left as they are).
+    options.transport = runtime->options().transport;
+    options.worker_core = runtime->options().worker_core;
+    internal::Worker* worker = &runtime->worker();
 
-    internal::LocalConfig local = internal::LocalConfigFor(options.transport, runtime->caps);
+    internal::LocalConfig local =
+        internal::LocalConfigFor(options.transport, runtime->capabilities());
     local.bulk_mode = options.bulk_mode == BulkMode::kMirror ? control::BULK_MIRROR
                                                              : control::BULK_SERVER_EXPOSES;
-    local.max_bulk_size = runtime->worker->bulk_pool() == nullptr
-                              ? 0
-                              : runtime->worker->bulk_pool()->max_allocation();
+    local.max_bulk_size =
+        worker->bulk_pool() == nullptr ? 0 : worker->bulk_pool()->max_allocation();
 
     const verbs::Capabilities declared =
-        internal::DeclaredCapabilities(runtime->caps, options.transport.invalidation);
+        internal::DeclaredCapabilities(runtime->capabilities(), options.transport.invalidation);
     control::ConnectResponse response;
     auto exchange = [&](const verbs::PeerAddress& ours) -> absl::StatusOr<internal::PeerAnswer> {
       control::ConnectRequest request;
@@ -205,7 +185,7 @@ class Channel::Impl {
     if (closed.load(std::memory_order_acquire) || connection == nullptr) return;
     closed.store(true, std::memory_order_release);
     SendDisconnect(connection_id, disconnect_secret);
-    internal::Worker* worker = runtime->worker.get();
+    internal::Worker* worker = &runtime->worker();
     worker->Close(connection->id(), absl::UnavailableError("channel closed"));
     // Wait for the worker to finish with the connection (driving it ourselves if need be).
     const absl::Time deadline = absl::Now() + absl::Seconds(3);
@@ -237,12 +217,12 @@ void Channel::Start(ClientCall* call) {
     internal::Worker::FailUnstarted(call, absl::UnavailableError("channel closed"));
     return;
   }
-  impl_->runtime->worker->StartCall(impl_->connection->id(), call);
+  impl_->runtime->worker().StartCall(impl_->connection->id(), call);
 }
 
 bool Channel::Poll() {
-  if (impl_->runtime == nullptr || !impl_->runtime->worker->caller_driven()) return false;
-  return impl_->runtime->worker->TryDrive();
+  if (impl_->runtime == nullptr || !impl_->runtime->worker().caller_driven()) return false;
+  return impl_->runtime->worker().TryDrive();
 }
 
 const control::Negotiated& Channel::negotiated() const { return impl_->negotiated; }
@@ -267,11 +247,13 @@ absl::StatusOr<control::StatsResponse> Channel::ServerStats() {
 void Channel::Close() { impl_->Close(); }
 
 absl::StatusOr<BulkBuffer> Channel::AllocateBulk(size_t size) {
-  if (impl_->runtime == nullptr || impl_->runtime->worker->bulk_pool() == nullptr) {
+  if (impl_->runtime == nullptr || impl_->runtime->worker().bulk_pool() == nullptr) {
     return absl::FailedPreconditionError("this channel has no bulk pool");
   }
-  return impl_->runtime->worker->bulk_pool()->Allocate(size);
+  return impl_->runtime->worker().bulk_pool()->Allocate(size);
 }
+
+const std::shared_ptr<ClientRuntime>& Channel::runtime() const { return impl_->runtime; }
 
 control::ConnectionStats Channel::LocalStats() const {
   control::ConnectionStats out;
