@@ -94,7 +94,9 @@ void ConnectPair(Side& client, Side& server, const swirl::verbs::Capabilities& c
   request.set_protocol_version(swirl::internal::kControlProtocolVersion);
   *request.mutable_address() = swirl::internal::ToProto(*client_address);
   *request.mutable_capabilities() = swirl::internal::DescribeLocal(caps, client_config);
-  auto negotiated = swirl::internal::Negotiate(request, caps, server_config);
+  // Both ends are this process's soft0: reachable.
+  auto negotiated = swirl::internal::Negotiate(request, caps, server_config,
+                                               [](const ibv_gid&) { return absl::OkStatus(); });
   if (!negotiated.ok()) Fail(negotiated.status().ToString());
   if (auto s = swirl::internal::CheckNegotiated(*negotiated, client_config, caps); !s.ok()) {
     Fail(s.ToString());

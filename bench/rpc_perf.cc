@@ -135,17 +135,17 @@ int RunServer() {
   }
   swirl::ServerOptions options;
   options.address = absl::StrCat("127.0.0.1:", absl::GetFlag(FLAGS_port));
-  options.device = absl::GetFlag(FLAGS_device);
+  options.transport.device = absl::GetFlag(FLAGS_device);
   const int workers = std::max(1, absl::GetFlag(FLAGS_workers) > 0 ? absl::GetFlag(FLAGS_workers)
                                                                    : swirl::bench::HarnessThreads());
   options.worker_cores.clear();
   const int ncpu = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   for (int w = 0; w < workers; ++w) options.worker_cores.push_back(core < 0 ? -1 : (core + w) % ncpu);
   options.idle_spin = absl::Seconds(1);  // busy-poll: benchmarks measure the hot path
-  options.bulk_pool_bytes = 512 << 20;
+  options.transport.bulk_pool_bytes = 512 << 20;
   options.max_bulk_size = 64 << 20;
   options.window_credits = 32;
-  options.credits = 64;
+  options.transport.credits = 64;
   options.max_connections = 16;
   EchoImpl echo;
   BulkBench bulk;
@@ -212,9 +212,9 @@ pid_t SpawnServer(int* port) {
 // optionally with "+local-inv" (local invalidation only).
 swirl::ChannelOptions ParseMode(const std::string& spec, swirl::ChannelOptions options) {
   std::string mode = spec;
-  options.local_invalidation_only = false;
+  options.transport.invalidation = swirl::InvalidationPolicy::kPreferRemote;
   if (absl::EndsWith(mode, "+local-inv")) {
-    options.local_invalidation_only = true;
+    options.transport.invalidation = swirl::InvalidationPolicy::kLocalOnly;
     mode.resize(mode.size() - std::strlen("+local-inv"));
   }
   if (mode == "mirror") {
@@ -393,11 +393,13 @@ struct ThreadResult {
 std::shared_ptr<swirl::Channel> Connect(const std::string& address, const std::string& mode) {
   swirl::ChannelOptions options;
   options.driver = swirl::ChannelOptions::Driver::kCaller;
-  options.device = absl::GetFlag(FLAGS_device);
-  options.credits = 64;
-  options.bulk_pool_bytes = 512 << 20;
+  options.transport.device = absl::GetFlag(FLAGS_device);
+  options.transport.credits = 64;
+  options.transport.bulk_pool_bytes = 512 << 20;
   options = ParseMode(mode, options);
-  options.local_invalidation_only |= absl::GetFlag(FLAGS_local_invalidation_only);
+  if (absl::GetFlag(FLAGS_local_invalidation_only)) {
+    options.transport.invalidation = swirl::InvalidationPolicy::kLocalOnly;
+  }
   auto channel = swirl::Channel::Create(address, options);
   if (!channel.ok()) Fail(channel.status().ToString());
   return *channel;

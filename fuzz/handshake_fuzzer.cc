@@ -50,10 +50,14 @@ namespace verbs = swirl::verbs;
 struct ServerSide {
   verbs::Capabilities caps;
   internal::LocalConfig config;
+  // Whether the server's device can link to the client's GID (the device's answer, which the
+  // handshake takes as given): chosen by the input too.
+  bool reachable = true;
 };
 
 // The server's device and configuration, chosen by the input's first byte: soft or NIC,
-// shared memory or TCP (for soft), remote invalidation or not, strict or not, bulk or not.
+// shared memory or TCP (for soft), remote invalidation or not, strict or not, bulk or not, the
+// client reachable or not.
 ServerSide MakeServer(uint8_t choice) {
   ServerSide s;
   s.caps.device = "soft0";
@@ -74,6 +78,7 @@ ServerSide MakeServer(uint8_t choice) {
   c.require_remote_invalidation = (choice & 8) != 0;
   c.allow_local_fallback = (choice & 16) == 0;
   c.max_bulk_size = (choice & 32) ? 0 : uint64_t{16} << 20;
+  s.reachable = (choice & 64) == 0;
   if (choice & 128) {  // small buffers and few credits
     c.credits = internal::kMinCredits;
     c.buffer_size = 512;
@@ -128,7 +133,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   CheckLoggable(request.capabilities().device_kind());
 
   absl::StatusOr<control::Negotiated> negotiated =
-      internal::Negotiate(request, server.caps, server.config);
+      internal::Negotiate(request, server.caps, server.config, [&](const ibv_gid&) {
+        return server.reachable ? absl::OkStatus()
+                                : absl::FailedPreconditionError("the device cannot reach it");
+      });
   if (!negotiated.ok()) {
     FUZZ_CHECK(negotiated.status().code() == absl::StatusCode::kFailedPrecondition ||
                    negotiated.status().code() == absl::StatusCode::kInvalidArgument,

@@ -119,7 +119,7 @@ class BulkModesTest : public ::testing::TestWithParam<Mode> {
   static absl::StatusOr<std::shared_ptr<Channel>> ConnectInMode(ChannelOptions options = {}) {
     options.auth_token = "e2e";
     options.bulk_mode = GetParam().bulk;
-    options.local_invalidation_only = GetParam().local_only;
+    if (GetParam().local_only) options.transport.invalidation = InvalidationPolicy::kLocalOnly;
     return Channel::Create(absl::StrCat("127.0.0.1:", port_), options);
   }
 
@@ -318,7 +318,7 @@ TEST(BulkNegotiation, FallbackIsRefusedWhenRemoteInvalidationIsRequired) {
   ASSERT_TRUE(server.ok()) << server.status();
   ChannelOptions options;
   options.auth_token = "e2e";
-  options.local_invalidation_only = true;
+  options.transport.invalidation = InvalidationPolicy::kLocalOnly;
   auto channel = Channel::Create(absl::StrCat("127.0.0.1:", server->second), options);
   ASSERT_FALSE(channel.ok());
   EXPECT_EQ(channel.status().code(), absl::StatusCode::kFailedPrecondition);
@@ -331,7 +331,7 @@ TEST(BulkNegotiation, FallbackInForceIsLoggedAsAWarning) {
   ASSERT_TRUE(server.ok()) << server.status();
   ChannelOptions options;
   options.auth_token = "e2e";
-  options.local_invalidation_only = true;
+  options.transport.invalidation = InvalidationPolicy::kLocalOnly;
   ::testing::internal::CaptureStderr();
   auto channel = Channel::Create(absl::StrCat("127.0.0.1:", server->second), options);
   const std::string logged = ::testing::internal::GetCapturedStderr();

@@ -3,18 +3,14 @@
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
-#include <fstream>
-#include <map>
-#include <sstream>
 
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "base/mutex.h"
-#include "base/log.h"
 #include "proto/control.grpc.pb.h"
+#include "rpc/establish.h"
 #include "rpc/handshake.h"
 #include "rpc/worker.h"
-#include "transport/device.h"
 
 namespace swirl {
 namespace internal {
@@ -23,104 +19,6 @@ absl::Status FromGrpc(const grpc::Status& s) {
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
 }
 
-// The device, its capabilities and a worker, shared by the channels of a process that use the
-// background driver (or owned by one channel).
-struct ClientRuntime {
-  std::shared_ptr<verbs::Context> context;
-  std::shared_ptr<verbs::ProtectionDomain> pd;
-  verbs::Capabilities caps;
-  std::unique_ptr<Worker> worker;
-  ~ClientRuntime() {
-    if (worker) worker->Stop();
-  }
-};
-
-namespace {
-
-swirl::Mutex g_mu;
-
-// The capability probe (with its self-test) runs once per device, port and GID per process.
-absl::StatusOr<verbs::Capabilities> CachedCapabilities(const std::shared_ptr<verbs::Context>& ctx,
-                                                       const ChannelOptions& options) {
-  static auto* cache = new std::map<std::string, verbs::Capabilities>();
-  // Keyed on the entry "automatic" resolves to, so that -1 and that index share one probe.
-  absl::StatusOr<int> gid_index = ctx->ResolveGidIndex(options.port, options.gid_index);
-  const std::string key = absl::StrCat(ctx->name(), "/", options.port, "/",
-                                       gid_index.ok() ? *gid_index : options.gid_index);
-  swirl::MutexLock lock(&g_mu);
-  auto it = cache->find(key);
-  if (it != cache->end()) return it->second;
-  verbs::ProbeOptions probe;
-  probe.port_num = options.port;
-  probe.gid_index = options.gid_index;
-  probe.confirm_remote_invalidation = true;
-  auto caps = verbs::ProbeCapabilities(ctx, probe);
-  if (!caps.ok()) return caps.status();
-  // A self-test that could not run (port down) is tried again next time, not remembered.
-  if (caps->remote_invalidation_selftest != verbs::SelfTest::kNotRun) {
-    (*cache)[key] = *caps;
-  }
-  return *caps;
-}
-
-absl::StatusOr<std::shared_ptr<ClientRuntime>> NewRuntime(const ChannelOptions& options,
-                                                          bool shared) {
-  auto runtime = std::make_shared<ClientRuntime>();
-  auto context = OpenDevice(options.device);
-  if (!context.ok()) return context.status();
-  runtime->context = *context;
-  auto caps = CachedCapabilities(runtime->context, options);
-  if (!caps.ok()) return caps.status();
-  runtime->caps = *caps;
-  auto pd = verbs::ProtectionDomain::Create(runtime->context);
-  if (!pd.ok()) return pd.status();
-  runtime->pd = *pd;
-  WorkerOptions wo;
-  wo.name = shared ? "client-worker" : "channel-worker";
-  wo.core = options.worker_core;
-  wo.own_thread = options.driver == ChannelOptions::Driver::kBackgroundThread;
-  wo.max_connections = shared ? 64 : 1;
-  wo.credits = options.credits;
-  wo.buffer_size = options.buffer_size;
-  wo.keepalive = options.keepalive;
-  wo.bulk_pool_bytes = options.bulk_pool_bytes;
-  wo.window_lease = options.window_lease;
-  auto worker = Worker::Create(runtime->context, runtime->pd, runtime->caps, wo, nullptr);
-  if (!worker.ok()) return worker.status();
-  runtime->worker = std::move(*worker);
-  runtime->worker->Start();
-  return runtime;
-}
-
-absl::StatusOr<std::shared_ptr<ClientRuntime>> GetRuntime(const ChannelOptions& options) {
-  const bool shared = options.driver == ChannelOptions::Driver::kBackgroundThread &&
-                      !options.dedicated_worker;
-  if (!shared) return NewRuntime(options, false);
-  static auto* runtimes = new std::map<std::string, std::weak_ptr<ClientRuntime>>();
-  const std::string key =
-      absl::StrCat(options.device, "/", options.port, "/", options.gid_index, "/",
-                   options.credits, "/", options.buffer_size, "/", options.bulk_pool_bytes);
-  {
-    swirl::MutexLock lock(&g_mu);
-    if (auto existing = (*runtimes)[key].lock()) return existing;
-  }
-  auto runtime = NewRuntime(options, true);
-  if (!runtime.ok()) return runtime;
-  swirl::MutexLock lock(&g_mu);
-  if (auto existing = (*runtimes)[key].lock()) return existing;  // lost a race: use theirs
-  (*runtimes)[key] = *runtime;
-  return runtime;
-}
-
-absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-}  // namespace
 }  // namespace internal
 
 class Channel::Impl {
@@ -129,7 +27,7 @@ class Channel::Impl {
   std::string address;
   std::shared_ptr<grpc::Channel> grpc_channel;
   std::unique_ptr<control::Control::Stub> stub;
-  std::shared_ptr<internal::ClientRuntime> runtime;
+  std::shared_ptr<ClientRuntime> runtime;
   internal::MethodTable methods;
   std::shared_ptr<internal::Connection> connection;
   uint64_t connection_id = 0;
@@ -141,6 +39,43 @@ class Channel::Impl {
   // that start together from both closing it.
   std::atomic<bool> closed{false};
   swirl::Mutex close_mu;
+
+  // The runtime a channel with `options` runs on (rpc/client_runtime.h, the contract).
+  static absl::StatusOr<std::shared_ptr<ClientRuntime>> RuntimeFor(const ChannelOptions& options) {
+    const ClientRuntimeOptions own{.transport = options.transport,
+                                   .worker_core = options.worker_core};
+    const bool caller_driven = options.driver == ChannelOptions::Driver::kCaller;
+    if (options.runtime == nullptr) {
+      if (caller_driven || options.dedicated_worker) {
+        return ClientRuntime::Make({.transport = own.transport,
+                                    .worker_core = own.worker_core,
+                                    .max_channels = 1},
+                                   "channel-worker", /*own_thread=*/!caller_driven);
+      }
+      return ClientRuntime::Shared(own);
+    }
+    if (caller_driven || options.dedicated_worker) {
+      return absl::InvalidArgumentError(
+          "ChannelOptions::runtime is for background-driven channels that share a worker; a "
+          "caller-driven or dedicated_worker channel has one of its own");
+    }
+    // Nothing silently overridden: the channel's own settings are the defaults it was made
+    // with, or the runtime's.
+    const ChannelOptions defaults;
+    const ClientRuntimeOptions& theirs = options.runtime->options();
+    if (options.transport != defaults.transport && options.transport != theirs.transport) {
+      return absl::InvalidArgumentError(
+          "ChannelOptions::transport differs from the transport options of the runtime it "
+          "names, whose worker the channel would use: leave it as it is or set it equal");
+    }
+    if (options.worker_core != defaults.worker_core &&
+        options.worker_core != theirs.worker_core) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "ChannelOptions::worker_core is ", options.worker_core, ", but the runtime it names "
+          "pins its worker to ", theirs.worker_core));
+    }
+    return options.runtime;
+  }
 
   void AddAuth(grpc::ClientContext* ctx) const {
     if (!options.auth_token.empty()) {
@@ -169,85 +104,65 @@ class Channel::Impl {
     for (Service* s : options.services) {
       if (absl::Status st = methods.Add(*s); !st.ok()) return st;
     }
-    auto rt = internal::GetRuntime(options);
+    auto rt = RuntimeFor(options);
     if (!rt.ok()) return rt.status();
     runtime = *rt;
-    internal::Worker* worker = runtime->worker.get();
+    // The runtime's settings are the channel's (equal to its own, or its own left as they are).
+    options.transport = runtime->options().transport;
+    options.worker_core = runtime->options().worker_core;
+    internal::Worker* worker = &runtime->worker();
 
-    internal::LocalConfig local;
-    local.credits = options.credits;
-    local.buffer_size = options.buffer_size;
-    local.max_inline = std::min<uint32_t>(runtime->caps.max_inline_data, 1024);
-    local.require_remote_invalidation = options.require_remote_invalidation;
+    internal::LocalConfig local =
+        internal::LocalConfigFor(options.transport, runtime->capabilities());
     local.bulk_mode = options.bulk_mode == BulkMode::kMirror ? control::BULK_MIRROR
                                                              : control::BULK_SERVER_EXPOSES;
-    local.max_bulk_size = runtime->worker->bulk_pool() == nullptr
-                              ? 0
-                              : runtime->worker->bulk_pool()->max_allocation();
+    local.max_bulk_size =
+        worker->bulk_pool() == nullptr ? 0 : worker->bulk_pool()->max_allocation();
 
-    verbs::ConnectOptions co;
-    // swirl's RPCs never use atomics; a device without them may refuse a QP that asks for them.
-    co.access_flags &= ~IBV_ACCESS_REMOTE_ATOMIC;
-    co.port_num = options.port;
-    co.gid_index = options.gid_index;
-    const uint64_t local_id = absl::Uniform<uint64_t>(absl::BitGen());
-    auto c = worker->CreateConnection(local_id, &methods, co);
-    if (!c.ok()) return c.status();
-    const uint32_t psn = absl::Uniform<uint32_t>(absl::BitGen(), 0, 1u << 24);
-    auto local_address = (*c)->qp().LocalAddress(psn, co);
-    if (!local_address.ok()) {
-      worker->Abandon(*c);
-      return local_address.status();
-    }
-    control::ConnectRequest request;
-    request.set_protocol_version(internal::kControlProtocolVersion);
-    request.set_client_name(options.client_name);
-    *request.mutable_address() = internal::ToProto(*local_address);
-    verbs::Capabilities declared = runtime->caps;
-    if (options.local_invalidation_only) {
-      declared.remote_invalidation_advertised = false;
-    }
-    *request.mutable_capabilities() = internal::DescribeLocal(declared, local);
+    const verbs::Capabilities declared =
+        internal::DeclaredCapabilities(runtime->capabilities(), options.transport.invalidation);
     control::ConnectResponse response;
-    grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + options.connect_timeout));
-    AddAuth(&ctx);
-    absl::Status s = internal::FromGrpc(stub->Connect(&ctx, request, &response));
-    if (s.ok()) s = internal::CheckNegotiated(response.negotiated(), local, declared);
-    absl::StatusOr<verbs::PeerAddress> server_address =
-        s.ok() ? internal::FromProto(response.address()) : absl::StatusOr<verbs::PeerAddress>(s);
-    if (s.ok()) s = server_address.status();
-    if (s.ok()) s = (*c)->qp().ToRtr(*server_address, co);
-    if (s.ok()) s = (*c)->qp().ToRts(psn, co);
-    if (!s.ok()) {
-      worker->Abandon(*c);
+    auto exchange = [&](const verbs::PeerAddress& ours) -> absl::StatusOr<internal::PeerAnswer> {
+      control::ConnectRequest request;
+      request.set_protocol_version(internal::kControlProtocolVersion);
+      request.set_client_name(options.client_name);
+      *request.mutable_address() = internal::ToProto(ours);
+      *request.mutable_capabilities() = internal::DescribeLocal(declared, local);
+      grpc::ClientContext ctx;
+      ctx.set_deadline(absl::ToChronoTime(absl::Now() + options.connect_timeout));
+      AddAuth(&ctx);
+      absl::Status s = internal::FromGrpc(stub->Connect(&ctx, request, &response));
+      if (s.ok()) s = internal::CheckNegotiated(response.negotiated(), local, declared);
+      if (!s.ok()) return s;
+      auto server_address = internal::FromProto(response.address());
+      if (!server_address.ok()) return server_address.status();
+      return internal::PeerAnswer{*server_address, response.negotiated(),
+                                  response.connection_id()};
+    };
+    internal::ConnectionSetup setup{.worker = worker,
+                                    .id = absl::Uniform<uint64_t>(absl::BitGen()),
+                                    .methods = &methods,
+                                    .transport = &options.transport,
+                                    .is_server = false,
+                                    .peer = address,
+                                    .client_name = options.client_name};
+    auto c = internal::EstablishConnection(setup, exchange);
+    if (!c.ok()) {
+      // The server may have set its side up already: it is told, instead of waiting for its
+      // setup_timeout.
       if (response.connection_id() != 0) {
         SendDisconnect(response.connection_id(), response.disconnect_secret());
       }
-      return s;
+      return c.status();
     }
     negotiated = response.negotiated();
     connection_id = response.connection_id();
     disconnect_secret = response.disconnect_secret();
-    (*c)->Configure(negotiated, /*is_server=*/false, address, options.client_name);
     connection = *c;
-    worker->Activate(connection);
     // A caller-driven worker acts only when driven: once now, so that the activation (and the
     // ping that tells the server we are up, ServerOptions::setup_timeout) does not wait for the
     // first call.
     if (worker->caller_driven()) worker->TryDrive();
-    SWIRL_LOG(INFO, "connected to %s as connection %u: invalidation %s, bulk %s", address,
-              connection_id, control::InvalidationMode_Name(negotiated.invalidation()),
-              control::BulkMode_Name(negotiated.bulk_mode()));
-    // Never silently weaker: a fallback in force is said where operators look.
-    if (negotiated.invalidation() == control::INVALIDATION_LOCAL) {
-      SWIRL_LOG(WARNING,
-                "connection %u to %s: remote invalidation unavailable (%s); bulk windows are "
-                "revoked by explicit LOCAL_INV (counted in windows_locally_invalidated)",
-                connection_id, address,
-                options.local_invalidation_only ? "this side asked for the fallback"
-                                                : "not supported end to end");
-    }
     return absl::OkStatus();
   }
 
@@ -270,7 +185,7 @@ class Channel::Impl {
     if (closed.load(std::memory_order_acquire) || connection == nullptr) return;
     closed.store(true, std::memory_order_release);
     SendDisconnect(connection_id, disconnect_secret);
-    internal::Worker* worker = runtime->worker.get();
+    internal::Worker* worker = &runtime->worker();
     worker->Close(connection->id(), absl::UnavailableError("channel closed"));
     // Wait for the worker to finish with the connection (driving it ourselves if need be).
     const absl::Time deadline = absl::Now() + absl::Seconds(3);
@@ -302,12 +217,12 @@ void Channel::Start(ClientCall* call) {
     internal::Worker::FailUnstarted(call, absl::UnavailableError("channel closed"));
     return;
   }
-  impl_->runtime->worker->StartCall(impl_->connection->id(), call);
+  impl_->runtime->worker().StartCall(impl_->connection->id(), call);
 }
 
 bool Channel::Poll() {
-  if (impl_->runtime == nullptr || !impl_->runtime->worker->caller_driven()) return false;
-  return impl_->runtime->worker->TryDrive();
+  if (impl_->runtime == nullptr || !impl_->runtime->worker().caller_driven()) return false;
+  return impl_->runtime->worker().TryDrive();
 }
 
 const control::Negotiated& Channel::negotiated() const { return impl_->negotiated; }
@@ -332,30 +247,20 @@ absl::StatusOr<control::StatsResponse> Channel::ServerStats() {
 void Channel::Close() { impl_->Close(); }
 
 absl::StatusOr<BulkBuffer> Channel::AllocateBulk(size_t size) {
-  if (impl_->runtime == nullptr || impl_->runtime->worker->bulk_pool() == nullptr) {
+  if (impl_->runtime == nullptr || impl_->runtime->worker().bulk_pool() == nullptr) {
     return absl::FailedPreconditionError("this channel has no bulk pool");
   }
-  return impl_->runtime->worker->bulk_pool()->Allocate(size);
+  return impl_->runtime->worker().bulk_pool()->Allocate(size);
 }
+
+const std::shared_ptr<ClientRuntime>& Channel::runtime() const { return impl_->runtime; }
 
 control::ConnectionStats Channel::LocalStats() const {
   control::ConnectionStats out;
   out.set_connection_id(impl_->connection_id);
   *out.mutable_negotiated() = impl_->negotiated;
   if (impl_->connection == nullptr) return out;
-  internal::ConnectionCounters& k = impl_->connection->counters();
-  out.set_requests_sent(k.requests_sent.load());
-  out.set_responses_received(k.responses_received.load());
-  out.set_requests_received(k.requests_received.load());
-  out.set_responses_sent(k.responses_sent.load());
-  out.set_bytes_sent(k.bytes_sent.load());
-  out.set_bytes_received(k.bytes_received.load());
-  out.set_protocol_errors(k.protocol_errors.load());
-  out.set_windows_granted(k.windows_granted.load());
-  out.set_windows_remote_invalidated(k.windows_remote_invalidated.load());
-  out.set_windows_locally_invalidated(k.windows_locally_invalidated.load());
-  out.set_windows_lease_expired(k.windows_lease_expired.load());
-  out.set_invalidation_violations(k.invalidation_violations.load());
+  internal::CopyCounters(impl_->connection->counters(), &out);
   return out;
 }
 

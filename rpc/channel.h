@@ -12,9 +12,9 @@
 // with UNAVAILABLE); share one between threads or make one per thread.
 //   * Driver::kBackgroundThread (default): a worker thread polls the channel's completion queue;
 //     calls from any thread are handed to it through a lock-free queue and callbacks run on it.
-//     Channels of a process with the same device, port, gid_index, credits, buffer_size and
-//     bulk_pool_bytes share that worker unless `dedicated_worker` is set; a shared worker keeps
-//     the keepalive, window_lease and worker_core of the channel that created it.
+//     That worker is a ClientRuntime's (rpc/client_runtime.h): the one in `runtime`, or the
+//     process default for the channel's transport options and worker_core, which channels share
+//     only if all of those are equal; `dedicated_worker`: one of its own.
 //   * Driver::kCaller: no thread; a thread waiting for a call drives the connection itself, and
 //     a thread starting a call posts it directly when nobody else is driving. Lowest latency
 //     with one thread per channel; callbacks run on whichever thread drives.
@@ -31,7 +31,9 @@
 #include "proto/control.pb.h"
 #include "rpc/bulk.h"
 #include "rpc/call.h"
+#include "rpc/client_runtime.h"
 #include "rpc/service.h"
+#include "rpc/transport_options.h"
 
 namespace swirl {
 
@@ -42,32 +44,26 @@ struct ChannelOptions {
   std::string tls_root_cert_file;
   std::string tls_target_name;  // override the name checked in the server certificate
 
-  std::string device;  // "" = automatic
-  // Port and GID table entry (see ServerOptions: -1 picks one, RoCE v2 and IPv4 first).
-  uint8_t port = 1;
-  int gid_index = -1;
+  // The RDMA side (device, GID, credits, buffers, bulk pool, invalidation, keepalive, window
+  // lease; rpc/transport_options.h). The bulk pool is the worker's.
+  TransportOptions transport;
   enum class Driver { kBackgroundThread, kCaller };
   Driver driver = Driver::kBackgroundThread;
-  bool dedicated_worker = false;  // background driver: own worker thread instead of shared
-  int worker_core = -1;           // pin the worker thread (a shared one: see above)
+  // Background driver: the runtime (worker) to run on; its transport options and worker core
+  // apply (leave `transport` and `worker_core` as they are, or equal to the runtime's). Null:
+  // ClientRuntime::Shared for this channel's options, or, with dedicated_worker, a runtime
+  // of its own.
+  std::shared_ptr<ClientRuntime> runtime;
+  bool dedicated_worker = false;
+  int worker_core = -1;  // pin the worker thread (-1: not pinned)
 
-  uint32_t credits = 32;
-  uint32_t buffer_size = 4096 + 32;
   absl::Duration connect_timeout = absl::Seconds(10);
-  absl::Duration keepalive = absl::Seconds(5);
 
   // Services this side offers to the server (server-to-client calls). Must outlive the channel.
   std::vector<Service*> services;
 
-  // Bulk transfers (docs/BULK.md). 0 bytes: no bulk pool (large payloads then fail).
-  size_t bulk_pool_bytes = 64 << 20;
+  // Bulk transfers (docs/BULK.md): who exposes the buffers.
   BulkMode bulk_mode = BulkMode::kServerExposes;
-  // Refuse to connect unless remote invalidation works end to end (no local fallback).
-  bool require_remote_invalidation = false;
-  // Declare this side unable to do remote invalidation, so the explicit local-invalidation
-  // fallback is used (to test and measure the fallback; never needed otherwise).
-  bool local_invalidation_only = false;
-  absl::Duration window_lease = absl::Seconds(5);  // mirror mode: our windows' lease
 };
 
 class Channel : public CallTarget {
@@ -96,6 +92,9 @@ class Channel : public CallTarget {
 
   // Registered memory for zero-copy bulk payloads on this channel.
   absl::StatusOr<BulkBuffer> AllocateBulk(size_t size);
+
+  // The runtime this channel runs on (a caller-driven or dedicated_worker channel's own).
+  const std::shared_ptr<ClientRuntime>& runtime() const;
 
   // Disconnects now (also done by the destructor). Pending calls fail with UNAVAILABLE.
   void Close();

@@ -1070,12 +1070,12 @@ TEST(E2EHandshake, TheGidIndexReachesTheDevice) {
   auto server = testing::SpawnServer(kServer, {});
   ASSERT_TRUE(server.ok()) << server.status();
   ChannelOptions options;
-  options.gid_index = 1;
+  options.transport.gid_index = 1;
   auto refused = Connect(server->second, "e2e", options);
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(absl::AsciiStrToLower(refused.status().message()).find("gid"), std::string::npos)
       << refused.status();
-  options.gid_index = 0;
+  options.transport.gid_index = 0;
   auto accepted = Connect(server->second, "e2e", options);
   ASSERT_TRUE(accepted.ok()) << accepted.status();
   EXPECT_EQ(Echo(**accepted, "gid 0"), "gid 0");

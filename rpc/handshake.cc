@@ -10,7 +10,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "rpc/wire.h"
-#include "transport/soft/soft_device.h"
 
 namespace swirl::internal {
 
@@ -69,7 +68,8 @@ std::string LoggableName(absl::string_view name) {
 
 absl::StatusOr<control::Negotiated> Negotiate(const control::ConnectRequest& request,
                                               const verbs::Capabilities& server_caps,
-                                              const LocalConfig& server) {
+                                              const LocalConfig& server,
+                                              ReachabilityCheck reachable) {
   if (request.protocol_version() != kControlProtocolVersion) {
     return absl::FailedPreconditionError(
         absl::StrFormat("client speaks protocol version %u; this server speaks %u",
@@ -81,25 +81,21 @@ absl::StatusOr<control::Negotiated> Negotiate(const control::ConnectRequest& req
                                                       kMaxClientName));
   }
   const control::Capabilities& client = request.capabilities();
-  // A QP can only reach a peer on the same fabric: a soft device cannot link to a NIC, nor a
-  // soft device on shared memory to one on TCP. Said now, instead of a link that never forms.
+  // A QP can only reach a peer on the same fabric: a soft device cannot link to a NIC, and
+  // the device itself knows what else it cannot link to (a soft device on shared memory to one
+  // on TCP). Said now, instead of a link that never forms.
   const std::string server_kind = verbs::DeviceKindName(server_caps.kind);
   if (client.device_kind() != server_kind) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "client's device is %s, this server's is %s: both ends need the same kind of device",
         internal::LoggableName(client.device_kind()), server_kind));
   }
-  if (server_caps.kind == verbs::DeviceKind::kSoft && request.address().gid().size() == 16) {
+  if (request.address().gid().size() == sizeof(ibv_gid::raw)) {
     ibv_gid client_gid;
     std::memcpy(client_gid.raw, request.address().gid().data(), sizeof(client_gid.raw));
-    const bool client_tcp = soft::IsTcpFabricGid(client_gid);
-    const bool server_tcp = soft::IsTcpFabricGid(server_caps.gid);
-    if (client_tcp != server_tcp) {
-      return absl::FailedPreconditionError(absl::StrFormat(
-          "the client's soft device is on %s and this server's on %s: set SWIRL_SOFT_TCP on "
-          "both ends or on neither",
-          client_tcp ? "TCP (SWIRL_SOFT_TCP)" : "shared memory",
-          server_tcp ? "TCP (SWIRL_SOFT_TCP)" : "shared memory"));
+    if (absl::Status s = reachable(client_gid); !s.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "this server's device cannot reach the client's: ", s.message()));
     }
   }
   if (client.recv_credits() < kMinCredits || client.recv_credits() > kMaxCredits) {

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "proto/control.pb.h"
@@ -47,11 +48,17 @@ control::Capabilities DescribeLocal(const verbs::Capabilities& caps, const Local
 control::QueuePairAddress ToProto(const verbs::PeerAddress& address);
 absl::StatusOr<verbs::PeerAddress> FromProto(const control::QueuePairAddress& address);
 
+// Whether the server's device can link to a client QP at `client_gid` (a device of the same
+// kind): OK, or why not. The device answers (verbs::Context::CheckReachable): the handshake
+// knows no device's fabrics.
+using ReachabilityCheck = absl::FunctionRef<absl::Status(const ibv_gid& client_gid)>;
+
 // Server side: what to agree to, or why not (FAILED_PRECONDITION for an incompatible client,
 // INVALID_ARGUMENT for nonsense).
 absl::StatusOr<control::Negotiated> Negotiate(const control::ConnectRequest& request,
                                               const verbs::Capabilities& server_caps,
-                                              const LocalConfig& server);
+                                              const LocalConfig& server,
+                                              ReachabilityCheck reachable);
 
 // Client side: checks the server's answer against what we offered.
 absl::Status CheckNegotiated(const control::Negotiated& negotiated, const LocalConfig& client,

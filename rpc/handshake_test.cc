@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
+
 namespace swirl::internal {
 namespace {
 
@@ -26,6 +28,77 @@ TEST(ClientKey, IsThePeerAddressWithoutItsPort) {
   EXPECT_EQ(ClientKey("ipv4:127.0.0.1:5555"), "ipv4:127.0.0.1");
   EXPECT_EQ(ClientKey("ipv6:[::1]:5555"), "ipv6:[::1]");
   EXPECT_EQ(ClientKey("unix:/tmp/socket"), "unix:/tmp/socket");
+}
+
+
+// A server's capabilities (soft device, remote invalidation) and a request it accepts from a
+// client at GID 2001:db8::7.
+verbs::Capabilities ServerCaps() {
+  verbs::Capabilities caps;
+  caps.kind = verbs::DeviceKind::kSoft;
+  caps.mw_type2b = true;
+  caps.remote_invalidation_advertised = true;
+  return caps;
+}
+
+control::ConnectRequest AcceptableRequest(const verbs::Capabilities& client_caps) {
+  control::ConnectRequest request;
+  request.set_protocol_version(kControlProtocolVersion);
+  verbs::PeerAddress address;
+  address.gid.raw[0] = 0x20;
+  address.gid.raw[1] = 0x01;
+  address.gid.raw[2] = 0x0d;
+  address.gid.raw[3] = 0xb8;
+  address.gid.raw[15] = 7;
+  address.qp_num = 0x123;
+  *request.mutable_address() = ToProto(address);
+  *request.mutable_capabilities() = DescribeLocal(client_caps, LocalConfig());
+  return request;
+}
+
+// Whether the client can be reached is the server's device's answer, asked with the client's
+// GID; a refusal reaches the client with the device's reason.
+TEST(Negotiate, AsksTheDeviceWhetherTheClientIsReachable) {
+  const control::ConnectRequest request = AcceptableRequest(ServerCaps());
+  int asked = 0;
+  ibv_gid asked_for{};
+  auto refuse = [&](const ibv_gid& client_gid) {
+    ++asked;
+    asked_for = client_gid;
+    return absl::FailedPreconditionError("the peer is on another fabric");
+  };
+  auto refused = Negotiate(request, ServerCaps(), LocalConfig(), refuse);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.status().message().find("cannot reach the client's: the peer is on another "
+                                            "fabric"),
+            absl::string_view::npos)
+      << refused.status();
+  EXPECT_EQ(asked, 1);
+  EXPECT_EQ(std::memcmp(asked_for.raw, request.address().gid().data(), sizeof(asked_for.raw)), 0);
+
+  auto accept = [](const ibv_gid&) { return absl::OkStatus(); };
+  auto accepted = Negotiate(request, ServerCaps(), LocalConfig(), accept);
+  ASSERT_TRUE(accepted.ok()) << accepted.status();
+  EXPECT_EQ(accepted->invalidation(), control::INVALIDATION_REMOTE);
+}
+
+// Another kind of device is refused as such, before the device is asked about addresses it
+// could not judge.
+TEST(Negotiate, AnotherKindOfDeviceIsRefusedWithoutAskingTheDevice) {
+  verbs::Capabilities client_caps = ServerCaps();
+  client_caps.kind = verbs::DeviceKind::kRdmaCore;
+  int asked = 0;
+  auto reachable = [&](const ibv_gid&) {
+    ++asked;
+    return absl::OkStatus();
+  };
+  auto refused = Negotiate(AcceptableRequest(client_caps), ServerCaps(), LocalConfig(), reachable);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.status().message().find("same kind of device"), absl::string_view::npos)
+      << refused.status();
+  EXPECT_EQ(asked, 0);
 }
 
 }  // namespace

@@ -441,8 +441,12 @@ TEST_F(HostileServerTest, AbsurdConnectAnswersAreRefused) {
     const char* why;
   };
   const auto any = [](ChannelOptions&) {};
-  const auto local_only = [](ChannelOptions& o) { o.local_invalidation_only = true; };
-  const auto require_remote = [](ChannelOptions& o) { o.require_remote_invalidation = true; };
+  const auto local_only = [](ChannelOptions& o) {
+    o.transport.invalidation = InvalidationPolicy::kLocalOnly;
+  };
+  const auto require_remote = [](ChannelOptions& o) {
+    o.transport.invalidation = InvalidationPolicy::kRequireRemote;
+  };
   const auto negotiated = [](auto change) {
     return [change](control::ConnectResponse& r) { change(*r.mutable_negotiated()); };
   };

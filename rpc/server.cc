@@ -4,8 +4,6 @@
 #include <grpcpp/health_check_service_interface.h>
 
 #include <bit>
-#include <fstream>
-#include <sstream>
 #include <thread>
 
 #include "absl/random/random.h"
@@ -14,9 +12,9 @@
 #include "base/mutex.h"
 #include "base/log.h"
 #include "proto/control.grpc.pb.h"
+#include "rpc/establish.h"
 #include "rpc/handshake.h"
 #include "rpc/worker.h"
-#include "transport/device.h"
 
 namespace swirl {
 namespace {
@@ -61,14 +59,6 @@ grpc::Status ToGrpc(const absl::Status& s) {
   return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
 }
 
-absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 const char* StateName(internal::Connection::State s) {
   switch (s) {
     case internal::Connection::State::kNew: return "new";
@@ -94,45 +84,34 @@ class Server::Impl final : public control::Control::Service {
 
   absl::Status Start() {
     if (started_) return absl::FailedPreconditionError("already started");
-    auto context = OpenDevice(options_.device);
-    if (!context.ok()) return context.status();
-    context_ = *context;
-    verbs::ProbeOptions probe;
-    probe.port_num = options_.port;
-    probe.gid_index = options_.gid_index;
-    probe.confirm_remote_invalidation = true;
-    auto caps = verbs::ProbeCapabilities(context_, probe);
-    if (!caps.ok()) return caps.status();
-    caps_ = *caps;
-    if (options_.require_remote_invalidation && !caps_.remote_invalidation()) {
+    auto device = internal::OpenTransport(options_.transport, internal::Probe::kFresh);
+    if (!device.ok()) return device.status();
+    context_ = device->context;
+    pd_ = device->pd;
+    caps_ = device->caps;
+    if (options_.transport.invalidation == InvalidationPolicy::kRequireRemote &&
+        !caps_.remote_invalidation()) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "require_remote_invalidation is set but ", caps_.device,
+          "remote invalidation is required but ", caps_.device,
           " cannot do remote invalidation (", caps_.selftest_detail, ")"));
     }
-    auto pd = verbs::ProtectionDomain::Create(context_);
-    if (!pd.ok()) return pd.status();
-    pd_ = *pd;
+    declared_ = internal::DeclaredCapabilities(caps_, options_.transport.invalidation);
     pool_ = std::make_unique<internal::ThreadPool>(options_.handler_threads);
     const uint32_t per_worker = std::max<uint32_t>(
         1, (options_.max_connections + options_.worker_cores.size() - 1) /
                options_.worker_cores.size());
     for (size_t i = 0; i < options_.worker_cores.size(); ++i) {
-      internal::WorkerOptions wo;
+      internal::WorkerOptions wo = internal::WorkerOptionsFor(options_.transport);
       wo.name = absl::StrCat("server-worker-", i);
       wo.core = options_.worker_cores[i];
       wo.own_thread = true;
       wo.adaptive_idle = options_.idle_spin > absl::ZeroDuration();
       wo.idle_spin = options_.idle_spin;
       wo.max_connections = per_worker;
-      wo.credits = options_.credits;
-      wo.buffer_size = options_.buffer_size;
-      wo.keepalive = options_.keepalive;
       wo.setup_timeout = options_.setup_timeout;
-      wo.bulk_pool_bytes = options_.bulk_pool_bytes;
       wo.grant_bytes_per_connection = options_.grant_bytes_per_connection;
       wo.download_bytes_per_connection = options_.download_bytes_per_connection;
       wo.bulk_bytes_per_client = options_.bulk_bytes_per_client;
-      wo.window_lease = options_.window_lease;
       wo.on_closed = [this](uint64_t id, const absl::Status& why) {
         OnClosed(id, /*was_accepted=*/true, why);
       };
@@ -147,9 +126,9 @@ class Server::Impl final : public control::Control::Service {
     grpc::ServerBuilder builder;
     std::shared_ptr<grpc::ServerCredentials> credentials = grpc::InsecureServerCredentials();
     if (!options_.tls_cert_file.empty() || !options_.tls_key_file.empty()) {
-      auto cert = ReadFile(options_.tls_cert_file);
+      auto cert = internal::ReadFile(options_.tls_cert_file);
       if (!cert.ok()) return cert.status();
-      auto key = ReadFile(options_.tls_key_file);
+      auto key = internal::ReadFile(options_.tls_key_file);
       if (!key.ok()) return key.status();
       grpc::SslServerCredentialsOptions ssl;
       ssl.pem_key_cert_pairs.push_back({*key, *cert});
@@ -291,7 +270,9 @@ class Server::Impl final : public control::Control::Service {
     if (!Authenticated(context)) return absl::UnauthenticatedError("missing or wrong token");
     // The version first: an incompatible client is told so before anything else is parsed.
     internal::LocalConfig local = LocalConfig();
-    auto negotiated = internal::Negotiate(request, caps_, local);
+    auto negotiated = internal::Negotiate(request, declared_, local, [this](const ibv_gid& client) {
+      return context_->CheckReachable(caps_.gid, client);
+    });
     if (!negotiated.ok()) return negotiated.status();
     auto client_address = internal::FromProto(request.address());
     if (!client_address.ok()) return client_address.status();
@@ -370,41 +351,23 @@ class Server::Impl final : public control::Control::Service {
       }
     }
     if (worker == nullptr) return absl::ResourceExhaustedError("every worker is full");
-    verbs::ConnectOptions co;
-    // swirl's RPCs never use atomics; a device without them may refuse a QP that asks for them.
-    co.access_flags &= ~IBV_ACCESS_REMOTE_ATOMIC;
-    co.port_num = options_.port;
-    co.gid_index = options_.gid_index;
-    auto connection = worker->CreateConnection(id, &methods_, co);
+    internal::ConnectionSetup setup{.worker = worker,
+                                    .id = id,
+                                    .methods = &methods_,
+                                    .transport = &options_.transport,
+                                    .is_server = true,
+                                    .peer = peer,
+                                    .client_name = request.client_name()};
+    auto connection = internal::EstablishConnection(
+        setup, [&](const verbs::PeerAddress& local) -> absl::StatusOr<internal::PeerAnswer> {
+          *response->mutable_address() = internal::ToProto(local);
+          return internal::PeerAnswer{client_address, negotiated, id};
+        });
     if (!connection.ok()) return connection.status();
-    std::shared_ptr<internal::Connection> c = *connection;
-    const uint32_t psn = absl::Uniform<uint32_t>(absl::BitGen(), 0, 1u << 24);
-    auto local = c->qp().LocalAddress(psn, co);
-    absl::Status s = local.status();
-    if (s.ok()) s = c->qp().ToRtr(client_address, co);
-    if (s.ok()) s = c->qp().ToRts(psn, co);
-    if (!s.ok()) {
-      worker->Abandon(c);
-      return s;
-    }
-    c->Configure(negotiated, /*is_server=*/true, peer, request.client_name());
-    worker->Activate(c);
     accepted_.fetch_add(1, std::memory_order_relaxed);
     response->set_connection_id(id);
-    *response->mutable_address() = internal::ToProto(*local);
-    *response->mutable_capabilities() = internal::DescribeLocal(caps_, LocalConfig());
+    *response->mutable_capabilities() = internal::DescribeLocal(declared_, LocalConfig());
     *response->mutable_negotiated() = negotiated;
-    SWIRL_LOG(INFO, "connection %u from %s (%s): credits %u/%u, max message %u, invalidation %s",
-              id, peer, internal::LoggableName(request.client_name()), negotiated.client_credits(),
-              negotiated.server_credits(), negotiated.max_message_size(),
-              control::InvalidationMode_Name(negotiated.invalidation()));
-    if (negotiated.invalidation() == control::INVALIDATION_LOCAL) {
-      SWIRL_LOG(WARNING,
-                "connection %u from %s: remote invalidation unavailable end to end; bulk "
-                "windows are revoked by explicit LOCAL_INV (counted in "
-                "windows_locally_invalidated)",
-                id, peer);
-    }
     return absl::OkStatus();
   }
 
@@ -450,7 +413,7 @@ class Server::Impl final : public control::Control::Service {
   control::StatsResponse CollectStats(uint64_t only) const {
     control::StatsResponse out;
     out.set_device(caps_.device);
-    *out.mutable_capabilities() = internal::DescribeLocal(caps_, LocalConfig());
+    *out.mutable_capabilities() = internal::DescribeLocal(declared_, LocalConfig());
     control::ServerStats* s = out.mutable_server();
     s->set_connections_accepted(accepted_.load());
     s->set_connections_refused(refused_.load());
@@ -489,19 +452,7 @@ class Server::Impl final : public control::Control::Service {
         cs->set_client_name(c->client_name());
         cs->set_peer(c->peer());
         *cs->mutable_negotiated() = c->negotiated();
-        internal::ConnectionCounters& k = c->counters();
-        cs->set_requests_received(k.requests_received.load());
-        cs->set_responses_sent(k.responses_sent.load());
-        cs->set_requests_sent(k.requests_sent.load());
-        cs->set_responses_received(k.responses_received.load());
-        cs->set_bytes_received(k.bytes_received.load());
-        cs->set_bytes_sent(k.bytes_sent.load());
-        cs->set_protocol_errors(k.protocol_errors.load());
-        cs->set_windows_granted(k.windows_granted.load());
-        cs->set_windows_remote_invalidated(k.windows_remote_invalidated.load());
-        cs->set_windows_locally_invalidated(k.windows_locally_invalidated.load());
-        cs->set_windows_lease_expired(k.windows_lease_expired.load());
-        cs->set_invalidation_violations(k.invalidation_violations.load());
+        internal::CopyCounters(c->counters(), cs);
         cs->set_state(StateName(c->state()));
       }
     }
@@ -534,19 +485,14 @@ class Server::Impl final : public control::Control::Service {
   }
 
   internal::LocalConfig LocalConfig() const {
-    internal::LocalConfig local;
-    local.credits = options_.credits;
-    local.buffer_size = options_.buffer_size;
-    local.max_inline = std::min<uint32_t>(caps_.max_inline_data, 1024);
+    internal::LocalConfig local = internal::LocalConfigFor(options_.transport, caps_);
     local.eager_threshold = options_.eager_threshold;
     local.window_credits = options_.window_credits;
-    local.require_remote_invalidation = options_.require_remote_invalidation;
-    local.allow_local_fallback = options_.allow_local_invalidation_fallback;
     // A worker's pool serves buffers of power-of-two size classes up to bit_floor(pool).
-    local.max_bulk_size = options_.bulk_pool_bytes == 0
+    local.max_bulk_size = options_.transport.bulk_pool_bytes == 0
                               ? 0
                               : std::min(options_.max_bulk_size,
-                                         std::bit_floor(options_.bulk_pool_bytes));
+                                         std::bit_floor(options_.transport.bulk_pool_bytes));
     return local;
   }
 
@@ -560,6 +506,8 @@ class Server::Impl final : public control::Control::Service {
   std::shared_ptr<verbs::Context> context_;
   std::shared_ptr<verbs::ProtectionDomain> pd_;
   verbs::Capabilities caps_;
+  // caps_ as this server negotiates with and tells clients (InvalidationPolicy::kLocalOnly).
+  verbs::Capabilities declared_;
   std::unique_ptr<internal::ThreadPool> pool_;
   // Control handlers run on gRPC's threads, which can outlive grpc::Server::Shutdown's
   // deadline: they read workers_ under this lock, and Shutdown destroys the workers under it.

@@ -29,9 +29,18 @@
 #include "absl/time/time.h"
 #include "proto/control.pb.h"
 #include "rpc/service.h"
+#include "rpc/transport_options.h"
 #include "transport/verbs/capabilities.h"
 
 namespace swirl {
+
+// A server's transport defaults: those of TransportOptions, with a larger bulk pool (each
+// worker's is shared by all of its clients).
+inline TransportOptions DefaultServerTransport() {
+  TransportOptions transport;
+  transport.bulk_pool_bytes = 128 << 20;
+  return transport;
+}
 
 struct ServerOptions {
   // gRPC listen address for the control plane ("host:port"; port 0 picks one, see port()).
@@ -42,15 +51,9 @@ struct ServerOptions {
   std::string tls_cert_file;
   std::string tls_key_file;
 
-  // RDMA device ("" = automatic: see transport/device.h).
-  std::string device;
-  // The port and the GID table entry connections use. On RoCE the entry picks the RoCE version
-  // and address: index 0 is often a RoCE v1 or link-local GID (`show_gids` lists them), which a
-  // routed RoCE v2 fabric drops. The default, verbs::kAutoGidIndex (-1), picks as rdma_cm does
-  // for IPv4: a RoCE v2 entry with an IPv4 address first (verbs::ChooseGidIndex); give an index
-  // to override. The soft device has one port and one GID.
-  uint8_t port = 1;
-  int gid_index = -1;
+  // The RDMA side of every connection (device, GID, credits, buffers, bulk pool, invalidation,
+  // keepalive, window lease; rpc/transport_options.h). The bulk pool is per worker.
+  TransportOptions transport = DefaultServerTransport();
   // One worker thread per entry, pinned to that core (-1: not pinned).
   std::vector<int> worker_cores = {-1};
   // Busy-poll, then sleep on the completion channel after this much idleness (0: never sleep).
@@ -59,12 +62,6 @@ struct ServerOptions {
 
   uint32_t max_connections = 256;             // in total
   uint32_t max_connections_per_client = 64;   // per client address
-  uint32_t credits = 32;                      // receive buffers per connection
-  uint32_t buffer_size = 4096 + 32;           // per message, header included
-  // A connection idle this long is pinged, and fails if the ping goes unanswered for three
-  // times as long. Zero: no keepalive (a dead client's connection is then noticed only when a
-  // send to it fails).
-  absl::Duration keepalive = absl::Seconds(5);
   // A connection whose client sends nothing this long after Connect answered fails, keepalive
   // or not: a client that never completes its side (or gave up on Connect before learning the
   // connection's id) does not hold a connection slot for longer. swirl's channels send a ping
@@ -81,17 +78,11 @@ struct ServerOptions {
   size_t download_bytes_per_connection = 64 << 20;
   // Both of those together (and what its queued blocking handlers hold) for all of one client's
   // connections on a worker (clients counted by address, as max_connections_per_client does).
-  // 0: half of bulk_pool_bytes, so that no one client can take every other client's bulk
-  // memory, or what one connection may hold if that is more (a single connection is limited
-  // by the two caps above alone).
+  // 0: half of transport.bulk_pool_bytes, so that no one client can take every other client's
+  // bulk memory, or what one connection may hold if that is more (a single connection is
+  // limited by the two caps above alone).
   size_t bulk_bytes_per_client = 0;
-  size_t bulk_pool_bytes = 128 << 20;    // per worker; 0: no bulk
   size_t max_bulk_size = 16 << 20;       // per transfer
-  // Refuse clients whose device cannot do remote invalidation (no local fallback).
-  bool require_remote_invalidation = false;
-  bool allow_local_invalidation_fallback = true;
-  // A window not acknowledged within its lease is revoked by the server itself.
-  absl::Duration window_lease = absl::Seconds(5);
 };
 
 class Server {

@@ -211,7 +211,7 @@ TEST(E2EShutdown, DrainWaitsForAMirrorRequestTheServerIsStillReading) {
   ChannelOptions options;
   options.driver = ChannelOptions::Driver::kCaller;
   options.bulk_mode = BulkMode::kMirror;
-  options.window_lease = absl::Seconds(60);  // ours must outlive the test, not be revoked
+  options.transport.window_lease = absl::Seconds(60);  // ours must outlive the test, not be revoked
   auto channel = ConnectTo(port, options);
   ASSERT_TRUE(channel.ok()) << channel.status();
   ASSERT_EQ((*channel)->negotiated().bulk_mode(), control::BULK_MIRROR);
@@ -257,7 +257,7 @@ TEST(E2EShutdown, DrainWaitsForAFallbackUploadWhoseWindowIsStillBeingRevoked) {
   auto& [process, port] = *server;
   ChannelOptions options;
   options.driver = ChannelOptions::Driver::kCaller;
-  options.local_invalidation_only = true;
+  options.transport.invalidation = InvalidationPolicy::kLocalOnly;
   auto channel = ConnectTo(port, options);
   ASSERT_TRUE(channel.ok()) << channel.status();
   ASSERT_EQ((*channel)->negotiated().invalidation(), control::INVALIDATION_LOCAL);

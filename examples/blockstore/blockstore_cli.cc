@@ -139,7 +139,7 @@ int main(int argc, char** argv) {
   swirl::ChannelOptions options;
   options.auth_token = absl::GetFlag(FLAGS_token);
   options.client_name = "blockstore_cli";
-  options.device = absl::GetFlag(FLAGS_device);
+  options.transport.device = absl::GetFlag(FLAGS_device);
   options.driver = swirl::ChannelOptions::Driver::kCaller;
   const std::string mode = absl::GetFlag(FLAGS_bulk_mode);
   if (mode == "mirror") {

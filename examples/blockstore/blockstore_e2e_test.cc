@@ -124,7 +124,7 @@ ChannelOptions Options(BulkMode mode, bool local_only = false) {
   options.client_name = "blockstore_e2e_test";
   options.driver = ChannelOptions::Driver::kCaller;  // no polling thread of our own
   options.bulk_mode = mode;
-  options.local_invalidation_only = local_only;
+  if (local_only) options.transport.invalidation = InvalidationPolicy::kLocalOnly;
   return options;
 }
 

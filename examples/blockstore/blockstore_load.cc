@@ -512,15 +512,17 @@ int main(int argc, char** argv) {
   }
   options.auth_token = absl::GetFlag(FLAGS_token);
   options.client_name = "blockstore_load";
-  options.device = absl::GetFlag(FLAGS_device);
+  options.transport.device = absl::GetFlag(FLAGS_device);
   options.driver = swirl::ChannelOptions::Driver::kCaller;
-  options.local_invalidation_only = config.local_invalidation_only;
+  if (config.local_invalidation_only) {
+    options.transport.invalidation = swirl::InvalidationPolicy::kLocalOnly;
+  }
   // Room for --iodepth responses (and a credit message) from the server at once.
-  options.credits = std::max<uint32_t>(32, static_cast<uint32_t>(config.iodepth) + 2);
+  options.transport.credits = std::max<uint32_t>(32, static_cast<uint32_t>(config.iodepth) + 2);
   // One --bs buffer per slot, plus room for the library's own (mirror mode, large messages).
   size_t class_bytes = bs::kBlockSize;
   while (class_bytes < config.bs) class_bytes <<= 1;
-  options.bulk_pool_bytes =
+  options.transport.bulk_pool_bytes =
       std::max<size_t>(64u << 20, class_bytes * static_cast<size_t>(config.iodepth) * 2);
   auto channel = swirl::Channel::Create(absl::GetFlag(FLAGS_server), options);
   if (!channel.ok()) {

@@ -122,10 +122,10 @@ int main(int argc, char** argv) {
   swirl::ServerOptions options;
   options.address = absl::GetFlag(FLAGS_address);
   options.auth_token = absl::GetFlag(FLAGS_token);
-  options.device = absl::GetFlag(FLAGS_device);
+  options.transport.device = absl::GetFlag(FLAGS_device);
   options.handler_threads = absl::GetFlag(FLAGS_handler_threads);
-  options.credits = static_cast<uint32_t>(absl::GetFlag(FLAGS_credits));
-  options.bulk_pool_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_bulk_pool_mb)) << 20;
+  options.transport.credits = static_cast<uint32_t>(absl::GetFlag(FLAGS_credits));
+  options.transport.bulk_pool_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_bulk_pool_mb)) << 20;
   if (absl::GetFlag(FLAGS_window_credits) < 1) {
     std::fprintf(stderr, "blockstore_server: --window_credits >= 1\n");
     return 2;

@@ -36,7 +36,7 @@ int main(int argc, char** argv) {
   swirl::ChannelOptions options;
   options.auth_token = absl::GetFlag(FLAGS_token);
   options.client_name = "echo_client";
-  options.device = absl::GetFlag(FLAGS_device);
+  options.transport.device = absl::GetFlag(FLAGS_device);
   options.driver = absl::GetFlag(FLAGS_caller_driven) ? swirl::ChannelOptions::Driver::kCaller
                                                       : swirl::ChannelOptions::Driver::kBackgroundThread;
   auto channel = swirl::Channel::Create(absl::GetFlag(FLAGS_server), options);

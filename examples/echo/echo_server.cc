@@ -37,7 +37,7 @@ int main(int argc, char** argv) {
   swirl::ServerOptions options;
   options.address = absl::GetFlag(FLAGS_address);
   options.auth_token = absl::GetFlag(FLAGS_token);
-  options.device = absl::GetFlag(FLAGS_device);
+  options.transport.device = absl::GetFlag(FLAGS_device);
   options.worker_cores.clear();
   for (absl::string_view core : absl::StrSplit(absl::GetFlag(FLAGS_cores), ',')) {
     int c;

@@ -39,7 +39,7 @@ int main(int argc, char** argv) {
 
   swirl::ServerOptions server_options;
   server_options.address = "127.0.0.1:0";
-  server_options.device = device;
+  server_options.transport.device = device;
   swirl::Server server(server_options);
   GreeterImpl greeter;
   if (absl::Status s = server.RegisterService(&greeter); !s.ok()) return Fail("register", s);
@@ -48,7 +48,7 @@ int main(int argc, char** argv) {
   int rc = 0;
   {
     swirl::ChannelOptions channel_options;
-    channel_options.device = device;
+    channel_options.transport.device = device;
     channel_options.client_name = "embed_bazel";
     auto channel = swirl::Channel::Create(server.address(), channel_options);
     if (!channel.ok()) return Fail("connect", channel.status());

@@ -41,6 +41,7 @@ class RogueServer::Control final : public control::Control::Service {
     auto caps = verbs::ProbeCapabilities(*ctx, probe);
     if (!caps.ok()) return caps.status();
     caps_ = *caps;
+    context_ = *ctx;
     return absl::OkStatus();
   }
 
@@ -54,7 +55,9 @@ class RogueServer::Control final : public control::Control::Service {
   grpc::Status Connect(grpc::ServerContext*, const control::ConnectRequest* request,
                        control::ConnectResponse* response) override {
     const internal::LocalConfig local = OurConfig();
-    auto negotiated = internal::Negotiate(*request, caps_, local);
+    auto negotiated = internal::Negotiate(*request, caps_, local, [this](const ibv_gid& client) {
+      return context_->CheckReachable(caps_.gid, client);
+    });
     if (!negotiated.ok()) return ToGrpc(negotiated.status());
     auto client = internal::FromProto(request->address());
     if (!client.ok()) return ToGrpc(client.status());
@@ -104,6 +107,7 @@ class RogueServer::Control final : public control::Control::Service {
   }
 
  private:
+  std::shared_ptr<verbs::Context> context_;
   verbs::Capabilities caps_;
   std::atomic<uint64_t> next_id_{1};
   mutable swirl::Mutex mu_;

@@ -278,15 +278,17 @@ int main(int argc, char** argv) {
   options.max_connections = static_cast<uint32_t>(absl::GetFlag(FLAGS_max_connections));
   options.max_connections_per_client = absl::GetFlag(FLAGS_max_per_client);
   options.worker_cores.assign(static_cast<size_t>(absl::GetFlag(FLAGS_workers)), -1);
-  options.keepalive = absl::Milliseconds(absl::GetFlag(FLAGS_keepalive_ms));
+  options.transport.keepalive = absl::Milliseconds(absl::GetFlag(FLAGS_keepalive_ms));
   options.setup_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_setup_timeout_ms));
-  options.credits = static_cast<uint32_t>(absl::GetFlag(FLAGS_credits));
+  options.transport.credits = static_cast<uint32_t>(absl::GetFlag(FLAGS_credits));
   options.max_bulk_size = static_cast<size_t>(absl::GetFlag(FLAGS_max_bulk_size));
-  options.window_lease = absl::Milliseconds(absl::GetFlag(FLAGS_window_lease_ms));
+  options.transport.window_lease = absl::Milliseconds(absl::GetFlag(FLAGS_window_lease_ms));
   options.download_bytes_per_connection = static_cast<size_t>(absl::GetFlag(FLAGS_download_bytes));
   options.grant_bytes_per_connection = static_cast<size_t>(absl::GetFlag(FLAGS_grant_bytes));
   options.bulk_bytes_per_client = static_cast<size_t>(absl::GetFlag(FLAGS_bulk_bytes_per_client));
-  options.allow_local_invalidation_fallback = !absl::GetFlag(FLAGS_no_local_fallback);
+  if (absl::GetFlag(FLAGS_no_local_fallback)) {
+    options.transport.invalidation = swirl::InvalidationPolicy::kRequireRemote;
+  }
   E2E service;
   swirl::Server server(options);
   g_server = &server;

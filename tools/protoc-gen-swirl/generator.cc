@@ -214,10 +214,7 @@ bool Analyze(const FileDescriptor* file, std::vector<Service>* services, std::st
 
       if (!claim(service_members, service.service_class, method.name, md)) return false;
       std::vector<std::string> stub_names = {method.name};
-      if (!method.one_way) {
-        stub_names.push_back("Async" + method.name);
-        stub_names.push_back(method.name + "Async");
-      }
+      if (!method.one_way) stub_names.push_back("Async" + method.name);
       for (const std::string& name : stub_names) {
         if (!claim(stub_members, service.stub_class, name, md)) return false;
       }
@@ -266,6 +263,19 @@ void EmitServiceDeclaration(const Service& service, std::string* out) {
   absl::StrAppend(out, "};\n");
 }
 
+// The stubs' asynchronous style, one per call shape: a completion callback, never a future.
+//
+// Who this is for: a storage backend keeps many I/Os in flight per thread, and each completion
+// starts the next I/O. A callback runs on the worker's loop thread, where a call it starts joins
+// that iteration's doorbell with no hand-off (docs/ARCHITECTURE.md), and with a caller-owned
+// ClientCall, reused call after call, nothing is allocated per call. A future allocates its
+// shared state and a copy of the request per call, and can only be waited on from another
+// thread (waiting on the loop thread aborts: it would wait for itself), so completions cannot
+// chain on the loop; callers who want to block have the synchronous method (or
+// ClientCall::Wait()). So for a unary method: Method() (blocking), AsyncMethod(call, ...)
+// (allocation-free) and AsyncMethod(..., done) (the same style, owning a copy of the request,
+// for callers who prefer that to managing a ClientCall); for a one-way method: Method() (never
+// waits, copies the request) and Method(call, ...) (allocation-free).
 void EmitStubDeclaration(const Service& service, std::string* out) {
   const ServiceDescriptor* sd = service.descriptor;
   Vars vars = {{"class", service.stub_class}, {"full_name", sd->full_name()}};
@@ -307,7 +317,8 @@ void EmitStubDeclaration(const Service& service, std::string* out) {
         Signature("  ", "::absl::Status " + method.name,
                   {request_param, response_param, options_param}, ";"),
         "  // Asynchronous: `done` runs once the call completes (on the channel's worker thread).\n"
-        "  // The request is copied; `response` must stay valid until `done` runs.\n",
+        "  // The request is copied (one allocation per call: for none, use the form below);\n"
+        "  // `response` must stay valid until `done` runs.\n",
         Signature("  ", "void Async" + method.name,
                   {request_param, response_param,
                    "::absl::AnyInvocable<void(::absl::Status)> done", options_param},
@@ -316,10 +327,7 @@ void EmitStubDeclaration(const Service& service, std::string* out) {
         "  // any, before each use); `request` and `response` must stay valid until it completes.\n",
         Signature("  ", "void Async" + method.name,
                   {"::swirl::ClientCall* call", request_param, response_param, options_param},
-                  ";"),
-        "  // A future that owns the response and a copy of the request.\n",
-        Signature("  ", "::swirl::Future<" + method.response + "> " + method.name + "Async",
-                  {request_param, options_param}, ";"));
+                  ";"));
   }
   absl::StrAppend(out,
                   "\n"
@@ -505,22 +513,6 @@ void EmitStubDefinition(const Service& service, std::string* out) {
          "  call->SetOneWay(false);\n"
          "  call->SetOptions(options);\n"
          "  target_->Start(call);\n"
-         "}\n"
-         "\n");
-    absl::StrAppend(out, Signature("", "::swirl::Future<" + method.response + "> " + cls +
-                                           "::" + method.name + "Async",
-                                   {request_param, options_param}, " {"));
-    Emit(out, vars,
-         "  auto state = ::std::make_unique<::swirl::Future<$response$>::State>();\n"
-         "  state->request = ::std::make_unique<$request$>(request);\n"
-         "  state->call.SetMethod(MethodIds::$name$());\n"
-         "  state->call.SetRequest(state->request.get());\n"
-         "  state->call.SetResponse(&state->response);\n"
-         "  state->call.SetOptions(options);\n"
-         "  ::swirl::ClientCall* call = &state->call;\n"
-         "  ::swirl::Future<$response$> future(::std::move(state));\n"
-         "  target_->Start(call);\n"
-         "  return future;\n"
          "}\n");
   }
 }

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <memory>
+#include <utility>
 #include <vector>
 
 #include "absl/time/clock.h"
@@ -115,6 +117,36 @@ TEST(SoftSmoke, SendRecvWriteReadAcrossTwoDevices) {
   absl::Time deadline = absl::Now() + absl::Seconds(5);
   while (*b.qp->QueryState() != IBV_QPS_ERR && absl::Now() < deadline) b.cq->Poll(0, nullptr);
   EXPECT_EQ(*b.qp->QueryState(), IBV_QPS_ERR);
+}
+
+// The device answers whether two GIDs can link (DeviceOps::CheckReachable, what a server asks
+// before it accepts a client): only within one fabric, shared memory or TCP.
+TEST(SoftSmoke, APeerOnTheOtherFabricIsUnreachableSayingWhy) {
+  auto ops = OpenSoftDevice("soft0");
+  ASSERT_TRUE(ops.ok()) << ops.status();
+  std::shared_ptr<verbs::Context> context = verbs::Context::Wrap(std::move(*ops));
+  absl::StatusOr<ibv_gid> own = context->QueryGid(1, 0);
+  ASSERT_TRUE(own.ok()) << own.status();
+  ibv_gid shm{};  // fe80::1
+  shm.raw[0] = 0xfe;
+  shm.raw[1] = 0x80;
+  shm.raw[15] = 1;
+  ibv_gid tcp{};  // ::ffff:127.0.0.1, port 7000 in bytes 8-9
+  tcp.raw[8] = 7000 >> 8;
+  tcp.raw[9] = 7000 & 0xff;
+  tcp.raw[10] = tcp.raw[11] = 0xff;
+  tcp.raw[12] = 127;
+  tcp.raw[15] = 1;
+  EXPECT_TRUE(context->CheckReachable(*own, *own).ok());
+  EXPECT_TRUE(context->CheckReachable(shm, shm).ok());
+  EXPECT_TRUE(context->CheckReachable(tcp, tcp).ok());
+  for (const auto& [local, remote] : {std::pair(shm, tcp), std::pair(tcp, shm)}) {
+    absl::Status s = context->CheckReachable(local, remote);
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+    EXPECT_NE(s.message().find("SWIRL_SOFT_TCP on both ends"), absl::string_view::npos) << s;
+  }
+  absl::Status s = context->CheckReachable(shm, tcp);
+  EXPECT_NE(s.message().find("the peer's soft device is on TCP"), absl::string_view::npos) << s;
 }
 
 }  // namespace

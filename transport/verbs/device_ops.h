@@ -89,6 +89,16 @@ class DeviceOps {
   // is queued; poll context()->async_fd to wait (both devices open it non-blocking).
   virtual int GetAsyncEvent(ibv_async_event* event) = 0;
   virtual void AckAsyncEvent(ibv_async_event* event) = 0;
+
+  // Whether a QP of this device using GID `local` could link to a peer QP at GID `remote` (of
+  // a device of the same kind), as far as the device can tell without trying: 0 if it can, or
+  // if the device cannot tell (a NIC leaves that to the network, which is why this is the
+  // default); else EHOSTUNREACH, with *why saying what differs (for the peer's error message).
+  // The soft device cannot link its shared-memory fabric to its TCP fabric.
+  virtual int CheckReachable(const ibv_gid& /*local*/, const ibv_gid& /*remote*/,
+                             std::string* /*why*/) {
+    return 0;
+  }
 };
 
 }  // namespace swirl::verbs

@@ -396,6 +396,18 @@ TEST_F(RaiiTest, AnEmptyGidEntryIsRefusedNamingIt) {
       << refused.status();
 }
 
+// A device that cannot tell whether a peer is reachable (as a NIC cannot: the network decides)
+// does not refuse one: DeviceOps::CheckReachable's default.
+TEST_F(RaiiTest, ADeviceThatCannotTellLeavesReachabilityToTheNetwork) {
+  ibv_gid local{}, remote{};
+  local.raw[0] = 0xfe;
+  local.raw[1] = 0x80;
+  remote.raw[10] = remote.raw[11] = 0xff;
+  remote.raw[12] = 10;
+  EXPECT_TRUE(context_->CheckReachable(local, remote).ok());
+  EXPECT_TRUE(context_->CheckReachable(remote, local).ok());
+}
+
 TEST(ChooseGidIndex, PrefersRoceV2ThenIpv4ThenGlobalAddresses) {
   auto entry = [](uint32_t index, uint32_t type, const char* kind) {
     ibv_gid_entry e;

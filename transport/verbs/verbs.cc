@@ -116,6 +116,13 @@ absl::StatusOr<int> Context::ResolveGidIndex(uint8_t port_num, int requested) {
   return chosen;
 }
 
+absl::Status Context::CheckReachable(const ibv_gid& local, const ibv_gid& remote) {
+  std::string why;
+  if (ops_->CheckReachable(local, remote, &why) == 0) return absl::OkStatus();
+  return absl::FailedPreconditionError(why.empty() ? absl::StrCat(name(), " cannot reach the peer")
+                                                   : why);
+}
+
 absl::StatusOr<ibv_event_type> Context::WaitAsyncEvent(absl::Duration timeout) {
   absl::StatusOr<ibv_async_event> event = NextAsyncEvent(timeout);
   if (!event.ok()) return event.status();

@@ -56,6 +56,8 @@ class Context {
   // ChooseGidIndex picks on a RoCE port (0 on InfiniBand, where the LID routes, without looking
   // at the table). Anything else is INVALID_ARGUMENT.
   absl::StatusOr<int> ResolveGidIndex(uint8_t port_num, int requested);
+  // DeviceOps::CheckReachable: OK, or FAILED_PRECONDITION with the device's reason.
+  absl::Status CheckReachable(const ibv_gid& local, const ibv_gid& remote);
 
   // Waits up to `timeout` for an asynchronous event (IBV_EVENT_*) and acknowledges it.
   // kDeadlineExceeded if none arrived.

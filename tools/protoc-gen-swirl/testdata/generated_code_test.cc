@@ -297,12 +297,9 @@ TEST(GeneratedServiceTest, BareServiceRoundTrips) {
 [[maybe_unused]] void (StoreStub::*const kAsyncGetCall)(swirl::ClientCall*, const Item_Key&, Item*,
                                                         const swirl::CallOptions&) =
     &StoreStub::AsyncGet;
-[[maybe_unused]] swirl::Future<Item> (StoreStub::*const kGetAsync)(const Item_Key&,
-                                                                   const swirl::CallOptions&) =
-    &StoreStub::GetAsync;
-[[maybe_unused]] swirl::Future<Ack> (StoreStub::*const kFlushAsync)(const FlushRequest&,
-                                                                    const swirl::CallOptions&) =
-    &StoreStub::FlushAsync;
+[[maybe_unused]] void (StoreStub::*const kAsyncFlushCall)(swirl::ClientCall*, const FlushRequest&,
+                                                          Ack*, const swirl::CallOptions&) =
+    &StoreStub::AsyncFlush;
 [[maybe_unused]] absl::Status (StoreStub::*const kNotify)(const Note&, const swirl::CallOptions&) =
     &StoreStub::Notify;
 [[maybe_unused]] absl::Status (::BareStub::*const kEcho)(const ::BareMessage&, ::BareMessage*,
@@ -316,7 +313,6 @@ concept StoreStubCallable = requires(Stub& stub, const Item_Key& key, Item* item
   { stub.Get(key, item) } -> std::same_as<absl::Status>;
   { stub.AsyncGet(Item_Key(), item, [](absl::Status) {}) } -> std::same_as<void>;
   { stub.AsyncGet(call, key, item) } -> std::same_as<void>;
-  { stub.GetAsync(Item_Key()) } -> std::same_as<swirl::Future<Item>>;
   { stub.Notify(note) } -> std::same_as<absl::Status>;
   { stub.Notify(Note(), swirl::CallOptions{.timeout = absl::Seconds(1)}) }
       -> std::same_as<absl::Status>;
@@ -337,6 +333,16 @@ concept HasTwoWayNotify = requires(Stub& stub, const Note& note, Empty* empty) {
 static_assert(!HasAsyncNotify<StoreStub>);
 static_assert(!HasNotifyAsync<StoreStub>);
 static_assert(!HasTwoWayNotify<StoreStub>);
+
+// One asynchronous style (generator.cc): completion callbacks, no futures.
+template <typename Stub>
+concept HasGetAsync = requires(Stub& stub, const Item_Key& key) { stub.GetAsync(key); };
+template <typename Stub>
+concept HasFlushAsync = requires(Stub& stub, const FlushRequest& request) {
+  stub.FlushAsync(request);
+};
+static_assert(!HasGetAsync<StoreStub>);
+static_assert(!HasFlushAsync<StoreStub>);
 
 // Built over a channel (or any target), by reference or shared, but never implicitly.
 static_assert(std::is_constructible_v<StoreStub, swirl::Channel&>);
@@ -389,40 +395,6 @@ TEST(GeneratedStubTest, CallerOwnedCallIsStartedOnTheTarget) {
   stub.AsyncGet(&call, key, &item);
   ASSERT_EQ(target.started.size(), 2u);
   EXPECT_EQ(target.started[1], &call);
-}
-
-TEST(GeneratedStubTest, FutureOwnsACopyOfTheRequest) {
-  RecordingTarget target;
-  StoreStub stub(target);
-  swirl::Future<Item> future;
-  {
-    Item_Key key;
-    key.set_name("temporary");
-    future = stub.GetAsync(key);
-    key.set_name("changed after the call");
-  }
-  ASSERT_EQ(target.started.size(), 1u);
-  ASSERT_NE(future.state(), nullptr);
-  EXPECT_EQ(target.started[0], &future.state()->call);
-  EXPECT_FALSE(future.ready());
-  const auto* copy = dynamic_cast<const Item_Key*>(future.state()->request.get());
-  ASSERT_NE(copy, nullptr);
-  EXPECT_EQ(copy->name(), "temporary");
-}
-
-TEST(GeneratedStubTest, FuturesOfDifferentMethodsAreSeparateCalls) {
-  RecordingTarget target;
-  StoreStub stub(target);
-  FlushRequest request;
-  request.set_sync(true);
-  swirl::Future<Ack> flush = stub.FlushAsync(request);
-  swirl::Future<Item> get = stub.GetAsync(Item_Key());
-  ASSERT_EQ(target.started.size(), 2u);
-  EXPECT_EQ(target.started[0], &flush.state()->call);
-  EXPECT_EQ(target.started[1], &get.state()->call);
-  const auto* copy = dynamic_cast<const FlushRequest*>(flush.state()->request.get());
-  ASSERT_NE(copy, nullptr);
-  EXPECT_TRUE(copy->sync());
 }
 
 }  // namespace

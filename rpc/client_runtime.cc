@@ -1,0 +1,69 @@
+#include "rpc/client_runtime.h"
+
+#include <utility>
+#include <vector>
+
+#include "base/mutex.h"
+#include "rpc/establish.h"
+#include "rpc/worker.h"
+
+namespace swirl {
+
+struct ClientRuntime::State {
+  internal::OpenedDevice device;
+  std::unique_ptr<internal::Worker> worker;
+};
+
+absl::StatusOr<std::shared_ptr<ClientRuntime>> ClientRuntime::Make(
+    const ClientRuntimeOptions& options, const char* worker_name, bool own_thread) {
+  auto state = std::make_unique<State>();
+  auto device = internal::OpenTransport(options.transport, internal::Probe::kOncePerProcess);
+  if (!device.ok()) return device.status();
+  state->device = *device;
+  internal::WorkerOptions wo = internal::WorkerOptionsFor(options.transport);
+  wo.name = worker_name;
+  wo.core = options.worker_core;
+  wo.own_thread = own_thread;
+  wo.max_connections = options.max_channels;
+  auto worker = internal::Worker::Create(state->device.context, state->device.pd,
+                                         state->device.caps, wo, nullptr);
+  if (!worker.ok()) return worker.status();
+  state->worker = std::move(*worker);
+  state->worker->Start();
+  return std::shared_ptr<ClientRuntime>(new ClientRuntime(options, std::move(state)));
+}
+
+absl::StatusOr<std::shared_ptr<ClientRuntime>> ClientRuntime::Create(
+    const ClientRuntimeOptions& options) {
+  return Make(options, "client-worker", /*own_thread=*/true);
+}
+
+absl::StatusOr<std::shared_ptr<ClientRuntime>> ClientRuntime::Shared(
+    const ClientRuntimeOptions& options) {
+  // The process default (see the header): looked up by equality of every option, so that two
+  // channels whose options differ in anything the runtime holds never share one. The lock is
+  // held while a new runtime is made, so that two first channels of equal options make one.
+  static swirl::Mutex mu;
+  static auto* runtimes =
+      new std::vector<std::pair<ClientRuntimeOptions, std::weak_ptr<ClientRuntime>>>();
+  swirl::MutexLock lock(&mu);
+  std::erase_if(*runtimes, [](const auto& entry) { return entry.second.expired(); });
+  for (const auto& [made_for, runtime] : *runtimes) {
+    if (made_for != options) continue;
+    if (std::shared_ptr<ClientRuntime> live = runtime.lock()) return live;
+  }
+  auto made = Create(options);
+  if (made.ok()) runtimes->emplace_back(options, *made);
+  return made;
+}
+
+ClientRuntime::ClientRuntime(ClientRuntimeOptions options, std::unique_ptr<State> state)
+    : options_(std::move(options)), state_(std::move(state)) {}
+
+ClientRuntime::~ClientRuntime() { state_->worker->Stop(); }
+
+const verbs::Capabilities& ClientRuntime::capabilities() const { return state_->device.caps; }
+
+internal::Worker& ClientRuntime::worker() const { return *state_->worker; }
+
+}  // namespace swirl
