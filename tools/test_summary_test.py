@@ -412,7 +412,7 @@ class EntryPointTest(unittest.TestCase):
                                     bazel_exit))
         os.chmod(fake, 0o755)
         env = dict(os.environ, PATH=bindir + os.pathsep + os.environ.get("PATH", ""),
-                   SWIRL_SKIP_EMBEDDING="1")
+                   SWIRL_SKIP_EMBEDDING="1", SWIRL_SKIP_FUZZ="1")
         p = subprocess.run(["bash", self.SWIRL, "test"], capture_output=True, text=True,
                            env=env)
         return p.returncode, p.stdout + p.stderr
@@ -430,13 +430,15 @@ class EntryPointTest(unittest.TestCase):
         f = self.fixture("keep_going_mix", GREEN[1:], 0)
         code, out = self.swirl_test(f, 0)
         self.assertEqual(code, 0, out)
-        self.assertEqual(out.splitlines()[-1], "10 passed, 0 failed, 2 skipped", out)
+        # 2 embedding checks and the 5 fuzz targets, skipped by name and with the reason.
+        self.assertEqual(out.splitlines()[-1], "10 passed, 0 failed, 7 skipped", out)
         self.assertIn("skipped: embedding:make: SWIRL_SKIP_EMBEDDING=1", out)
+        self.assertIn("skipped: fuzz:rpc_wire_fuzzer: SWIRL_SKIP_FUZZ=1", out)
 
     def test_a_tree_that_does_not_build_exits_non_zero(self):
         code, out = self.swirl_test(self.fixture("broken_binary"), 1)
         self.assertNotEqual(code, 0, out)
-        self.assertEqual(out.splitlines()[-1], "25 passed, 2 failed, 2 skipped", out)
+        self.assertEqual(out.splitlines()[-1], "25 passed, 2 failed, 7 skipped", out)
 
     def test_a_bazel_that_wrote_no_events_exits_non_zero(self):
         code, out = self.swirl_test(self.fixture("keep_going_mix", GREEN[1:], 0), 0,
