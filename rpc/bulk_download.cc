@@ -17,10 +17,6 @@ namespace {
 using rpc_wire::BulkDescriptor;
 using rpc_wire::MessageHeader;
 
-constexpr uint32_t kHeader = sizeof(MessageHeader);
-
-uint64_t Addr(const void* p) { return reinterpret_cast<uint64_t>(p); }
-
 }  // namespace
 
 // ---- Server side -------------------------------------------------------------------------------

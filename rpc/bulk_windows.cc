@@ -28,10 +28,6 @@ namespace {
 using rpc_wire::BulkDescriptor;
 using rpc_wire::MessageHeader;
 
-constexpr uint32_t kHeader = sizeof(MessageHeader);
-
-uint64_t Addr(const void* p) { return reinterpret_cast<uint64_t>(p); }
-
 void Decrement(std::atomic<uint64_t>& counter, uint64_t n = 1) {
   counter.store(counter.load(std::memory_order_relaxed) - n, std::memory_order_relaxed);
 }

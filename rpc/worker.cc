@@ -26,8 +26,6 @@ constexpr int kPollBatch = 16;
 // the iteration's doorbell instead of taking a trip through the submission queue.
 thread_local Worker* t_driving = nullptr;
 constexpr uint64_t kRecvTag = uint64_t{1} << 63;  // wr_id of receives; sends use plain seqs
-constexpr uint32_t kHeader = sizeof(rpc_wire::MessageHeader);
-
 // Marks this thread as the one driving `worker` for the scope (it holds the driver lock).
 class DrivingScope {
  public:

@@ -67,6 +67,11 @@
 
 namespace swirl::internal {
 
+// Every message starts with its header (rpc/wire.h).
+inline constexpr uint32_t kHeader = sizeof(rpc_wire::MessageHeader);
+// A registered buffer's address as the wire and the verbs carry it.
+inline uint64_t Addr(const void* p) { return reinterpret_cast<uint64_t>(p); }
+
 class MessageWriter;
 
 struct WorkerOptions {

@@ -16,8 +16,6 @@ namespace {
 
 using rpc_wire::MessageHeader;
 
-constexpr uint32_t kHeader = sizeof(MessageHeader);
-
 }  // namespace
 
 void Worker::StartCallOnLoop(Connection* c, ClientCall* call) {

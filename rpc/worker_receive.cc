@@ -17,8 +17,6 @@ namespace {
 using rpc_wire::MessageHeader;
 
 constexpr uint64_t kRecvTag = uint64_t{1} << 63;
-constexpr uint32_t kHeader = sizeof(MessageHeader);
-
 }  // namespace
 
 // The steps of HandleRecv, inlined into it: this is the per-message path.

@@ -16,7 +16,6 @@ namespace {
 
 using rpc_wire::MessageHeader;
 
-constexpr uint32_t kHeader = sizeof(MessageHeader);
 
 // Response bytes produced on a pool thread.
 class StringWriter final : public ResponseWriter {
