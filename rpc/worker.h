@@ -185,6 +185,9 @@ class Worker {
   void RunInLoop(absl::AnyInvocable<void()> fn);
 
  private:
+  // Everything below runs on the loop thread only: the any-thread entry points above hand their
+  // work over (Submit, RunInLoop) to a method named ...OnLoop, and each file's entry points
+  // begin with SWIRL_DCHECK(OnLoopThread()).
   struct WorkItem {
     enum Kind : uint8_t { kNone, kStartCall, kCancelCall, kActivate, kClose, kFunction };
     Kind kind = kNone;
