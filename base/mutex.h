@@ -17,6 +17,8 @@
 #include <chrono>
 #include <condition_variable>
 #include <shared_mutex>
+
+#include "absl/time/time.h"
 #endif
 
 namespace swirl {
@@ -90,6 +92,14 @@ class ABSL_SCOPED_LOCKABLE ReaderMutexLock {
 class CondVar {
  public:
   void Wait(Mutex* mu) { cv_.wait(*mu); }
+  // As absl::CondVar's: true if `deadline` passed before a signal.
+  bool WaitWithDeadline(Mutex* mu, absl::Time deadline) {
+    if (deadline == absl::InfiniteFuture()) {
+      cv_.wait(*mu);
+      return false;
+    }
+    return cv_.wait_until(*mu, absl::ToChronoTime(deadline)) == std::cv_status::timeout;
+  }
   void Signal() { cv_.notify_one(); }
   void SignalAll() { cv_.notify_all(); }
 

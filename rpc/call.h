@@ -35,6 +35,8 @@ class MessageLite;
 
 namespace swirl {
 
+class Channel;
+
 namespace internal {
 class Worker;
 class CallTable;
@@ -53,6 +55,15 @@ struct CallOptions {
   // bulk data lands (capacity must suffice); if unset, the call allocates one (response_bulk()).
   const BulkBuffer* request_bulk = nullptr;
   BulkBuffer* response_bulk = nullptr;
+
+  // Started while the channel has no connection (it is reconnecting): false, the call fails at
+  // once with UNAVAILABLE; true, it waits for the connection, failing with DEADLINE_EXCEEDED
+  // if its deadline passes first (gRPC's wait-for-ready). A call already sent when the
+  // connection fails gets UNAVAILABLE either way (it may have run on the server). On a
+  // caller-driven channel the starting thread waits (never on its worker's loop thread: that
+  // call fails with UNAVAILABLE); on a background-driven one the call waits asynchronously.
+  // Cancel() of a waiting call takes effect when it would start, or at its deadline.
+  bool wait_for_ready = false;
 
   absl::Time EffectiveDeadline() const;
 };
@@ -96,6 +107,7 @@ class ClientCall {
     deadline_ = options.EffectiveDeadline();
     request_bulk_ = options.request_bulk;
     response_bulk_ = options.response_bulk;
+    wait_for_ready_ = options.wait_for_ready;
   }
   // The response's bulk data when CallOptions::response_bulk was not given (else empty).
   BulkBuffer& response_bulk() { return owned_response_bulk_; }
@@ -107,6 +119,7 @@ class ClientCall {
  private:
   friend class internal::Worker;
   friend class internal::CallTable;
+  friend class Channel;  // parks calls that wait for a connection (CallOptions::wait_for_ready)
 
   enum State : int { kIdle = 0, kQueued, kPending, kDone };
 
@@ -128,6 +141,7 @@ class ClientCall {
   Notifier notifier_;
   const BulkBuffer* request_bulk_ = nullptr;
   BulkBuffer* response_bulk_ = nullptr;
+  bool wait_for_ready_ = false;
   BulkBuffer owned_response_bulk_;
   // Where the call was started. What the worker keeps of it while it runs lives in the
   // connection's call table (rpc/call_table.h), at state_index_.

@@ -2,10 +2,14 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <atomic>
+#include <thread>
+#include <vector>
 
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
+#include "base/log.h"
 #include "base/mutex.h"
 #include "proto/control.grpc.pb.h"
 #include "rpc/establish.h"
@@ -21,23 +25,49 @@ absl::Status FromGrpc(const grpc::Status& s) {
 
 }  // namespace internal
 
+const char* ConnectivityStateName(ConnectivityState state) {
+  switch (state) {
+    case ConnectivityState::kConnecting: return "CONNECTING";
+    case ConnectivityState::kReady: return "READY";
+    case ConnectivityState::kTransientFailure: return "TRANSIENT_FAILURE";
+    case ConnectivityState::kShutdown: return "SHUTDOWN";
+  }
+  return "?";
+}
+
 class Channel::Impl {
  public:
   ChannelOptions options;
   std::string address;
-  std::shared_ptr<grpc::Channel> grpc_channel;
-  std::unique_ptr<control::Control::Stub> stub;
-  std::shared_ptr<ClientRuntime> runtime;
+  std::shared_ptr<ClientRuntime> runtime;  // set before the channel is handed out; never changes
   internal::MethodTable methods;
-  std::shared_ptr<internal::Connection> connection;
-  uint64_t connection_id = 0;
-  std::string disconnect_secret;  // from the ConnectResponse; Disconnect presents it
-  control::Negotiated negotiated;
-  // `connection` and `runtime` are set before the Channel is handed out and live as long as it
-  // does, so any thread may use them; Close() only marks the channel closed and closes the
-  // connection. A Close() that finds it closed or closing returns at once; `close_mu` keeps two
-  // that start together from both closing it.
+  // Invalidation mode of the first connection: a reconnect that settles on a weaker one says so.
+  control::InvalidationMode first_invalidation = control::INVALIDATION_REMOTE;
+
+  // The worker's id of the ready connection, 0 while there is none: all Start() reads.
+  std::atomic<uint64_t> live_id{0};
   std::atomic<bool> closed{false};
+
+  // Everything about the current connection, for any thread but the hot path. The connection
+  // lost callback (on the worker's loop thread) only takes `mu` to mark the loss.
+  mutable swirl::Mutex mu;
+  swirl::CondVar changed;  // state, loss, a new waiting call, Close
+  ConnectivityState state ABSL_GUARDED_BY(mu) = ConnectivityState::kConnecting;
+  absl::Status last_error ABSL_GUARDED_BY(mu);
+  bool lost ABSL_GUARDED_BY(mu) = false;  // the current connection is gone
+  std::shared_ptr<internal::Connection> connection ABSL_GUARDED_BY(mu);
+  uint64_t connection_id ABSL_GUARDED_BY(mu) = 0;  // the server's id
+  std::string disconnect_secret ABSL_GUARDED_BY(mu);  // Disconnect presents it
+  control::Negotiated negotiated ABSL_GUARDED_BY(mu);
+  std::shared_ptr<control::Control::Stub> stub ABSL_GUARDED_BY(mu);
+  uint64_t reconnects ABSL_GUARDED_BY(mu) = 0;
+  // Background-driven channels: calls waiting for a connection (CallOptions::wait_for_ready).
+  std::vector<ClientCall*> waiting ABSL_GUARDED_BY(mu);
+  // The Connect RPC under way, for Close() to cancel (a reconnect to an unreachable host would
+  // otherwise hold Close() for connect_timeout).
+  grpc::ClientContext* attempt ABSL_GUARDED_BY(mu) = nullptr;
+  std::thread reconnector ABSL_GUARDED_BY(mu);  // from the first loss, if the channel reconnects
+  // Close() in one thread at a time; `closed` makes later ones return at once.
   swirl::Mutex close_mu;
 
   // The runtime a channel with `options` runs on (rpc/client_runtime.h, the contract).
@@ -83,7 +113,15 @@ class Channel::Impl {
     }
   }
 
-  absl::Status Connect() {
+  std::shared_ptr<control::Control::Stub> Stub() const {
+    swirl::MutexLock lock(&mu);
+    return stub;
+  }
+
+  // A control-plane stub on a gRPC channel of its own: each Channel gets its own HTTP/2
+  // connection, so closing one never disturbs another, and each connection attempt a fresh
+  // one, so that gRPC's own reconnect backoff never delays ours.
+  absl::StatusOr<std::shared_ptr<control::Control::Stub>> NewStub() const {
     std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
     grpc::ChannelArguments args;
     if (!options.tls_root_cert_file.empty()) {
@@ -96,11 +134,13 @@ class Channel::Impl {
         args.SetSslTargetNameOverride(options.tls_target_name);
       }
     }
-    // Each channel gets its own HTTP/2 connection, so closing one never disturbs another.
     args.SetInt("swirl.channel_id", static_cast<int>(absl::Uniform<uint32_t>(absl::BitGen())));
-    grpc_channel = grpc::CreateCustomChannel(address, credentials, args);
-    stub = control::Control::NewStub(grpc_channel);
+    return std::shared_ptr<control::Control::Stub>(
+        control::Control::NewStub(grpc::CreateCustomChannel(address, credentials, args)));
+  }
 
+  // Once per channel: services, runtime.
+  absl::Status Init() {
     for (Service* s : options.services) {
       if (absl::Status st = methods.Add(*s); !st.ok()) return st;
     }
@@ -110,8 +150,16 @@ class Channel::Impl {
     // The runtime's settings are the channel's (equal to its own, or its own left as they are).
     options.transport = runtime->options().transport;
     options.worker_core = runtime->options().worker_core;
-    internal::Worker* worker = &runtime->worker();
+    return absl::OkStatus();
+  }
 
+  // One connection attempt: a Connect exchange and a new connection on the runtime's worker.
+  // On success the channel is kReady on it.
+  absl::Status Connect() {
+    auto new_stub = NewStub();
+    if (!new_stub.ok()) return new_stub.status();
+    std::shared_ptr<control::Control::Stub> attempt_stub = *new_stub;
+    internal::Worker* worker = &runtime->worker();
     internal::LocalConfig local =
         internal::LocalConfigFor(options.transport, runtime->capabilities());
     local.bulk_mode = options.bulk_mode == BulkMode::kMirror ? control::BULK_MIRROR
@@ -131,7 +179,16 @@ class Channel::Impl {
       grpc::ClientContext ctx;
       ctx.set_deadline(absl::ToChronoTime(absl::Now() + options.connect_timeout));
       AddAuth(&ctx);
-      absl::Status s = internal::FromGrpc(stub->Connect(&ctx, request, &response));
+      {
+        swirl::MutexLock lock(&mu);
+        if (closed.load(std::memory_order_acquire)) return absl::CancelledError("channel closed");
+        attempt = &ctx;
+      }
+      absl::Status s = internal::FromGrpc(attempt_stub->Connect(&ctx, request, &response));
+      {
+        swirl::MutexLock lock(&mu);
+        attempt = nullptr;
+      }
       if (s.ok()) s = internal::CheckNegotiated(response.negotiated(), local, declared);
       if (!s.ok()) return s;
       auto server_address = internal::FromProto(response.address());
@@ -139,26 +196,50 @@ class Channel::Impl {
       return internal::PeerAnswer{*server_address, response.negotiated(),
                                   response.connection_id()};
     };
+    const uint64_t id = absl::Uniform<uint64_t>(absl::BitGen());
     internal::ConnectionSetup setup{.worker = worker,
-                                    .id = absl::Uniform<uint64_t>(absl::BitGen()),
+                                    .id = id,
                                     .methods = &methods,
                                     .transport = &options.transport,
                                     .is_server = false,
                                     .peer = address,
-                                    .client_name = options.client_name};
+                                    .client_name = options.client_name,
+                                    .on_closed = [this, id](const absl::Status& why) {
+                                      ConnectionLost(id, why);
+                                    }};
     auto c = internal::EstablishConnection(setup, exchange);
     if (!c.ok()) {
       // The server may have set its side up already: it is told, instead of waiting for its
       // setup_timeout.
       if (response.connection_id() != 0) {
-        SendDisconnect(response.connection_id(), response.disconnect_secret());
+        SendDisconnect(*attempt_stub, response.connection_id(), response.disconnect_secret());
       }
       return c.status();
     }
-    negotiated = response.negotiated();
-    connection_id = response.connection_id();
-    disconnect_secret = response.disconnect_secret();
-    connection = *c;
+    {
+      swirl::MutexLock lock(&mu);
+      if (connection != nullptr) {  // a reconnect
+        ++reconnects;
+        if (first_invalidation == control::INVALIDATION_REMOTE &&
+            response.negotiated().invalidation() != control::INVALIDATION_REMOTE) {
+          SWIRL_LOG(WARNING,
+                    "channel to %s reconnected with a weaker invalidation mode than its first "
+                    "connection: %s (bulk windows are revoked by explicit LOCAL_INV)",
+                    address, control::InvalidationMode_Name(response.negotiated().invalidation()));
+        }
+      } else {
+        first_invalidation = response.negotiated().invalidation();
+      }
+      negotiated = response.negotiated();
+      connection_id = response.connection_id();
+      disconnect_secret = response.disconnect_secret();
+      connection = *c;
+      stub = attempt_stub;
+      lost = false;
+      state = ConnectivityState::kReady;
+      live_id.store(id, std::memory_order_release);
+      changed.SignalAll();
+    }
     // A caller-driven worker acts only when driven: once now, so that the activation (and the
     // ping that tells the server we are up, ServerOptions::setup_timeout) does not wait for the
     // first call.
@@ -166,7 +247,25 @@ class Channel::Impl {
     return absl::OkStatus();
   }
 
-  void SendDisconnect(uint64_t id, const std::string& secret) {
+  // On the worker's loop thread, when connection `id` is gone: must not block.
+  void ConnectionLost(uint64_t id, const absl::Status& why) {
+    swirl::MutexLock lock(&mu);
+    if (live_id.load(std::memory_order_relaxed) != id) return;  // an older one, or Close()
+    live_id.store(0, std::memory_order_release);
+    lost = true;
+    last_error = why;
+    if (state != ConnectivityState::kShutdown) state = ConnectivityState::kTransientFailure;
+    changed.SignalAll();
+    // The reconnector starts with the first loss: a healthy channel has no thread of its own.
+    if (options.reconnect.enabled && !reconnector.joinable() &&
+        !closed.load(std::memory_order_acquire)) {
+      SWIRL_LOG(WARNING, "channel to %s: connection lost (%s); reconnecting", address,
+                why.ToString());
+      reconnector = std::thread([this] { ReconnectLoop(); });
+    }
+  }
+
+  void SendDisconnect(control::Control::Stub& via, uint64_t id, const std::string& secret) {
     control::DisconnectRequest request;
     request.set_connection_id(id);
     request.set_disconnect_secret(secret);
@@ -174,23 +273,152 @@ class Channel::Impl {
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
     AddAuth(&ctx);
-    (void)stub->Disconnect(&ctx, request, &response);
+    (void)via.Disconnect(&ctx, request, &response);
+  }
+
+  // ---- Waiting for a connection (CallOptions::wait_for_ready) ----
+
+  // Completes a waiting call on the worker's loop thread, where callbacks of a background-driven
+  // channel run: never on the reconnector (a callback may close or destroy the channel) and
+  // never under `mu` (it may call into the channel).
+  void FailOnLoop(ClientCall* call, absl::Status status) {
+    runtime->worker().RunInLoop([call, status = std::move(status)]() mutable {
+      internal::Worker::FailUnstarted(call, std::move(status));
+    });
+  }
+
+  // Fails the waiting calls whose deadline has passed. Returns the earliest deadline left.
+  absl::Time ExpireWaiting(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    absl::Time earliest = absl::InfiniteFuture();
+    std::erase_if(waiting, [&](ClientCall* call) {
+      if (call->deadline_ <= now) {
+        FailOnLoop(call, absl::DeadlineExceededError(
+                             absl::StrCat("deadline exceeded waiting for the channel to connect: ",
+                                          last_error.ToString())));
+        return true;
+      }
+      earliest = std::min(earliest, call->deadline_);
+      return false;
+    });
+    return earliest;
+  }
+
+  // Ready again: the waiting calls start (a cancelled one completes CANCELLED).
+  void StartWaiting() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    const uint64_t id = live_id.load(std::memory_order_relaxed);
+    for (ClientCall* call : waiting) {
+      if (call->cancel_requested_.load(std::memory_order_acquire)) {
+        FailOnLoop(call, absl::CancelledError("cancelled"));
+      } else {
+        runtime->worker().StartCall(id, call);
+      }
+    }
+    waiting.clear();
+  }
+
+  // Waits (the lock held) until `deadline` or a change; expires waiting calls meanwhile.
+  void WaitUntil(absl::Time deadline) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    const absl::Time next = std::min(deadline, ExpireWaiting(absl::Now()));
+    changed.WaitWithDeadline(&mu, next);
+    ExpireWaiting(absl::Now());
+  }
+
+  // The reconnector thread: gRPC's connection backoff
+  // (github.com/grpc/grpc/blob/master/doc/connection-backoff.md).
+  void ReconnectLoop() {
+    const ReconnectOptions& r = options.reconnect;
+    absl::BitGen random;
+    swirl::MutexLock lock(&mu);
+    while (!closed.load(std::memory_order_acquire)) {
+      if (!lost) {
+        WaitUntil(absl::InfiniteFuture());
+        continue;
+      }
+      // The old connection is gone on our side; the server, if it lives, is told.
+      if (stub != nullptr && connection_id != 0) {
+        std::shared_ptr<control::Control::Stub> old = stub;
+        const uint64_t old_id = connection_id;
+        const std::string secret = disconnect_secret;
+        mu.Unlock();
+        SendDisconnect(*old, old_id, secret);
+        mu.Lock();
+      }
+      absl::Duration backoff = r.initial_backoff;
+      while (lost && !closed.load(std::memory_order_acquire)) {
+        state = ConnectivityState::kConnecting;
+        changed.SignalAll();
+        const absl::Time attempt_start = absl::Now();
+        mu.Unlock();
+        absl::Status s = Connect();
+        mu.Lock();
+        if (s.ok()) {
+          if (closed.load(std::memory_order_acquire)) break;  // Close() takes it down
+          SWIRL_LOG(INFO, "channel to %s: reconnected (connection %u)", address, connection_id);
+          StartWaiting();
+          break;
+        }
+        last_error = s;
+        if (closed.load(std::memory_order_acquire)) break;
+        state = ConnectivityState::kTransientFailure;
+        changed.SignalAll();
+        const double factor = 1 + r.jitter * absl::Uniform<double>(random, -1.0, 1.0);
+        const absl::Time next = attempt_start + backoff * factor;
+        SWIRL_LOG(WARNING, "channel to %s: reconnect failed (%s); next attempt in %s", address,
+                  s.ToString(), absl::FormatDuration(next - absl::Now()));
+        while (absl::Now() < next && !closed.load(std::memory_order_acquire)) WaitUntil(next);
+        backoff = std::min(r.max_backoff, backoff * r.multiplier);
+      }
+    }
   }
 
   void Close() {
     // Closed already (or closing on another thread): done, without waiting for that thread,
     // which may be waiting for the very worker this call runs on (a callback closing it).
     if (closed.load(std::memory_order_acquire)) return;
-    swirl::MutexLock lock(&close_mu);
-    if (closed.load(std::memory_order_acquire) || connection == nullptr) return;
-    closed.store(true, std::memory_order_release);
-    SendDisconnect(connection_id, disconnect_secret);
+    swirl::MutexLock close_lock(&close_mu);
+    if (closed.load(std::memory_order_acquire)) return;
+    std::shared_ptr<internal::Connection> c;
+    std::shared_ptr<control::Control::Stub> via;
+    uint64_t server_id = 0;
+    std::string secret;
+    std::vector<ClientCall*> never_started;
+    {
+      swirl::MutexLock lock(&mu);
+      closed.store(true, std::memory_order_release);
+      live_id.store(0, std::memory_order_release);
+      state = ConnectivityState::kShutdown;
+      never_started.swap(waiting);
+      if (attempt != nullptr) attempt->TryCancel();  // a connection attempt under way ends now
+      changed.SignalAll();
+      c = connection;
+      via = stub;
+      server_id = connection_id;
+      secret = disconnect_secret;
+    }
+    for (ClientCall* call : never_started) {
+      internal::Worker::FailUnstarted(call, absl::UnavailableError("channel closed"));
+    }
+    std::thread reconnecting;
+    {
+      swirl::MutexLock lock(&mu);
+      reconnecting.swap(reconnector);
+    }
+    if (reconnecting.joinable()) {
+      // Its attempt, if any, was cancelled above; it sees `closed` next.
+      reconnecting.join();
+      swirl::MutexLock lock(&mu);  // the attempt may have made a connection after all
+      c = connection;
+      via = stub;
+      server_id = connection_id;
+      secret = disconnect_secret;
+    }
+    if (c == nullptr) return;
+    if (via != nullptr) SendDisconnect(*via, server_id, secret);
     internal::Worker* worker = &runtime->worker();
-    worker->Close(connection->id(), absl::UnavailableError("channel closed"));
+    worker->Close(c->id(), absl::UnavailableError("channel closed"));
     // Wait for the worker to finish with the connection (driving it ourselves if need be).
     const absl::Time deadline = absl::Now() + absl::Seconds(3);
-    while (connection->state() != internal::Connection::State::kClosed &&
-           absl::Now() < deadline) {
+    while (c->state() != internal::Connection::State::kClosed && absl::Now() < deadline) {
       if (worker->caller_driven()) {
         worker->TryDrive();
       } else {
@@ -205,6 +433,7 @@ absl::StatusOr<std::shared_ptr<Channel>> Channel::Create(const std::string& addr
   auto impl = std::make_unique<Impl>();
   impl->options = options;
   impl->address = address;
+  if (absl::Status s = impl->Init(); !s.ok()) return s;
   if (absl::Status s = impl->Connect(); !s.ok()) return s;
   return std::shared_ptr<Channel>(new Channel(std::move(impl)));
 }
@@ -213,11 +442,63 @@ Channel::Channel(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Channel::~Channel() { Close(); }
 
 void Channel::Start(ClientCall* call) {
-  if (impl_->closed.load(std::memory_order_acquire) || impl_->connection == nullptr) {
-    internal::Worker::FailUnstarted(call, absl::UnavailableError("channel closed"));
+  const uint64_t id = impl_->live_id.load(std::memory_order_acquire);
+  if (id != 0) [[likely]] {
+    impl_->runtime->worker().StartCall(id, call);
     return;
   }
-  impl_->runtime->worker().StartCall(impl_->connection->id(), call);
+  StartWhileDown(call);
+}
+
+void Channel::StartWhileDown(ClientCall* call) {
+  Impl& impl = *impl_;
+  internal::Worker& worker = impl.runtime->worker();
+  uint64_t id = 0;
+  absl::Status failed;
+  {
+    swirl::MutexLock lock(&impl.mu);
+    const bool wait = call->wait_for_ready_ && impl.options.reconnect.enabled;
+    if (wait && worker.caller_driven() && !worker.OnLoopThread()) {
+      // This thread waits: a caller-driven channel has no thread of its own to wait on.
+      while (impl.live_id.load(std::memory_order_acquire) == 0 &&
+             impl.state != ConnectivityState::kShutdown && absl::Now() < call->deadline_) {
+        impl.changed.WaitWithDeadline(&impl.mu, call->deadline_);
+      }
+    }
+    id = impl.live_id.load(std::memory_order_acquire);  // connected meanwhile?
+    if (id == 0) {
+      if (impl.state == ConnectivityState::kShutdown) {
+        failed = absl::UnavailableError("channel closed");
+      } else if (!wait) {
+        failed = absl::UnavailableError(absl::StrCat("channel not connected (",
+                                                     ConnectivityStateName(impl.state),
+                                                     "): ", impl.last_error.ToString()));
+      } else if (worker.caller_driven() && worker.OnLoopThread()) {
+        failed = absl::UnavailableError(
+            "the channel is not connected, and wait_for_ready cannot wait on the loop thread "
+            "of a caller-driven channel");
+      } else if (worker.caller_driven() || absl::Now() >= call->deadline_) {
+        failed = absl::DeadlineExceededError(absl::StrCat(
+            "deadline exceeded waiting for the channel to connect: ",
+            impl.last_error.ToString()));
+      } else {
+        // Waits in the channel until it is ready (the reconnector starts it) or its deadline.
+        call->worker_ = nullptr;
+        call->status_ = absl::OkStatus();
+        call->cancel_requested_.store(false, std::memory_order_relaxed);
+        call->notifier_.Reset();
+        call->state_.store(ClientCall::kQueued, std::memory_order_release);
+        impl.waiting.push_back(call);
+        impl.changed.SignalAll();  // the reconnector's next wake-up may be this deadline
+        return;
+      }
+    }
+  }
+  if (id != 0) {
+    worker.StartCall(id, call);
+  } else {
+    internal::Worker::FailUnstarted(call, std::move(failed));
+  }
 }
 
 bool Channel::Poll() {
@@ -225,12 +506,48 @@ bool Channel::Poll() {
   return impl_->runtime->worker().TryDrive();
 }
 
-const control::Negotiated& Channel::negotiated() const { return impl_->negotiated; }
-uint64_t Channel::connection_id() const { return impl_->connection_id; }
+control::Negotiated Channel::negotiated() const {
+  swirl::MutexLock lock(&impl_->mu);
+  return impl_->negotiated;
+}
 
-bool Channel::connected() const {
-  return !impl_->closed.load(std::memory_order_acquire) && impl_->connection != nullptr &&
-         impl_->connection->state() == internal::Connection::State::kActive;
+uint64_t Channel::connection_id() const {
+  swirl::MutexLock lock(&impl_->mu);
+  return impl_->connection_id;
+}
+
+bool Channel::connected() const { return state() == ConnectivityState::kReady; }
+
+ConnectivityState Channel::state() const {
+  swirl::MutexLock lock(&impl_->mu);
+  return impl_->state;
+}
+
+bool Channel::WaitForStateChange(ConnectivityState from, absl::Time deadline) {
+  swirl::MutexLock lock(&impl_->mu);
+  while (impl_->state == from) {
+    if (impl_->changed.WaitWithDeadline(&impl_->mu, deadline)) return impl_->state != from;
+  }
+  return true;
+}
+
+bool Channel::WaitForReady(absl::Time deadline) {
+  swirl::MutexLock lock(&impl_->mu);
+  while (impl_->state != ConnectivityState::kReady &&
+         impl_->state != ConnectivityState::kShutdown) {
+    if (impl_->changed.WaitWithDeadline(&impl_->mu, deadline)) break;
+  }
+  return impl_->state == ConnectivityState::kReady;
+}
+
+absl::Status Channel::last_error() const {
+  swirl::MutexLock lock(&impl_->mu);
+  return impl_->last_error;
+}
+
+uint64_t Channel::reconnects() const {
+  swirl::MutexLock lock(&impl_->mu);
+  return impl_->reconnects;
 }
 
 absl::StatusOr<control::StatsResponse> Channel::ServerStats() {
@@ -239,7 +556,8 @@ absl::StatusOr<control::StatsResponse> Channel::ServerStats() {
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
   impl_->AddAuth(&ctx);
-  absl::Status s = internal::FromGrpc(impl_->stub->Stats(&ctx, request, &response));
+  std::shared_ptr<control::Control::Stub> stub = impl_->Stub();
+  absl::Status s = internal::FromGrpc(stub->Stats(&ctx, request, &response));
   if (!s.ok()) return s;
   return response;
 }
@@ -257,10 +575,15 @@ const std::shared_ptr<ClientRuntime>& Channel::runtime() const { return impl_->r
 
 control::ConnectionStats Channel::LocalStats() const {
   control::ConnectionStats out;
-  out.set_connection_id(impl_->connection_id);
-  *out.mutable_negotiated() = impl_->negotiated;
-  if (impl_->connection == nullptr) return out;
-  internal::CopyCounters(impl_->connection->counters(), &out);
+  std::shared_ptr<internal::Connection> c;
+  {
+    swirl::MutexLock lock(&impl_->mu);
+    out.set_connection_id(impl_->connection_id);
+    *out.mutable_negotiated() = impl_->negotiated;
+    c = impl_->connection;
+  }
+  if (c == nullptr) return out;
+  internal::CopyCounters(c->counters(), &out);
   return out;
 }
 

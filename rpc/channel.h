@@ -8,6 +8,18 @@
 //   EchoResponse resp;
 //   absl::Status s = stub.Echo(req, &resp);
 //
+// Connectivity (as gRPC's channels): a channel whose connection is lost (the server died or
+// restarted, the link failed, keepalives went unanswered) reconnects by itself, with
+// exponential backoff and jitter (ReconnectOptions; gRPC's defaults), negotiating again. Calls
+// in flight when the connection fails complete with UNAVAILABLE (never hang, never run twice:
+// swirl does not retry a call). Calls started while it is down fail at once with UNAVAILABLE,
+// unless CallOptions::wait_for_ready asks them to wait for a connection within their deadline.
+// Bulk buffers (AllocateBulk) and stubs stay valid across a reconnect. A reconnect is never
+// silently weaker: a new negotiation that settles on a weaker invalidation mode is logged as a
+// WARNING and shown in negotiated() and LocalStats(), and InvalidationPolicy::kRequireRemote
+// refuses it (the channel stays in kTransientFailure, last_error() says why, and keeps trying).
+// Channel::Create itself fails if the first connection cannot be made.
+//
 // Threads: a Channel is thread-safe (Close() included: calls started during or after it fail
 // with UNAVAILABLE); share one between threads or make one per thread.
 //   * Driver::kBackgroundThread (default): a worker thread polls the channel's completion queue;
@@ -37,6 +49,26 @@
 
 namespace swirl {
 
+// A channel's connectivity state, as gRPC's (grpc_connectivity_state).
+enum class ConnectivityState {
+  kConnecting,        // a connection attempt is under way
+  kReady,             // connected: calls go out
+  kTransientFailure,  // the connection was lost or an attempt failed; another is due
+  kShutdown,          // closed (Close() or the destructor): final
+};
+const char* ConnectivityStateName(ConnectivityState state);
+
+// How a channel reconnects (gRPC's connection-backoff algorithm and defaults): the first
+// attempt right after the connection is lost, then waits of initial_backoff, growing by
+// `multiplier` after each failed attempt up to max_backoff, each wait randomized by +-jitter.
+struct ReconnectOptions {
+  bool enabled = true;  // false: a lost connection leaves the channel failed for good
+  absl::Duration initial_backoff = absl::Seconds(1);
+  double multiplier = 1.6;
+  double jitter = 0.2;
+  absl::Duration max_backoff = absl::Seconds(120);
+};
+
 struct ChannelOptions {
   std::string auth_token;
   std::string client_name;
@@ -57,7 +89,9 @@ struct ChannelOptions {
   bool dedicated_worker = false;
   int worker_core = -1;  // pin the worker thread (-1: not pinned)
 
+  // Each connection attempt (the first, and every reconnect) gives up after this long.
   absl::Duration connect_timeout = absl::Seconds(10);
+  ReconnectOptions reconnect;
 
   // Services this side offers to the server (server-to-client calls). Must outlive the channel.
   std::vector<Service*> services;
@@ -79,11 +113,22 @@ class Channel : public CallTarget {
   // A no-op returning false on background-driven channels.
   bool Poll();
 
-  // What the handshake settled on.
-  const control::Negotiated& negotiated() const;
+  // What the current (or last) connection's handshake settled on.
+  control::Negotiated negotiated() const;
+  // The server's id of the current (or last) connection.
   uint64_t connection_id() const;
-  // False once the connection failed or was closed.
+  // state() == kReady.
   bool connected() const;
+
+  ConnectivityState state() const;
+  // Waits until the state differs from `from`, or `deadline`; true if it changed.
+  bool WaitForStateChange(ConnectivityState from, absl::Time deadline);
+  // Waits until kReady (true), or kShutdown or `deadline` (false).
+  bool WaitForReady(absl::Time deadline);
+  // Why the last connection was lost or the last attempt failed (OK if neither happened).
+  absl::Status last_error() const;
+  // Connections made after the first one.
+  uint64_t reconnects() const;
 
   // The server's view, through the control plane.
   absl::StatusOr<control::StatsResponse> ServerStats();
@@ -103,6 +148,7 @@ class Channel : public CallTarget {
 
  private:
   explicit Channel(std::unique_ptr<Impl> impl);
+  void StartWhileDown(ClientCall* call);  // Start's slow path: no connection
   std::unique_ptr<Impl> impl_;
 };
 

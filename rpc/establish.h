@@ -8,6 +8,7 @@
 #define SWIRL_RPC_ESTABLISH_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -68,6 +69,9 @@ struct ConnectionSetup {
   bool is_server = false;
   std::string peer;         // the other side's address, for logs and Stats
   std::string client_name;  // as the client gave it (untrusted on a server: logged escaped)
+  // Connection::set_on_closed's observer, set before the connection is activated (a channel's
+  // reconnector).
+  std::function<void(const absl::Status&)> on_closed;
 };
 
 // Takes a connection from QP creation to active: creates its QP on setup.worker, passes its

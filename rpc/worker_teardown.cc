@@ -77,8 +77,10 @@ void Worker::FinishClose(Connection* c) {
   c->set_state(Connection::State::kClosed);
   const uint64_t id = c->id();
   const absl::Status reason = c->close_reason();
+  std::function<void(const absl::Status&)> on_closed = c->TakeOnClosed();
   by_id_.erase(id);  // may destroy c
   if (options_.on_closed) options_.on_closed(id, reason);
+  if (on_closed) on_closed(reason);
 }
 
 void Worker::CheckLiveness(Connection* c, absl::Time now) {

@@ -41,6 +41,7 @@
 #include "rpc/wire.h"
 
 ABSL_FLAG(std::string, port_file, "", "where to write the control-plane port");
+ABSL_FLAG(int, port, 0, "control-plane port (0: any free one; a restarted server reuses one)");
 ABSL_FLAG(std::string, token, "e2e", "authentication token");
 ABSL_FLAG(int, max_connections, 256, "ServerOptions::max_connections (in total)");
 ABSL_FLAG(int, max_per_client, 64, "connections per client address");
@@ -56,6 +57,8 @@ ABSL_FLAG(int64_t, grant_bytes, 32 << 20,
           "ServerOptions::grant_bytes_per_connection (unused grants, queued blocking handlers)");
 ABSL_FLAG(int64_t, bulk_bytes_per_client, 0, "ServerOptions::bulk_bytes_per_client");
 ABSL_FLAG(bool, no_local_fallback, false, "refuse clients without remote invalidation");
+ABSL_FLAG(bool, local_invalidation_only, false,
+          "offer only the LOCAL_INV fallback (InvalidationPolicy::kLocalOnly)");
 
 namespace {
 
@@ -273,7 +276,7 @@ int main(int argc, char** argv) {
   swirl::StopSignals stop_signals;  // before any thread starts: none is lost, none kills us
   absl::ParseCommandLine(argc, argv);
   swirl::ServerOptions options;
-  options.address = "127.0.0.1:0";
+  options.address = absl::StrCat("127.0.0.1:", absl::GetFlag(FLAGS_port));
   options.auth_token = absl::GetFlag(FLAGS_token);
   options.max_connections = static_cast<uint32_t>(absl::GetFlag(FLAGS_max_connections));
   options.max_connections_per_client = absl::GetFlag(FLAGS_max_per_client);
@@ -288,6 +291,9 @@ int main(int argc, char** argv) {
   options.bulk_bytes_per_client = static_cast<size_t>(absl::GetFlag(FLAGS_bulk_bytes_per_client));
   if (absl::GetFlag(FLAGS_no_local_fallback)) {
     options.transport.invalidation = swirl::InvalidationPolicy::kRequireRemote;
+  }
+  if (absl::GetFlag(FLAGS_local_invalidation_only)) {
+    options.transport.invalidation = swirl::InvalidationPolicy::kLocalOnly;
   }
   E2E service;
   swirl::Server server(options);
