@@ -245,6 +245,7 @@ class Demo {
   std::unique_ptr<swirl::examples::EchoStub> echo_;
   std::unique_ptr<swirl::examples::BlobStub> blob_;
   uint64_t blob_fnv_ = 0;
+  std::string transport_;  // what carries swirl's calls, said beside their latency
   std::vector<std::string> done_;  // what succeeded, for the last line
 };
 
@@ -283,6 +284,19 @@ bool Demo::StartServer() {
   const auto& n = channel_->negotiated();
   Say("   connected: one RC queue pair each side, %u credits, invalidation mode %s\n",
       n.client_credits(), swirl::control::InvalidationMode_Name(n.invalidation()).c_str());
+  // What carries swirl's calls, for the latency table's label.
+  auto stats = channel_->ServerStats();
+  if (!stats.ok()) {
+    std::fprintf(stderr, "demo: Control.Stats: %s\n", stats.status().ToString().c_str());
+    return false;
+  }
+  if (stats->capabilities().device_kind() != "soft") {
+    transport_ = absl::StrCat("device ", stats->device());
+  } else if (std::getenv("SWIRL_SOFT_TCP") != nullptr) {
+    transport_ = "soft device on its TCP fabric";
+  } else {
+    transport_ = "soft device: shared memory between the processes";
+  }
   return true;
 }
 
@@ -307,8 +321,7 @@ bool Demo::SmallCalls() {
     return false;
   }
   Say("   round trip, us      p50       p99\n");
-  Say("   swirl          %8.1f  %8.1f   (soft device: shared memory between the processes)\n",
-      swirl.p50, swirl.p99);
+  Say("   swirl          %8.1f  %8.1f   (%s)\n", swirl.p50, swirl.p99, transport_.c_str());
   Say("   gRPC           %8.1f  %8.1f   (TCP loopback, protobuf over HTTP/2)\n", *g50, *g99);
   Say("ok [1] small calls: swirl p50 %.1f us, gRPC p50 %.1f us (gRPC/swirl %.1fx)\n",
       swirl.p50, *g50, swirl.p50 > 0 ? *g50 / swirl.p50 : 0.0);
@@ -492,7 +505,7 @@ bool Demo::Shutdown() {
 }
 
 int Demo::Run() {
-  Say("== swirl demo: an RPC server and client over RDMA verbs (the soft device here) ==\n");
+  Say("== swirl demo: an RPC server and client over RDMA verbs (soft0 without a NIC) ==\n");
   const bool ok = StartServer() && SmallCalls() && Bulk() && Hostile() && WrongToken() &&
                   Shutdown();
   if (server_ > 0) {  // a step failed while the server ran
