@@ -1,5 +1,5 @@
-// An echo server: serves swirl.examples.Echo until SIGINT or SIGTERM, then shuts down
-// gracefully and prints what it served.
+// An echo server: serves swirl.examples.Echo (and Blob, the bulk service of `./swirl demo`) until
+// SIGINT or SIGTERM, then shuts down gracefully and prints what it served.
 //
 //   echo_server --address=0.0.0.0:7100 --token=secret --cores=1
 
@@ -14,6 +14,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "base/stop_signals.h"
+#include "examples/echo/blob_service.h"
 #include "examples/echo/echo.swirl.h"
 #include "examples/echo/echo_service.h"
 #include "rpc/server.h"
@@ -50,10 +51,14 @@ int main(int argc, char** argv) {
   if (absl::GetFlag(FLAGS_busy_poll)) options.idle_spin = absl::ZeroDuration();
 
   EchoImpl echo;
+  swirl::examples::BlobServiceImpl blob;
   swirl::Server server(options);
-  if (absl::Status s = server.RegisterService(&echo); !s.ok()) {
-    std::fprintf(stderr, "echo_server: %s\n", s.ToString().c_str());
-    return 1;
+  for (swirl::Service* service : {static_cast<swirl::Service*>(&echo),
+                                  static_cast<swirl::Service*>(&blob)}) {
+    if (absl::Status s = server.RegisterService(service); !s.ok()) {
+      std::fprintf(stderr, "echo_server: %s\n", s.ToString().c_str());
+      return 1;
+    }
   }
   if (absl::Status s = server.Start(); !s.ok()) {
     std::fprintf(stderr, "echo_server: %s\n", s.ToString().c_str());
@@ -72,13 +77,19 @@ int main(int argc, char** argv) {
   }
   stop_signals.Wait();
 
-  swirl::control::StatsResponse stats = server.Stats();
+  // Taken before the drain: Shutdown ends the workers, and their counters with them.
+  const swirl::control::StatsResponse stats = server.Stats();
   server.Shutdown(absl::Seconds(5));
+  const swirl::control::ServerStats& s = stats.server();
+  auto n = [](uint64_t v) { return static_cast<unsigned long long>(v); };
   std::printf("echo_server: served %llu requests on %llu connections (%llu refused), "
               "%llu protocol errors\n",
-              static_cast<unsigned long long>(stats.server().requests()),
-              static_cast<unsigned long long>(stats.server().connections_accepted()),
-              static_cast<unsigned long long>(stats.server().connections_refused()),
-              static_cast<unsigned long long>(stats.server().protocol_errors()));
+              n(s.requests()), n(s.connections_accepted()), n(s.connections_refused()),
+              n(s.protocol_errors()));
+  std::printf("echo_server: windows revoked by the peer's SEND_WITH_INV %llu, by LOCAL_INV %llu, "
+              "at lease expiry %llu; invalidation violations %llu, refused remote accesses %llu\n",
+              n(s.windows_remote_invalidated()), n(s.windows_locally_invalidated()),
+              n(s.windows_lease_expired()), n(s.invalidation_violations()),
+              n(s.async_qp_errors()));
   return 0;
 }
