@@ -204,7 +204,7 @@ class Channel::Impl {
                                     .is_server = false,
                                     .peer = address,
                                     .client_name = options.client_name,
-                                    .on_closed = [this, id](const absl::Status& why) {
+                                    .on_lost = [this, id](const absl::Status& why) {
                                       ConnectionLost(id, why);
                                     }};
     auto c = internal::EstablishConnection(setup, exchange);

@@ -158,10 +158,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void Configure(const control::Negotiated& negotiated, bool is_server, std::string peer,
                  std::string client_name);
   // Control path, before the connection is activated: called once on the loop thread when the
-  // connection is gone for good (its calls failed, its QP destroyed), with why. It must not
-  // block (a channel only wakes its reconnector).
-  void set_on_closed(std::function<void(const absl::Status&)> fn) { on_closed_ = std::move(fn); }
-  std::function<void(const absl::Status&)> TakeOnClosed() { return std::move(on_closed_); }
+  // connection starts closing (its QP in ERR, before its pending calls fail), with why. It
+  // must not block (a channel only marks itself down and wakes its reconnector).
+  void set_on_lost(std::function<void(const absl::Status&)> fn) { on_lost_ = std::move(fn); }
+  std::function<void(const absl::Status&)> TakeOnLost() { return std::move(on_lost_); }
 
   // ---- Loop thread ----
   verbs::QueuePair& qp() { return *qp_; }
@@ -217,7 +217,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   uint32_t max_payload_ = 0;
   ConnectionCounters counters_;
   absl::Status close_reason_;
-  std::function<void(const absl::Status&)> on_closed_;
+  std::function<void(const absl::Status&)> on_lost_;
 
   CallTable calls_;
   CreditLedger credits_;

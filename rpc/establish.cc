@@ -134,7 +134,7 @@ absl::StatusOr<std::shared_ptr<Connection>> EstablishConnection(const Connection
     return s;
   }
   c->Configure(answer->negotiated, setup.is_server, setup.peer, setup.client_name);
-  if (setup.on_closed) c->set_on_closed(setup.on_closed);
+  if (setup.on_lost) c->set_on_lost(setup.on_lost);
   setup.worker->Activate(c);
   LogEstablished(setup, *answer);
   return c;

@@ -69,9 +69,9 @@ struct ConnectionSetup {
   bool is_server = false;
   std::string peer;         // the other side's address, for logs and Stats
   std::string client_name;  // as the client gave it (untrusted on a server: logged escaped)
-  // Connection::set_on_closed's observer, set before the connection is activated (a channel's
+  // Connection::set_on_lost's observer, set before the connection is activated (a channel's
   // reconnector).
-  std::function<void(const absl::Status&)> on_closed;
+  std::function<void(const absl::Status&)> on_lost;
 };
 
 // Takes a connection from QP creation to active: creates its QP on setup.worker, passes its

@@ -82,6 +82,9 @@ class HostileServerTest : public ::testing::Test {
   void ConnectVictim(ChannelOptions options = {}) {
     victim_.reset();
     peer_.reset();
+    // These tests judge how one connection ends; a reconnect would dial the rogue again (and
+    // take a connection meant for the next test). Reconnecting is reconnect_test's.
+    options.reconnect.enabled = false;
     auto channel = Channel::Create(rogue_.address(), options);
     ASSERT_TRUE(channel.ok()) << channel.status();
     auto peer = rogue_.Accept();

@@ -34,6 +34,9 @@ void Worker::FailConnection(Connection* c, const absl::Status& why) {
     SWIRL_LOG(WARNING, "%s: %s", options_.name, s.ToString());
   }
   SettleBulkOps(c);
+  // Whoever watches the connection (a channel) learns it is lost before its calls fail, so a
+  // caller that sees its call fail also sees the channel down.
+  if (auto lost = c->TakeOnLost()) lost(why);
   FailPendingCalls(c, absl::UnavailableError(absl::StrCat("connection lost: ", why.message())));
   // Blocking handlers still running for this connection can no longer answer anyone.
   for (auto& [request_id, cancelled] : c->serving.running) {
@@ -77,10 +80,8 @@ void Worker::FinishClose(Connection* c) {
   c->set_state(Connection::State::kClosed);
   const uint64_t id = c->id();
   const absl::Status reason = c->close_reason();
-  std::function<void(const absl::Status&)> on_closed = c->TakeOnClosed();
   by_id_.erase(id);  // may destroy c
   if (options_.on_closed) options_.on_closed(id, reason);
-  if (on_closed) on_closed(reason);
 }
 
 void Worker::CheckLiveness(Connection* c, absl::Time now) {
