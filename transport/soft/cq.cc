@@ -10,6 +10,7 @@
 #include <mutex>
 #include <vector>
 
+#include "transport/soft/fabric.h"
 #include "transport/soft/qp_ops.h"
 
 namespace swirl::soft {
@@ -20,6 +21,11 @@ namespace {
 // poller walks it: that thread makes the progress. A QP whose idle hint still holds (QpLock) is
 // skipped without taking its lock. Progress can block for a while (a peer's
 // death unmaps and closes its link), and pollers of a shared CQ must not spin behind it.
+// The fabric's share of a poll (SoftCq::pull_links; TCP: read the links). Out of line, so that
+// the poll's test of the hook stays one compare with memory, as the flag it replaced was; the
+// read it makes is a system call anyway.
+[[gnu::noinline, gnu::cold]] void PullLinks(SoftCq* cq) { cq->pull_links(cq->sctx->hca); }
+
 void ProgressAttached(SoftCq* cq, PollSink* sink) {
   std::unique_lock<SpinLock> lock(cq->attach_lock, std::try_to_lock);
   if (!lock.owns_lock()) return;
@@ -63,7 +69,7 @@ int CreateCq(SoftContext* sctx, int cqe, void* cq_context, ibv_comp_channel* cha
   auto* cq = new SoftCq();
   cq->sctx = sctx;
   cq->sc = static_cast<SoftChannel*>(channel);
-  cq->tcp = sctx->hca->tcp;
+  cq->pull_links = sctx->hca->fabric->poll_hook();
   // Like mlx5: the ring is a power of two and the CQ holds one less than that.
   const uint32_t slots = std::bit_ceil<uint32_t>(static_cast<uint32_t>(cqe) + 1);
   cq->ring.resize(slots);
@@ -137,7 +143,7 @@ int PollCq(ibv_cq* ibcq, int n, ibv_wc* wc) {
   // Receive completions that progress produces while the ring is empty come straight into
   // `wc` (they are the oldest there are); anything found in the ring is newer and follows.
   PollSink sink{cq, wc, static_cast<uint32_t>(n), 0};
-  if (cq->tcp) PullTcp(cq->sctx->hca);
+  if (cq->pull_links != nullptr) PullLinks(cq);
   if (cq->depth.load(std::memory_order_relaxed) < static_cast<uint32_t>(n) || n == 0) {
     ProgressAttached(cq, &sink);
   }

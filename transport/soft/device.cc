@@ -12,6 +12,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
+#include "transport/soft/fabric.h"
 #include "transport/soft/qp_ops.h"
 #include "transport/soft/soft_device.h"
 
@@ -242,14 +243,7 @@ class SoftDeviceOps final : public verbs::DeviceOps {
   void AckAsyncEvent(ibv_async_event*) override {}
   // A QP links only within one fabric: shared memory (fe80:: GIDs) or TCP (::ffff:<IPv4>).
   int CheckReachable(const ibv_gid& local, const ibv_gid& remote, std::string* why) override {
-    const bool local_tcp = IsTcpFabricGid(local);
-    const bool remote_tcp = IsTcpFabricGid(remote);
-    if (local_tcp == remote_tcp) return 0;
-    auto fabric = [](bool tcp) { return tcp ? "TCP (SWIRL_SOFT_TCP)" : "shared memory"; };
-    *why = absl::StrCat("the peer's soft device is on ", fabric(remote_tcp), " and ", name_,
-                        " on ", fabric(local_tcp),
-                        ": set SWIRL_SOFT_TCP on both ends or on neither");
-    return EHOSTUNREACH;
+    return Fabric::CheckReachable(name_, local, remote, why);
   }
 
  private:

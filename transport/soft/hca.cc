@@ -1,9 +1,12 @@
-// The soft HCA: one per device name per process. It owns the GID, the memory-key table, and one
-// thread that (1) accepts links from peers over an abstract Unix socket named after the GID and
-// validates the shared-memory segments they hand over (or, on the TCP fabric, accepts TCP
-// links and keeps their mirrors: tcp_link.cc), (2) notices peers that go away, and (3) makes
-// progress for CQs nobody is polling: armed CQs whose owner sleeps on a completion channel, and
-// passive targets of one-sided operations.
+// The soft HCA: one per device name per process. It owns the GID, the memory-key table, its
+// fabric (fabric.h), and one thread that (1) accepts links from peers and serves their
+// handshakes through the fabric, (2) notices peers that go away, and (3) makes progress for CQs
+// nobody is polling: armed CQs whose owner sleeps on a completion channel, and passive targets
+// of one-sided operations.
+//
+// Also here: the shared-memory fabric (ShmFabric), whose links are hellos over an abstract Unix
+// socket named after the GID that hand over sealed memfd segments, which it validates and maps.
+// The TCP fabric is tcp_link.cc.
 
 #include <endian.h>
 #include <fcntl.h>
@@ -37,6 +40,7 @@
 #include "absl/strings/str_split.h"
 #include "base/log.h"
 #include "base/log_limiter.h"
+#include "transport/soft/fabric.h"
 #include "transport/soft/qp_ops.h"
 
 namespace swirl::soft {
@@ -535,11 +539,9 @@ AcceptResult AcceptAll(Hca* hca) {
   }
 }
 
-void HandleWatchEvent(Hca* hca, uint64_t id, uint32_t events) {
-  if (hca->tcp) {
-    HandleTcpEvent(hca, id, events);
-    return;
-  }
+// An event on a shared-memory link's connection: a hello, a keyed handshake's next message,
+// or its end.
+void HandleShmEvent(Hca* hca, uint64_t id, uint32_t events) {
   int fd = -1;
   SoftQp* qp = nullptr;
   LinkAuth* auth = nullptr;
@@ -661,21 +663,13 @@ void HcaLoop(Hca* hca) {
   for (;;) {
     const int64_t now = NowNs();
     const bool assist = hca->assist && MarkAssistedCqs(hca, now);
-    if (hca->tcp) {
-      swirl::ReaderMutexLock lock(&hca->mu);
-      WatchTcpReceives(hca);
-    }
-    if (hca->tcp) ExpireTcpLinks(hca, now);
+    hca->fabric->TendLinks(now);
     // Keyed hellos that wait for their QP's key: at once when one was set, else every 10 ms
     // (for their deadlines).
     if (hca->keys_changed.exchange(false, std::memory_order_acq_rel) ||
         (now >= next_resume_ns && hca->handshakes_pending.load(std::memory_order_acquire))) {
       next_resume_ns = now + 10 * 1000 * 1000;
-      if (hca->tcp) {
-        ResumeParkedTcp(hca);
-      } else {
-        ResumeParkedShm(hca);
-      }
+      hca->fabric->ResumeParked();
     }
     if (accept_paused_until != 0 && now >= accept_paused_until) {
       accept_paused_until = 0;
@@ -686,9 +680,12 @@ void HcaLoop(Hca* hca) {
     }
     int timeout_ms;
     {
-      // A TCP device keeps time for its links' deadlines (ExpireTcpLinks) even with no CQ.
+      // A fabric with link deadlines (TCP: ExpireTcpLinks) keeps time for them even with no CQ.
       swirl::ReaderMutexLock lock(&hca->mu);
-      timeout_ms = hca->cqs.empty() && !hca->tcp && accept_paused_until == 0 ? -1 : 10;
+      timeout_ms = hca->cqs.empty() && !hca->fabric->HasLinkDeadlines() &&
+                           accept_paused_until == 0
+                       ? -1
+                       : 10;
     }
     if (assist) {
       // Ask peers to kick our eventfd, then look once more: a frame published before a peer
@@ -702,7 +699,7 @@ void HcaLoop(Hca* hca) {
       const uint64_t id = events[i].data.u64;
       if (id == kStopId) return;
       if (id == kListenId) {
-        const AcceptResult result = hca->tcp ? AcceptTcp(hca) : AcceptAll(hca);
+        const AcceptResult result = hca->fabric->Accept();
         if (result != AcceptResult::kDone) {
           if (result == AcceptResult::kOutOfResources) {
             SWIRL_LOG(WARNING, "soft %s: cannot accept links: %s; retrying in 100 ms",
@@ -723,7 +720,7 @@ void HcaLoop(Hca* hca) {
         // hold a transfer unfinished on purpose (and instruction counts) rely on.
         if (hca->assist) ProgressAll(hca);
       } else {
-        HandleWatchEvent(hca, id, events[i].events);
+        hca->fabric->HandleEvent(id, events[i].events);
       }
     }
     if (assist) {
@@ -744,7 +741,7 @@ void HcaLoop(Hca* hca) {
     }
     // TCP fabric: what the rounds above published (acks of a sleeping owner's receives), what
     // a full socket held back, and state changes that woke nobody (within the 10 ms timeout).
-    if (hca->tcp) ShipTcp(hca);
+    hca->fabric->ShipPending();
   }
 }
 
@@ -776,55 +773,14 @@ Hca* CreateHca(const std::string& name, std::string* error) {
   if (const char* env = std::getenv("SWIRL_SOFT_PROGRESS")) {
     hca->assist = std::strcmp(env, "off") != 0;
   }
-  if (const char* env = std::getenv("SWIRL_SOFT_TCP"); env != nullptr && *env != 0) {
-    uint16_t port = 0;
-    std::string why;
-    if (!ParseTcpFabric(env, &hca->tcp_addr, &port, &why)) {
-      *error = absl::StrCat("soft device ", name, ": SWIRL_SOFT_TCP: ", why);
-      return nullptr;
-    }
-    // A fixed port is soft0's; softN listens N above it, so a process's devices do not collide.
-    if (port != 0) {
-      const uint32_t shifted = port + static_cast<uint32_t>(std::atoi(name.c_str() + 4));
-      if (shifted > 65535) {
-        *error = absl::StrCat("soft device ", name, ": SWIRL_SOFT_TCP port out of range");
-        return nullptr;
-      }
-      port = static_cast<uint16_t>(shifted);
-    }
-    hca->tcp = true;
-    if (const char* crypt = std::getenv("SWIRL_SOFT_TCP_CRYPT");
-        crypt != nullptr && std::strcmp(crypt, "off") == 0) {
-      hca->tcp_crypt = false;
-      SWIRL_LOG(WARNING,
-                "soft device %s: SWIRL_SOFT_TCP_CRYPT=off: TCP records of keyed links travel "
-                "unsealed unless the peer asks for sealing (for benchmarks only)",
-                name);
-    }
-    hca->listen_fd = ListenTcp(hca->tcp_addr, port, &hca->gid, &why);
-    hca->tcp_poll_fd = epoll_create1(EPOLL_CLOEXEC);
-    if (hca->listen_fd < 0 || hca->tcp_poll_fd < 0) {
-      *error = absl::StrCat("soft device ", name, ": ", why.empty() ? std::strerror(errno) : why);
-      if (hca->listen_fd >= 0) close(hca->listen_fd);
-      if (hca->tcp_poll_fd >= 0) close(hca->tcp_poll_fd);
-      return nullptr;
-    }
-  }
-  bool listening = hca->tcp;
-  if (!hca->tcp) {
-    hca->listen_fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    socklen_t len;
-    sockaddr_un addr = AddressFor(hca->gid, &len);
-    listening = hca->listen_fd >= 0 &&
-                bind(hca->listen_fd, reinterpret_cast<sockaddr*>(&addr), len) == 0 &&
-                listen(hca->listen_fd, 1024) == 0;
-  }
+  hca->fabric = OpenFabric(hca.get(), error);
+  if (hca->fabric == nullptr) return nullptr;
   hca->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   hca->stop_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   hca->epoll_fd = epoll_create1(EPOLL_CLOEXEC);
-  if (!listening || hca->wake_fd < 0 || hca->stop_fd < 0 || hca->epoll_fd < 0) {
+  if (hca->wake_fd < 0 || hca->stop_fd < 0 || hca->epoll_fd < 0) {
     *error = absl::StrCat("soft device ", name, ": ", std::strerror(errno));
-    for (int fd : {hca->listen_fd, hca->wake_fd, hca->stop_fd, hca->epoll_fd, hca->tcp_poll_fd}) {
+    for (int fd : {hca->listen_fd, hca->wake_fd, hca->stop_fd, hca->epoll_fd}) {
       if (fd >= 0) close(fd);
     }
     return nullptr;
@@ -880,6 +836,77 @@ void ResumeParkedShm(Hca* hca) {
   if (!pending) hca->handshakes_pending.store(false, std::memory_order_release);
 }
 
+// ---- The shared-memory fabric (fabric.h) ----------------------------------------------------
+
+namespace {
+
+// Our hello to the peer (keyed if the QP has a key), watched for the peer's answer and
+// hang-up. -errno if it could not be sent.
+int SendHelloFor(SoftQp* qp) {
+  LinkKey key;
+  const uint64_t serial = LinkKeyOf(qp, &key);
+  std::unique_ptr<LinkAuth> auth;
+  const int fd = SendHello(qp->hca, qp->attr.ah_attr.grh.dgid, qp->qp_num, qp->attr.dest_qp_num,
+                           qp->memfd, qp->own_size, serial != 0 ? &key : nullptr, serial, &auth);
+  OPENSSL_cleanse(key.data(), key.size());
+  if (fd < 0) return fd;
+  qp->out_socket = fd;
+  qp->out_watch = qp->hca->Watch(fd, qp, std::move(auth));
+  return fd;
+}
+
+}  // namespace
+
+std::unique_ptr<Fabric> ShmFabric::Open(Hca* hca, std::string* error) {
+  std::unique_ptr<Fabric> fabric(new ShmFabric(hca));
+  hca->listen_fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  socklen_t len;
+  sockaddr_un addr = AddressFor(hca->gid, &len);
+  if (hca->listen_fd < 0 || bind(hca->listen_fd, reinterpret_cast<sockaddr*>(&addr), len) != 0 ||
+      listen(hca->listen_fd, 1024) != 0) {
+    *error = absl::StrCat("soft device ", hca->name, ": ", std::strerror(errno));
+    if (hca->listen_fd >= 0) close(hca->listen_fd);
+    hca->listen_fd = -1;
+    return nullptr;
+  }
+  return fabric;
+}
+
+AcceptResult ShmFabric::Accept() { return AcceptAll(hca_); }
+
+void ShmFabric::HandleEvent(uint64_t id, uint32_t events) { HandleShmEvent(hca_, id, events); }
+
+void ShmFabric::ResumeParked() { ResumeParkedShm(hca_); }
+
+void ShmFabric::OpenLink(SoftQp* qp) {
+  const int fd = SendHelloFor(qp);
+  if (fd >= 0) return;
+  // Like a real link to an absent peer: nothing fails now; requests time out at RTS.
+  if (!Reaches(qp->attr.ah_attr.grh.dgid)) {
+    SWIRL_LOG(WARNING,
+              "soft %s: QP 0x%x cannot link to %s: that GID is on the TCP fabric "
+              "(SWIRL_SOFT_TCP) and this device is not; set SWIRL_SOFT_TCP on both sides "
+              "or on neither",
+              qp->hca->name, qp->qp_num, GidHex(qp->attr.ah_attr.grh.dgid));
+  } else {
+    SWIRL_LOG(DEBUG, "soft: QP 0x%x cannot reach %s: %s", qp->qp_num,
+              GidHex(qp->attr.ah_attr.grh.dgid), std::strerror(-fd));
+  }
+}
+
+void ShmFabric::LinkAdopted(SoftQp* qp) {
+  if (!WatchDead(qp->hca, qp->out_watch)) return;  // the peer has our segment, or will
+  // Our hello reached the peer when it could not take it (in ERR, about to be reset and
+  // connected again, as rdma-core's tests restate their QPs) and was closed. The peer is
+  // back, and without our segment it could never link: it gets the hello again. That close
+  // marked the peer gone (a hello's hang-up is how a linked peer's death shows), but it was a
+  // refusal, which the live link just adopted answers: the peer is not gone.
+  if (qp->out_watch != 0) qp->hca->Unwatch(qp->out_watch);
+  qp->out_watch = 0;
+  qp->peer_gone.store(false, std::memory_order_release);
+  SendHelloFor(qp);
+}
+
 uint64_t Hca::Watch(int fd, SoftQp* qp, std::unique_ptr<LinkAuth> auth) {
   uint64_t id;
   {
@@ -919,7 +946,7 @@ void Hca::UnwatchLocked(uint64_t id) {
   auto it = watches.find(id);
   if (it == watches.end()) return;
   epoll_ctl(epoll_fd, EPOLL_CTL_DEL, it->second.fd, nullptr);
-  if (it->second.tcp != nullptr) DestroyTcpLink(this, id, it->second);
+  fabric->CloseLink(id, it->second);
   close(it->second.fd);
   watches.erase(it);
 }
@@ -1004,15 +1031,15 @@ void ReleaseHca(Hca* hca) {
   {
     swirl::MutexLock lock(&hca->watch_mu);
     for (auto& [id, watch] : hca->watches) {
-      if (watch.tcp != nullptr) DestroyTcpLink(hca, id, watch);
+      hca->fabric->CloseLink(id, watch);
       close(watch.fd);
     }
     hca->watches.clear();
   }
-  for (int fd : {hca->listen_fd, hca->wake_fd, hca->stop_fd, hca->epoll_fd, hca->tcp_poll_fd}) {
+  for (int fd : {hca->listen_fd, hca->wake_fd, hca->stop_fd, hca->epoll_fd}) {
     if (fd >= 0) close(fd);
   }
-  delete hca;
+  delete hca;  // and its fabric, which closes what is its own
 }
 
 int SendHello(Hca* hca, const ibv_gid& gid, uint32_t src_qpn, uint32_t dst_qpn, int memfd,

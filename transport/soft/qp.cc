@@ -13,6 +13,7 @@
 
 #include "absl/strings/numbers.h"
 #include "base/log.h"
+#include "transport/soft/fabric.h"
 #include "transport/soft/qp_ops.h"
 #include "transport/soft/soft_device.h"
 
@@ -93,40 +94,6 @@ int CreateSegment(SoftQp* qp) {
   return 0;
 }
 
-// Our QP's link key, if it has one (its serial, else 0).
-uint64_t LinkKeyOf(SoftQp* qp, LinkKey* key) {
-  swirl::MutexLock lock(&qp->key_mu);
-  if (qp->key_serial != 0 && key != nullptr) *key = qp->link_key;
-  return qp->key_serial;
-}
-
-// Shared memory: our hello to the peer (keyed if the QP has a key), watched for the peer's
-// answer and hang-up. -errno if it could not be sent (nothing fails now: as a real link to an
-// absent peer, requests time out at RTS).
-int SendHelloFor(SoftQp* qp) {
-  LinkKey key;
-  const uint64_t serial = LinkKeyOf(qp, &key);
-  std::unique_ptr<LinkAuth> auth;
-  const int fd = SendHello(qp->hca, qp->attr.ah_attr.grh.dgid, qp->qp_num, qp->attr.dest_qp_num,
-                           qp->memfd, qp->own_size, serial != 0 ? &key : nullptr, serial, &auth);
-  OPENSSL_cleanse(key.data(), key.size());
-  if (fd < 0) return fd;
-  qp->out_socket = fd;
-  qp->out_watch = qp->hca->Watch(fd, qp, std::move(auth));
-  return fd;
-}
-
-// TCP: opens the connection to our peer (keyed if the QP has a key); its watch id, or 0.
-uint64_t ConnectTcpFor(SoftQp* qp) {
-  LinkKey key;
-  const uint64_t serial = LinkKeyOf(qp, &key);
-  const uint64_t watch =
-      ConnectTcpLink(qp->hca, qp, qp->attr.ah_attr.grh.dgid, qp->attr.dest_qp_num, qp->memfd,
-                     qp->own_size, serial != 0 ? &key : nullptr, serial);
-  OPENSSL_cleanse(key.data(), key.size());
-  return watch;
-}
-
 // Adopts a peer segment that the HCA thread validated, if it is the peer this QP was told about
 // at RTR. Candidates that arrive before RTR wait; wrong ones are closed.
 bool HandleLinkEvent(SoftQp* qp) {
@@ -173,25 +140,7 @@ bool HandleLinkEvent(SoftQp* qp) {
     qp->req_tx.SetConsumedSource(&c.control()->request_consumed.value);
     qp->resp_tx.SetConsumedSource(&c.control()->response_consumed.value);
     qp->linked = true;
-    if (!qp->hca->tcp && WatchDead(qp->hca, qp->out_watch)) {
-      // Our hello reached the peer when it could not take it (in ERR, about to be reset and
-      // connected again, as rdma-core's tests restate their QPs) and was closed. The peer is
-      // back, and without our segment it could never link: it gets the hello again. That
-      // close marked the peer gone (a hello's hang-up is how a linked peer's death shows), but
-      // it was a refusal, which the live link just adopted answers: the peer is not gone.
-      if (qp->out_watch != 0) qp->hca->Unwatch(qp->out_watch);
-      qp->out_watch = 0;
-      qp->peer_gone.store(false, std::memory_order_release);
-      SendHelloFor(qp);
-    }
-    if (qp->hca->tcp && qp->out_watch == 0) {
-      // The peer opened the connection: our segment goes back on it.
-      qp->out_watch = ReplyOnTcpLink(qp->hca, qp, c.watch, qp->memfd, qp->own_size);
-      if (qp->out_watch != 0 && qp->qstate == IBV_QPS_RTS) {
-        SetTcpLinkTimeout(qp->hca, qp->out_watch,
-                          AckTimeoutNs(qp->attr) * (qp->attr.retry_cnt + 1));
-      }
-    }
+    qp->fabric->LinkAdopted(qp);
   }
   if (!keep.empty()) {
     swirl::MutexLock lock(&qp->incoming_mu);
@@ -648,31 +597,16 @@ void PublishAndWake(SoftQp* qp, bool wrote) {
     published = true;
   }
   if (!published || !qp->linked) return;
-  if (qp->tcp) {
-    // New frames go now, with the control words; a change of control words alone (consumed,
-    // acked) rides with the next frame or goes at the next poll, whichever is first, so a
-    // request and the acknowledgement of the one before share a segment.
-    if (wrote) {
-      ShipTcpFor(qp);
-    } else {
-      // The QP's flag first, then the HCA's (PullTcp takes them in the other order).
-      qp->tcp_control_due.store(true, std::memory_order_release);
-      qp->hca->tcp_control_due.store(true, std::memory_order_release);
-    }
-    return;
-  }
-  // Pairs with the sleeper's fence between setting `sleeping` and re-checking our rings.
-  FullFence();
-  if (qp->peer.control()->sleeping.value.load(std::memory_order_relaxed) != 0) {
-    uint64_t one = 1;
-    ssize_t ignored = write(qp->peer.wake_fd, &one, sizeof(one));
-    (void)ignored;
-  }
+  qp->fabric->Publish(qp, wrote);
+}
+
+uint64_t LinkKeyOf(SoftQp* qp, LinkKey* key) {
+  swirl::MutexLock lock(&qp->key_mu);
+  if (qp->key_serial != 0 && key != nullptr) *key = qp->link_key;
+  return qp->key_serial;
 }
 
 namespace {
-
-constexpr int64_t kLinkRetryNs = 10 * 1000 * 1000;
 
 // Polls of a stalled request before the peer's HCA thread is kicked, and again between kicks:
 // tens of microseconds, far longer than a peer that makes progress takes to answer.
@@ -725,36 +659,6 @@ bool ProgressNormal(SoftQp* qp, bool responses_ready, bool requests_ready) {
   return did || wrote;
 }
 
-// TCP fabric, the side of the pair that connects: a connection the peer closed before it was
-// linked (the peer was in ERR, about to be reset and connected again) is opened again, 10 ms
-// after it was found closed and every 10 ms after that, until the QP links or its link deadline
-// passes: the peer never connects itself, so without this the pair could not link. (The wait
-// first leaves the HCA thread time to hand over what the peer sent before it closed: a peer
-// that answered, acknowledged and hung up is linked to, not dialled again.) On shared memory
-// the peer answers our hello with its own instead (HandleLinkEvent). Returns true if it opened
-// one.
-bool RetryTcpLink(SoftQp* qp) {
-  if (qp->linked || !WatchDead(qp->hca, qp->out_watch)) {
-    qp->next_link_attempt_ns = 0;
-    return false;
-  }
-  const int64_t now = NowNs();
-  if (qp->next_link_attempt_ns == 0) {
-    qp->next_link_attempt_ns = now + kLinkRetryNs;
-    return false;
-  }
-  if (now < qp->next_link_attempt_ns) return false;
-  qp->next_link_attempt_ns = now + kLinkRetryNs;
-  qp->hca->Unwatch(qp->out_watch);
-  // The close marked the peer gone, but it was a refusal of a link never made: not a loss.
-  qp->peer_gone.store(false, std::memory_order_release);
-  qp->out_watch = ConnectTcpFor(qp);
-  if (qp->out_watch != 0 && qp->qstate == IBV_QPS_RTS && qp->link_deadline_ns != 0) {
-    SetTcpLinkTimeout(qp->hca, qp->out_watch, std::max<int64_t>(qp->link_deadline_ns - now, 1));
-  }
-  return qp->out_watch != 0;
-}
-
 bool ProgressSlow(SoftQp* qp) {
   bool did = HandleLinkEvent(qp);
   if (qp->qstate == IBV_QPS_RESET || qp->qstate == IBV_QPS_INIT) return did;
@@ -801,7 +705,7 @@ bool ProgressSlow(SoftQp* qp) {
       }
     }
     if (faults != nullptr) RunTransportTimer(qp, faults);
-  } else if (qp->hca->tcp && qp->out_watch != 0 && RetryTcpLink(qp)) {
+  } else if (qp->fabric->RetryLink(qp)) {
     did = true;
   } else if (qp->link_deadline_ns != 0 && qp->sq_head != qp->sq_tail &&
              NowNs() > qp->link_deadline_ns && qp->qstate == IBV_QPS_RTS) {
@@ -852,7 +756,7 @@ int CreateQp(SoftContext* sctx, ibv_pd* pd, ibv_qp_init_attr* attr, ibv_qp** out
   qp->serial = next_serial.fetch_add(1, std::memory_order_relaxed);
   qp->sctx = sctx;
   qp->hca = sctx->hca;
-  qp->tcp = sctx->hca->tcp;
+  qp->fabric = sctx->hca->fabric.get();
   qp->spd = static_cast<SoftPd*>(pd);
   qp->scq = AsSoft(attr->send_cq);
   qp->rcq = AsSoft(attr->recv_cq);
@@ -947,36 +851,12 @@ int ModifyQp(ibv_qp* ibqp, ibv_qp_attr* attr, int mask) {
     qp->hca->Kick();
     qp->expected_msn = qp->attr.rq_psn & wire::kMsnMask;
     if (int err = CreateSegment(qp); err != 0) return err;
-    if (qp->hca->tcp) {
-      // One side of the pair connects (the HCA thread completes it; a refused or timed-out
-      // connect fails a linked QP from there, an unlinked one at its link deadline, as below).
-      // The other answers on that connection once it has adopted it (HandleLinkEvent).
-      if (TcpConnectsFirst(qp->hca->gid, qp->qp_num, qp->attr.ah_attr.grh.dgid,
-                           qp->attr.dest_qp_num)) {
-        qp->out_watch = ConnectTcpFor(qp);
-      }
-    } else if (int fd = SendHelloFor(qp); fd >= 0) {
-    } else {
-      // Like a real link to an absent peer: nothing fails now; requests time out at RTS.
-      if (IsTcpFabricGid(qp->attr.ah_attr.grh.dgid)) {
-        SWIRL_LOG(WARNING,
-                  "soft %s: QP 0x%x cannot link to %s: that GID is on the TCP fabric "
-                  "(SWIRL_SOFT_TCP) and this device is not; set SWIRL_SOFT_TCP on both sides "
-                  "or on neither",
-                  qp->hca->name, qp->qp_num, GidHex(qp->attr.ah_attr.grh.dgid));
-      } else {
-        SWIRL_LOG(DEBUG, "soft: QP 0x%x cannot reach %s: %s", qp->qp_num,
-                  GidHex(qp->attr.ah_attr.grh.dgid), std::strerror(-fd));
-      }
-    }
+    qp->fabric->OpenLink(qp);
     qp->link_event.store(true, std::memory_order_release);  // re-check early candidates
   } else if (from == IBV_QPS_RTR && to == IBV_QPS_RTS) {
     qp->next_msn = qp->attr.sq_psn & wire::kMsnMask;
     qp->peer_acked = qp->next_msn;
-    if (qp->hca->tcp && qp->out_watch != 0) {
-      SetTcpLinkTimeout(qp->hca, qp->out_watch,
-                        AckTimeoutNs(qp->attr) * (qp->attr.retry_cnt + 1));
-    }
+    qp->fabric->SetLinkTimeout(qp, AckTimeoutNs(qp->attr) * (qp->attr.retry_cnt + 1));
     if (!qp->linked && AckTimeoutNs(qp->attr) != 0) {
       qp->link_deadline_ns = NowNs() + AckTimeoutNs(qp->attr) * (qp->attr.retry_cnt + 1);
     }

@@ -33,6 +33,7 @@
 
 namespace swirl::soft {
 
+class Fabric;
 struct Hca;
 struct QpFaults;
 struct SoftContext;
@@ -112,7 +113,9 @@ struct SoftCq : ibv_cq_ex {
 
   SoftContext* sctx;
   SoftChannel* sc;  // channel, or nullptr
-  bool tcp = false;  // the HCA's links are TCP: polls read them (PullTcp)
+  // What a poll does before progress, as the fabric decided at creation (Fabric::poll_hook:
+  // TCP reads what arrived on the HCA's links; null on shared memory).
+  bool (*pull_links)(Hca*) = nullptr;
 
   SpinLock lock;
   std::vector<Cqe> ring;  // capacity cqe (+1 spare slot to tell full from empty)
@@ -407,6 +410,7 @@ struct WrBatch {
 struct SoftQp : VerbsQp {
   SoftContext* sctx;
   Hca* hca;
+  Fabric* fabric;  // hca's (a copy: every publish calls it)
   SoftPd* spd;
   uint64_t serial = 0;  // unique in the process for its lifetime (type 2 window bindings)
   SoftCq* scq;
@@ -510,7 +514,6 @@ struct SoftQp : VerbsQp {
   // Set by the HCA thread (no QP lock needed to set them).
   std::atomic<bool> link_event{false};
   std::atomic<bool> peer_gone{false};
-  bool tcp = false;  // the HCA's fabric is TCP (a copy: PublishAndWake checks it per message)
   // TCP fabric: control words changed and are not shipped yet (PullTcp ships them).
   std::atomic<bool> tcp_control_due{false};
   swirl::Mutex incoming_mu;
@@ -636,9 +639,9 @@ struct Hca {
 
   int listen_fd = -1;
   int wake_fd = -1;  // eventfd: peers write it when we sleep
-  // The TCP fabric (SWIRL_SOFT_TCP): links are TCP connections that replicate each QP's segment
-  // into a mirror at the peer, instead of one shared memfd (tcp_link.cc).
-  bool tcp = false;
+  // How QPs reach their peers (fabric.h), chosen when the device opens: shared memory, or TCP
+  // (SWIRL_SOFT_TCP), whose state follows (tcp_link.cc only).
+  std::unique_ptr<Fabric> fabric;
   uint32_t tcp_addr = 0;  // IPv4, network order
   // Keyed links' records are sealed (AES-256-GCM) unless SWIRL_SOFT_TCP_CRYPT=off; a link is
   // sealed if either side asks.
@@ -854,6 +857,8 @@ int PostSendAll(SoftQp* qp, ibv_send_wr* wr);
 int PostRecv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr);
 int PostSrqRecv(ibv_srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad_wr);
 int BindMw(ibv_qp* qp, ibv_mw* mw, ibv_mw_bind* bind);
+// The QP's link key, if it has one, into *key (if non-null); returns its serial, else 0.
+uint64_t LinkKeyOf(SoftQp* qp, LinkKey* key);
 // Progress on `qp`; the caller holds qp->lock. Returns true if anything happened.
 // ProgressLocked is inline because every poll runs it, and most polls find nothing: the steady
 // state (Normal) with no frame on either ring, nothing queued and no send completion wanted

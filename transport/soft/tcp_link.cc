@@ -43,6 +43,8 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+
+#include <openssl/crypto.h>
 #include <string>
 #include <vector>
 
@@ -50,6 +52,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "base/log.h"
+#include "transport/soft/fabric.h"
 #include "transport/soft/qp_ops.h"
 #include "transport/soft/soft_device.h"
 
@@ -1239,6 +1242,156 @@ void DestroyTcpLink(Hca* hca, uint64_t id, LinkWatch& watch) {
   }
   delete link;
   watch.tcp = nullptr;
+}
+
+// ---- The TCP fabric (fabric.h) --------------------------------------------------------------
+
+namespace {
+
+// A connection the peer closed before it was linked is opened again this long after.
+constexpr int64_t kLinkRetryNs = 10 * 1000 * 1000;
+
+// Opens the connection to our peer (keyed if the QP has a key); its watch id, or 0.
+uint64_t ConnectTcpFor(SoftQp* qp) {
+  LinkKey key;
+  const uint64_t serial = LinkKeyOf(qp, &key);
+  const uint64_t watch =
+      ConnectTcpLink(qp->hca, qp, qp->attr.ah_attr.grh.dgid, qp->attr.dest_qp_num, qp->memfd,
+                     qp->own_size, serial != 0 ? &key : nullptr, serial);
+  OPENSSL_cleanse(key.data(), key.size());
+  return watch;
+}
+
+}  // namespace
+
+TcpFabric::TcpFabric(Hca* hca) : Fabric(hca, Kind::kTcp, &PullTcp) {}
+
+TcpFabric::~TcpFabric() {
+  if (hca_->tcp_poll_fd >= 0) close(hca_->tcp_poll_fd);
+  hca_->tcp_poll_fd = -1;
+}
+
+std::unique_ptr<Fabric> TcpFabric::Open(Hca* hca, const char* spec, std::string* error) {
+  std::unique_ptr<Fabric> fabric(new TcpFabric(hca));
+  const std::string& name = hca->name;
+  uint16_t port = 0;
+  std::string why;
+  if (!ParseTcpFabric(spec, &hca->tcp_addr, &port, &why)) {
+    *error = absl::StrCat("soft device ", name, ": SWIRL_SOFT_TCP: ", why);
+    return nullptr;
+  }
+  // A fixed port is soft0's; softN listens N above it, so a process's devices do not collide.
+  if (port != 0) {
+    const uint32_t shifted = port + static_cast<uint32_t>(std::atoi(name.c_str() + 4));
+    if (shifted > 65535) {
+      *error = absl::StrCat("soft device ", name, ": SWIRL_SOFT_TCP port out of range");
+      return nullptr;
+    }
+    port = static_cast<uint16_t>(shifted);
+  }
+  if (const char* crypt = std::getenv("SWIRL_SOFT_TCP_CRYPT");
+      crypt != nullptr && std::strcmp(crypt, "off") == 0) {
+    hca->tcp_crypt = false;
+    SWIRL_LOG(WARNING,
+              "soft device %s: SWIRL_SOFT_TCP_CRYPT=off: TCP records of keyed links travel "
+              "unsealed unless the peer asks for sealing (for benchmarks only)",
+              name);
+  }
+  hca->listen_fd = ListenTcp(hca->tcp_addr, port, &hca->gid, &why);
+  hca->tcp_poll_fd = epoll_create1(EPOLL_CLOEXEC);
+  if (hca->listen_fd < 0 || hca->tcp_poll_fd < 0) {
+    *error = absl::StrCat("soft device ", name, ": ", why.empty() ? std::strerror(errno) : why);
+    if (hca->listen_fd >= 0) close(hca->listen_fd);
+    hca->listen_fd = -1;
+    return nullptr;  // (the fabric closes the poll fd)
+  }
+  return fabric;
+}
+
+AcceptResult TcpFabric::Accept() { return AcceptTcp(hca_); }
+
+void TcpFabric::HandleEvent(uint64_t id, uint32_t events) { HandleTcpEvent(hca_, id, events); }
+
+void TcpFabric::TendLinks(int64_t now) {
+  {
+    swirl::ReaderMutexLock lock(&hca_->mu);
+    WatchTcpReceives(hca_);
+  }
+  ExpireTcpLinks(hca_, now);
+}
+
+void TcpFabric::ResumeParked() { ResumeParkedTcp(hca_); }
+
+void TcpFabric::ShipPending() { ShipTcp(hca_); }
+
+void TcpFabric::CloseLink(uint64_t id, LinkWatch& watch) {
+  if (watch.tcp != nullptr) DestroyTcpLink(hca_, id, watch);
+}
+
+void TcpFabric::OpenLink(SoftQp* qp) {
+  // One side of the pair connects (the HCA thread completes it; a refused or timed-out
+  // connect fails a linked QP from there, an unlinked one at its link deadline). The other
+  // answers on that connection once it has adopted it (LinkAdopted).
+  if (TcpConnectsFirst(qp->hca->gid, qp->qp_num, qp->attr.ah_attr.grh.dgid,
+                       qp->attr.dest_qp_num)) {
+    qp->out_watch = ConnectTcpFor(qp);
+  }
+}
+
+void TcpFabric::LinkAdopted(SoftQp* qp) {
+  if (qp->out_watch != 0) return;  // we opened a connection: our segment goes on it
+  // The peer opened the connection: our segment goes back on it.
+  qp->out_watch = ReplyOnTcpLink(qp->hca, qp, qp->in_watch, qp->memfd, qp->own_size);
+  if (qp->out_watch != 0 && qp->qstate == IBV_QPS_RTS) {
+    SetTcpLinkTimeout(qp->hca, qp->out_watch, AckTimeoutNs(qp->attr) * (qp->attr.retry_cnt + 1));
+  }
+}
+
+// The side of the pair that connects: a connection the peer closed before it was linked (the
+// peer was in ERR, about to be reset and connected again) is opened again, 10 ms after it was
+// found closed and every 10 ms after that, until the QP links or its link deadline passes: the
+// peer never connects itself, so without this the pair could not link. (The wait first leaves
+// the HCA thread time to hand over what the peer sent before it closed: a peer that answered,
+// acknowledged and hung up is linked to, not dialled again.) On shared memory the peer answers
+// our hello with its own instead (ShmFabric::LinkAdopted).
+bool TcpFabric::RetryLink(SoftQp* qp) {
+  if (qp->out_watch == 0) return false;  // the answering side: the peer connects again
+  if (qp->linked || !WatchDead(qp->hca, qp->out_watch)) {
+    qp->next_link_attempt_ns = 0;
+    return false;
+  }
+  const int64_t now = NowNs();
+  if (qp->next_link_attempt_ns == 0) {
+    qp->next_link_attempt_ns = now + kLinkRetryNs;
+    return false;
+  }
+  if (now < qp->next_link_attempt_ns) return false;
+  qp->next_link_attempt_ns = now + kLinkRetryNs;
+  qp->hca->Unwatch(qp->out_watch);
+  // The close marked the peer gone, but it was a refusal of a link never made: not a loss.
+  qp->peer_gone.store(false, std::memory_order_release);
+  qp->out_watch = ConnectTcpFor(qp);
+  if (qp->out_watch != 0 && qp->qstate == IBV_QPS_RTS && qp->link_deadline_ns != 0) {
+    SetTcpLinkTimeout(qp->hca, qp->out_watch, std::max<int64_t>(qp->link_deadline_ns - now, 1));
+  }
+  return qp->out_watch != 0;
+}
+
+void TcpFabric::SetLinkTimeout(SoftQp* qp, int64_t timeout_ns) {
+  if (qp->out_watch != 0) SetTcpLinkTimeout(qp->hca, qp->out_watch, timeout_ns);
+}
+
+void TcpFabric::Publish(SoftQp* qp, bool wrote) {
+  // New frames go now, with the control words; a change of control words alone (consumed,
+  // acked) rides with the next frame or goes at the next poll, whichever is first, so a
+  // request and the acknowledgement of the one before share a segment.
+  if (wrote) {
+    ShipTcpFor(qp);
+  } else {
+    // The QP's flag first, then the HCA's (PullTcp takes them in the other order).
+    qp->tcp_control_due.store(true, std::memory_order_release);
+    qp->hca->tcp_control_due.store(true, std::memory_order_release);
+  }
 }
 
 }  // namespace swirl::soft
