@@ -122,12 +122,13 @@ class Channel::Impl {
     const verbs::Capabilities declared =
         internal::DeclaredCapabilities(runtime->capabilities(), options.transport.invalidation);
     control::ConnectResponse response;
-    auto exchange = [&](const verbs::PeerAddress& ours) -> absl::StatusOr<internal::PeerAnswer> {
+    auto exchange = [&](const internal::LocalQp& ours) -> absl::StatusOr<internal::PeerAnswer> {
       control::ConnectRequest request;
       request.set_protocol_version(internal::kControlProtocolVersion);
       request.set_client_name(options.client_name);
-      *request.mutable_address() = internal::ToProto(ours);
+      *request.mutable_address() = internal::ToProto(ours.address);
       *request.mutable_capabilities() = internal::DescribeLocal(declared, local);
+      request.mutable_capabilities()->set_link_keys(ours.link_keys);
       grpc::ClientContext ctx;
       ctx.set_deadline(absl::ToChronoTime(absl::Now() + options.connect_timeout));
       AddAuth(&ctx);
@@ -136,8 +137,10 @@ class Channel::Impl {
       if (!s.ok()) return s;
       auto server_address = internal::FromProto(response.address());
       if (!server_address.ok()) return server_address.status();
+      absl::StatusOr<std::string> link_key = internal::CheckLinkKey(response, ours.link_keys);
+      if (!link_key.ok()) return link_key.status();
       return internal::PeerAnswer{*server_address, response.negotiated(),
-                                  response.connection_id()};
+                                  response.connection_id(), *std::move(link_key)};
     };
     internal::ConnectionSetup setup{.worker = worker,
                                     .id = absl::Uniform<uint64_t>(absl::BitGen()),

@@ -55,10 +55,18 @@ struct PeerAnswer {
   verbs::PeerAddress address;
   control::Negotiated negotiated;
   uint64_t connection_id = 0;
+  // The connection's link key (kLinkKeyBytes; ConnectResponse.link_key), or empty for a link
+  // as unauthenticated as RoCE's (a device on either side without link keys).
+  std::string link_key;
 };
-// Gets the peer's answer for our QP at `local`: a server has it already (and puts `local` in its
-// ConnectResponse); a client asks the server.
-using Exchange = absl::FunctionRef<absl::StatusOr<PeerAnswer>(const verbs::PeerAddress& local)>;
+// Our QP, as the exchange offers it: its address, and whether it takes a link key.
+struct LocalQp {
+  verbs::PeerAddress address;
+  bool link_keys = false;
+};
+// Gets the peer's answer for our QP `local`: a server has it already (and puts `local` in its
+// ConnectResponse, with a new link key if both QPs take one); a client asks the server.
+using Exchange = absl::FunctionRef<absl::StatusOr<PeerAnswer>(const LocalQp& local)>;
 
 struct ConnectionSetup {
   Worker* worker = nullptr;
@@ -71,7 +79,8 @@ struct ConnectionSetup {
 };
 
 // Takes a connection from QP creation to active: creates its QP on setup.worker, passes its
-// address to `exchange`, connects the QP to the answer's (RTR, RTS), configures the connection
+// address to `exchange`, hands the answer's link key to the QP, connects the QP to the
+// answer's (RTR, RTS), configures the connection
 // with what was negotiated, activates it, and logs the outcome (a fallback in force as a
 // WARNING). On failure the connection is abandoned and the error returned.
 absl::StatusOr<std::shared_ptr<Connection>> EstablishConnection(const ConnectionSetup& setup,

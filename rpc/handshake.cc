@@ -28,6 +28,7 @@ control::Capabilities DescribeLocal(const verbs::Capabilities& caps, const Local
   out.set_require_remote_invalidation(config.require_remote_invalidation);
   out.set_bulk_mode(config.bulk_mode);
   out.set_max_bulk_size(config.max_bulk_size);
+  out.set_link_keys(config.link_keys);
   return out;
 }
 
@@ -177,12 +178,34 @@ absl::Status CheckNegotiated(const control::Negotiated& n, const LocalConfig& cl
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::string> CheckLinkKey(const control::ConnectResponse& response,
+                                         bool we_take_keys) {
+  const std::string& key = response.link_key();
+  if (key.empty()) {
+    if (we_take_keys && response.capabilities().link_keys()) {
+      return absl::FailedPreconditionError(
+          "the server declares link keys but sent none for this connection");
+    }
+    return std::string();
+  }
+  if (!we_take_keys) {
+    return absl::InvalidArgumentError("the server sent a link key this client did not ask for");
+  }
+  if (key.size() != kLinkKeyBytes) {
+    return absl::InvalidArgumentError(absl::StrFormat("link key of %u bytes (%u expected)",
+                                                      key.size(), kLinkKeyBytes));
+  }
+  return key;
+}
+
 bool TokenMatches(absl::string_view presented, absl::string_view token) {
   return SecretMatches(presented, absl::StrCat("Bearer ", token));
 }
 
-std::string NewDisconnectSecret() {
-  std::string secret(16, '\0');
+namespace {
+
+std::string RandomBytes(size_t size) {
+  std::string secret(size, '\0');
   size_t got = 0;
   while (got < secret.size()) {
     const ssize_t n = getrandom(secret.data() + got, secret.size() - got, 0);
@@ -197,6 +220,12 @@ std::string NewDisconnectSecret() {
   }
   return secret;
 }
+
+}  // namespace
+
+std::string NewDisconnectSecret() { return RandomBytes(16); }
+
+std::string NewLinkKey() { return RandomBytes(kLinkKeyBytes); }
 
 bool SecretMatches(absl::string_view presented, absl::string_view secret) {
   // Constant time in the length of what was presented, so timing tells nothing about the secret.

@@ -41,6 +41,7 @@ struct LocalConfig {
   bool allow_local_fallback = true;
   control::BulkMode bulk_mode = control::BULK_SERVER_EXPOSES;  // client: requested
   uint64_t max_bulk_size = 0;                                   // 0: no bulk pool
+  bool link_keys = false;  // our QPs take a link key (verbs::QueuePair::SetLinkKey)
 };
 
 control::Capabilities DescribeLocal(const verbs::Capabilities& caps, const LocalConfig& config);
@@ -64,11 +65,21 @@ absl::StatusOr<control::Negotiated> Negotiate(const control::ConnectRequest& req
 absl::Status CheckNegotiated(const control::Negotiated& negotiated, const LocalConfig& client,
                              const verbs::Capabilities& client_caps);
 
+// Client side: the link key of the server's answer, given whether we declared link keys: empty
+// when either side takes none; INVALID_ARGUMENT for a key of another size, or one we did not
+// declare we take; FAILED_PRECONDITION when both declared link keys and the server sent none
+// (the link would be unauthenticated though both ends could bind it).
+absl::StatusOr<std::string> CheckLinkKey(const control::ConnectResponse& response,
+                                         bool we_take_keys);
+
 // "authorization: Bearer <token>", compared in constant time.
 bool TokenMatches(absl::string_view presented_header, absl::string_view token);
 
 // A connection's disconnect secret: 16 bytes from the kernel's random source.
 std::string NewDisconnectSecret();
+// A connection's link key (ConnectResponse.link_key): kLinkKeyBytes from the same source.
+inline constexpr size_t kLinkKeyBytes = 32;
+std::string NewLinkKey();
 // Whether `presented` is `secret` (never true for an empty secret), in time that depends only on
 // the length presented. TokenMatches is this with "Bearer <token>".
 bool SecretMatches(absl::string_view presented, absl::string_view secret);

@@ -358,15 +358,25 @@ class Server::Impl final : public control::Control::Service {
                                     .is_server = true,
                                     .peer = peer,
                                     .client_name = request.client_name()};
+    bool link_keys = false;
     auto connection = internal::EstablishConnection(
-        setup, [&](const verbs::PeerAddress& local) -> absl::StatusOr<internal::PeerAnswer> {
-          *response->mutable_address() = internal::ToProto(local);
-          return internal::PeerAnswer{client_address, negotiated, id};
+        setup, [&](const internal::LocalQp& local) -> absl::StatusOr<internal::PeerAnswer> {
+          *response->mutable_address() = internal::ToProto(local.address);
+          internal::PeerAnswer answer{client_address, negotiated, id};
+          // Both QPs take a key: the pair links only with this Connect's caller, who alone
+          // learns it (over TLS when TLS is on), not with whoever else knows the GIDs and QPNs.
+          link_keys = local.link_keys;
+          if (link_keys && request.capabilities().link_keys()) {
+            answer.link_key = internal::NewLinkKey();
+            response->set_link_key(answer.link_key);
+          }
+          return answer;
         });
     if (!connection.ok()) return connection.status();
     accepted_.fetch_add(1, std::memory_order_relaxed);
     response->set_connection_id(id);
     *response->mutable_capabilities() = internal::DescribeLocal(declared_, LocalConfig());
+    response->mutable_capabilities()->set_link_keys(link_keys);
     *response->mutable_negotiated() = negotiated;
     return absl::OkStatus();
   }

@@ -251,6 +251,15 @@ class SoftDeviceOps final : public verbs::DeviceOps {
                         ": set SWIRL_SOFT_TCP on both ends or on neither");
     return EHOSTUNREACH;
   }
+  int SetLinkKey(ibv_qp* qp, const uint8_t* key, size_t length) override {
+    const absl::Status s = soft::SetLinkKey(qp, absl::MakeConstSpan(key, length));
+    switch (s.code()) {
+      case absl::StatusCode::kOk: return 0;
+      case absl::StatusCode::kUnimplemented: return EOPNOTSUPP;
+      case absl::StatusCode::kFailedPrecondition: return EBUSY;  // after RTR
+      default: return EINVAL;
+    }
+  }
 
  private:
   const std::string name_;

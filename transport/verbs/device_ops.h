@@ -20,6 +20,7 @@
 
 #include <infiniband/verbs.h>
 
+#include <cerrno>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -98,6 +99,15 @@ class DeviceOps {
   virtual int CheckReachable(const ibv_gid& /*local*/, const ibv_gid& /*remote*/,
                              std::string* /*why*/) {
     return 0;
+  }
+
+  // Beyond RoCE (the soft device's SetLinkKey, transport/soft/soft_device.h): binds `qp`'s link
+  // to whoever knows `key` (`length` bytes, the same on both QPs of the pair, handed over by
+  // the control plane), set before RTR. EOPNOTSUPP on a device that has no such thing, which is
+  // the default: a NIC's RC link is as RoCE makes it. An empty key removes one (and so tells,
+  // on a fresh QP, whether the device takes keys at all).
+  virtual int SetLinkKey(ibv_qp* /*qp*/, const uint8_t* /*key*/, size_t /*length*/) {
+    return EOPNOTSUPP;
   }
 };
 

@@ -416,6 +416,16 @@ absl::Status QueuePair::ToInit(const ConnectOptions& options) {
                 "INIT");
 }
 
+absl::Status QueuePair::SetLinkKey(absl::Span<const uint8_t> key) {
+  const int err = pd_->context().ops().SetLinkKey(qp_, key.data(), key.size());
+  if (err == EOPNOTSUPP) {
+    return absl::UnimplementedError(
+        absl::StrCat("device ", pd_->context().name(), " takes no link keys"));
+  }
+  if (err != 0) return VerbsError("set link key", err);
+  return absl::OkStatus();
+}
+
 absl::Status QueuePair::ToRtr(const PeerAddress& peer, const ConnectOptions& options) {
   // Both ends must use one path MTU (a responder checks every packet against its own): the
   // smaller of the two ports'. And no more READ/atomic responder resources than the device has

@@ -30,6 +30,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "transport/verbs/device_ops.h"
 
 namespace swirl::verbs {
@@ -305,6 +306,10 @@ class QueuePair {
   absl::Status ToReset();
 
   absl::StatusOr<ibv_qp_state> QueryState();
+
+  // DeviceOps::SetLinkKey, before RTR: UNIMPLEMENTED on a device without link keys (a caller
+  // that runs on NICs too takes that as "not supported", not as an error).
+  absl::Status SetLinkKey(absl::Span<const uint8_t> key);
 
   // Our half of the address exchange for `options.port_num`/`gid_index`. An automatic index is
   // resolved here once and kept: ToRtr sends from the entry whose GID was advertised, even if
