@@ -84,6 +84,13 @@ class Channel::Impl {
   }
 
   absl::Status Connect() {
+    // Checked before dialling: a token in plaintext beyond loopback is anyone's on the path.
+    if (!options.auth_token.empty() && options.tls_root_cert_file.empty() &&
+        !options.allow_plaintext_token && !internal::IsLoopbackOnly(address)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "refusing to send the token in plaintext to ", address,
+          " (beyond loopback): use TLS (tls_root_cert_file), or set allow_plaintext_token"));
+    }
     std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
     grpc::ChannelArguments args;
     if (!options.tls_root_cert_file.empty()) {

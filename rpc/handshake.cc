@@ -1,5 +1,6 @@
 #include "rpc/handshake.h"
 
+#include <arpa/inet.h>
 #include <sys/random.h>
 
 #include <cerrno>
@@ -7,6 +8,8 @@
 
 #include "absl/random/random.h"
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "rpc/wire.h"
@@ -256,6 +259,28 @@ std::string DialableAddress(absl::string_view listen_address, int port) {
     return absl::StrCat("[::1]:", port);
   }
   return absl::StrCat(host, ":", port);
+}
+
+bool IsLoopbackOnly(absl::string_view address) {
+  if (absl::StartsWith(address, "unix:") || absl::StartsWith(address, "unix-abstract:")) {
+    return true;
+  }
+  for (absl::string_view scheme : {"ipv4:", "ipv6:", "dns:///", "dns:"}) {
+    if (absl::ConsumePrefix(&address, scheme)) break;
+  }
+  const size_t colon = address.rfind(':');
+  absl::string_view host = colon == absl::string_view::npos ? address : address.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  } else if (host.find(':') != absl::string_view::npos) {
+    host = address;  // a bare IPv6 literal without a port
+  }
+  if (host == "localhost") return true;
+  const std::string h(host);
+  in_addr v4;
+  if (inet_pton(AF_INET, h.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
+  in6_addr v6;
+  return inet_pton(AF_INET6, h.c_str(), &v6) == 1 && IN6_IS_ADDR_LOOPBACK(&v6);
 }
 
 }  // namespace swirl::internal

@@ -92,6 +92,11 @@ std::string ClientKey(absl::string_view grpc_peer);
 // [::]) the loopback literal of its family.
 std::string DialableAddress(absl::string_view listen_address, int port);
 
+// Whether gRPC address `address` ("host:port", "[v6]:port", "ipv4:"/"ipv6:"/"dns:///"
+// forms, "unix:...") stays on this host: a Unix socket, "localhost", or a literal loopback
+// address. A wildcard (empty host, 0.0.0.0, [::]) and every other name are beyond loopback.
+bool IsLoopbackOnly(absl::string_view address);
+
 }  // namespace swirl::internal
 
 #endif  // SWIRL_RPC_HANDSHAKE_H_

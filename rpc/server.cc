@@ -84,6 +84,15 @@ class Server::Impl final : public control::Control::Service {
 
   absl::Status Start() {
     if (started_) return absl::FailedPreconditionError("already started");
+    // Secure by default: beyond loopback, someone must be asked for something.
+    if (options_.auth_token.empty() && options_.tls_cert_file.empty() &&
+        !options_.allow_insecure_non_loopback && !internal::IsLoopbackOnly(options_.address)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "refusing to listen on ", options_.address,
+          " (beyond loopback) without authentication: set ServerOptions::auth_token or TLS, "
+          "or allow_insecure_non_loopback to accept that anyone who reaches it may call "
+          "every service"));
+    }
     auto device = internal::OpenTransport(options_.transport, internal::Probe::kFresh);
     if (!device.ok()) return device.status();
     context_ = device->context;
