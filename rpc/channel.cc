@@ -91,6 +91,8 @@ class Channel::Impl {
           "refusing to send the token in plaintext to ", address,
           " (beyond loopback): use TLS (tls_root_cert_file), or set allow_plaintext_token"));
     }
+    auto networks = internal::ParseFabricNetworks(options.fabric_networks);
+    if (!networks.ok()) return networks.status();
     std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
     grpc::ChannelArguments args;
     if (!options.tls_root_cert_file.empty()) {
@@ -144,6 +146,12 @@ class Channel::Impl {
       if (!s.ok()) return s;
       auto server_address = internal::FromProto(response.address());
       if (!server_address.ok()) return server_address.status();
+      // Our QP links to where the server's GID says: only where the server we reached is.
+      if (ours.device != nullptr) {
+        s = internal::CheckPeerFabricAddress(*ours.device, server_address->gid, ctx.peer(),
+                                             *networks);
+        if (!s.ok()) return s;
+      }
       absl::StatusOr<std::string> link_key = internal::CheckLinkKey(response, ours.link_keys);
       if (!link_key.ok()) return link_key.status();
       return internal::PeerAnswer{*server_address, response.negotiated(),

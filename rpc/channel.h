@@ -46,6 +46,8 @@ struct ChannelOptions {
   // Create refuses to send auth_token in plaintext (no TLS) to a server beyond loopback, where
   // anyone on the path could read it and use it. True accepts that.
   bool allow_plaintext_token = false;
+  // Where the server's QP may be besides the address Connect reached (as ServerOptions's).
+  std::vector<std::string> fabric_networks;
 
   // The RDMA side (device, GID, credits, buffers, bulk pool, invalidation, keepalive, window
   // lease; rpc/transport_options.h). The bulk pool is the worker's.

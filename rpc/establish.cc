@@ -141,7 +141,7 @@ absl::StatusOr<std::shared_ptr<Connection>> EstablishConnection(const Connection
     // An empty key on a fresh QP changes nothing: it asks the device whether it takes keys.
     const absl::Status probe = c->qp().SetLinkKey({});
     if (!probe.ok()) LogNoLinkKeysOnce(probe);
-    return exchange(LocalQp{*local, probe.ok()});
+    return exchange(LocalQp{*local, probe.ok(), &c->qp().pd().context()});
   };
   absl::StatusOr<PeerAnswer> answer = exchange_local();
   absl::Status s = answer.status();
@@ -159,6 +159,15 @@ absl::StatusOr<std::shared_ptr<Connection>> EstablishConnection(const Connection
   setup.worker->Activate(c);
   LogEstablished(setup, *answer);
   return c;
+}
+
+absl::Status CheckPeerFabricAddress(verbs::Context& device, const ibv_gid& gid,
+                                    absl::string_view grpc_peer,
+                                    const std::vector<Ipv4Network>& networks) {
+  absl::StatusOr<std::string> address = device.GidAddress(gid);
+  if (absl::IsNotFound(address.status())) return absl::OkStatus();
+  if (!address.ok()) return address.status();
+  return CheckPeerAddress(*address, grpc_peer, networks);
 }
 
 absl::StatusOr<std::string> ReadFile(const std::string& path) {

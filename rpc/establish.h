@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
@@ -63,7 +64,15 @@ struct PeerAnswer {
 struct LocalQp {
   verbs::PeerAddress address;
   bool link_keys = false;
+  verbs::Context* device = nullptr;  // our QP's device, to ask about the peer's GID
 };
+
+// Whether a peer's QP at `gid` is where the peer called from (`grpc_peer`) or in one of
+// `networks` (CheckPeerAddress), as far as `device` can tell what address the GID names: OK
+// for a GID that names none (a fabric within this host, InfiniBand).
+absl::Status CheckPeerFabricAddress(verbs::Context& device, const ibv_gid& gid,
+                                    absl::string_view grpc_peer,
+                                    const std::vector<Ipv4Network>& networks);
 // Gets the peer's answer for our QP `local`: a server has it already (and puts `local` in its
 // ConnectResponse, with a new link key if both QPs take one); a client asks the server.
 using Exchange = absl::FunctionRef<absl::StatusOr<PeerAnswer>(const LocalQp& local)>;

@@ -9,6 +9,8 @@
 #include "absl/random/random.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -281,6 +283,68 @@ bool IsLoopbackOnly(absl::string_view address) {
   if (inet_pton(AF_INET, h.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
   in6_addr v6;
   return inet_pton(AF_INET6, h.c_str(), &v6) == 1 && IN6_IS_ADDR_LOOPBACK(&v6);
+}
+
+namespace {
+
+// The IPv4 address of a gRPC peer string, IPv4-mapped IPv6 included; false for anything else.
+bool PeerIpv4(absl::string_view peer, in_addr* out) {
+  std::string p = absl::StrReplaceAll(peer, {{"%5B", "["}, {"%5D", "]"}});
+  absl::string_view rest = p;
+  if (!absl::ConsumePrefix(&rest, "ipv4:") && !absl::ConsumePrefix(&rest, "ipv6:")) return false;
+  const size_t colon = rest.rfind(':');
+  if (colon == absl::string_view::npos) return false;
+  absl::string_view host = rest.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  const std::string h(host);
+  if (inet_pton(AF_INET, h.c_str(), out) == 1) return true;
+  in6_addr v6;
+  if (inet_pton(AF_INET6, h.c_str(), &v6) != 1 || !IN6_IS_ADDR_V4MAPPED(&v6)) return false;
+  std::memcpy(&out->s_addr, &v6.s6_addr[12], 4);
+  return true;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<Ipv4Network>> ParseFabricNetworks(
+    const std::vector<std::string>& cidrs) {
+  std::vector<Ipv4Network> out;
+  for (const std::string& cidr : cidrs) {
+    const size_t slash = cidr.find('/');
+    const std::string ip = cidr.substr(0, slash);
+    int bits = 32;
+    in_addr a;
+    const bool bits_ok =
+        slash == std::string::npos ||
+        (absl::SimpleAtoi(cidr.substr(slash + 1), &bits) && bits >= 0 && bits <= 32);
+    if (!bits_ok || inet_pton(AF_INET, ip.c_str(), &a) != 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "fabric network \"", LoggableName(cidr), "\" is not an IPv4 network (a.b.c.d/n)"));
+    }
+    const uint32_t mask = bits == 0 ? 0 : ~uint32_t{0} << (32 - bits);
+    out.push_back({ntohl(a.s_addr) & mask, mask});
+  }
+  return out;
+}
+
+absl::Status CheckPeerAddress(absl::string_view gid_address, absl::string_view grpc_peer,
+                              const std::vector<Ipv4Network>& networks) {
+  in_addr gid;
+  const std::string g(gid_address);
+  if (inet_pton(AF_INET, g.c_str(), &gid) != 1) {
+    return absl::PermissionDeniedError(absl::StrCat("the peer's GID names no IPv4 address (",
+                                                    LoggableName(gid_address), ")"));
+  }
+  in_addr peer;
+  if (PeerIpv4(grpc_peer, &peer) && peer.s_addr == gid.s_addr) return absl::OkStatus();
+  for (const Ipv4Network& n : networks) {
+    if ((ntohl(gid.s_addr) & n.mask) == n.base) return absl::OkStatus();
+  }
+  return absl::PermissionDeniedError(absl::StrCat(
+      "the peer's GID names ", gid_address, ", which is neither the address it called from (",
+      LoggableName(grpc_peer), ") nor in a configured fabric network (fabric_networks)"));
 }
 
 }  // namespace swirl::internal

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
@@ -91,6 +92,22 @@ std::string ClientKey(absl::string_view grpc_peer);
 // "[v6]:port") that got `port`: that host with `port`, or for a wildcard host (empty, 0.0.0.0,
 // [::]) the loopback literal of its family.
 std::string DialableAddress(absl::string_view listen_address, int port);
+
+// An IPv4 network a side's options allow peers' fabric addresses in ("10.1.0.0/16").
+struct Ipv4Network {
+  uint32_t base = 0;  // host order, masked
+  uint32_t mask = 0;
+};
+// ServerOptions/ChannelOptions::fabric_networks parsed; INVALID_ARGUMENT naming a bad entry.
+absl::StatusOr<std::vector<Ipv4Network>> ParseFabricNetworks(
+    const std::vector<std::string>& cidrs);
+// Whether a peer whose GID sends our links to `gid_address` (dotted IPv4, as the device reads
+// the GID: verbs::Context::GidAddress) is where it called from: `grpc_peer`'s address (as
+// grpc::ServerContext::peer() or ClientContext::peer() give it: "ipv4:a.b.c.d:port",
+// "ipv6:[::ffff:a.b.c.d]:port") or in one of `networks`. OK, or PERMISSION_DENIED saying
+// both: else a peer could make this side open connections to any host and port it names.
+absl::Status CheckPeerAddress(absl::string_view gid_address, absl::string_view grpc_peer,
+                              const std::vector<Ipv4Network>& networks);
 
 // Whether gRPC address `address` ("host:port", "[v6]:port", "ipv4:"/"ipv6:"/"dns:///"
 // forms, "unix:...") stays on this host: a Unix socket, "localhost", or a literal loopback

@@ -93,6 +93,9 @@ class Server::Impl final : public control::Control::Service {
           "or allow_insecure_non_loopback to accept that anyone who reaches it may call "
           "every service"));
     }
+    auto networks = internal::ParseFabricNetworks(options_.fabric_networks);
+    if (!networks.ok()) return networks.status();
+    fabric_networks_ = *std::move(networks);
     auto device = internal::OpenTransport(options_.transport, internal::Probe::kFresh);
     if (!device.ok()) return device.status();
     context_ = device->context;
@@ -285,6 +288,13 @@ class Server::Impl final : public control::Control::Service {
     if (!negotiated.ok()) return negotiated.status();
     auto client_address = internal::FromProto(request.address());
     if (!client_address.ok()) return client_address.status();
+    // The server links (and on a TCP fabric, connects) to where the client's GID says: only
+    // where the client itself is.
+    if (absl::Status s = internal::CheckPeerFabricAddress(*context_, client_address->gid,
+                                                          context->peer(), fabric_networks_);
+        !s.ok()) {
+      return s;
+    }
     const std::string client_key = internal::ClientKey(context->peer());
     uint64_t id;
     {
@@ -525,6 +535,7 @@ class Server::Impl final : public control::Control::Service {
   std::shared_ptr<verbs::Context> context_;
   std::shared_ptr<verbs::ProtectionDomain> pd_;
   verbs::Capabilities caps_;
+  std::vector<internal::Ipv4Network> fabric_networks_;  // options_.fabric_networks
   // caps_ as this server negotiates with and tells clients (InvalidationPolicy::kLocalOnly).
   verbs::Capabilities declared_;
   std::unique_ptr<internal::ThreadPool> pool_;

@@ -110,6 +110,7 @@ absl::Status RogueConnection::Connect(int port, const std::string& token,
   caps->set_bulk_mode(bulk_mode);
   caps->set_max_bulk_size(kScratchBytes);
   caps->set_link_keys(link_key_use_ != LinkKeyUse::kUndeclared);
+  if (tamper_request_) tamper_request_(request);
   control::ConnectResponse response;
   grpc::Status s = stub->Connect(&gctx, request, &response);
   if (!s.ok()) {

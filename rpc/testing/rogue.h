@@ -10,6 +10,7 @@
 
 #include <infiniband/verbs.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -129,6 +130,10 @@ class RogueConnection : public RoguePeer {
   // so no key is made), or declare them and then use the server's key, none, or another.
   enum class LinkKeyUse { kUndeclared, kAsGiven, kWithout, kWrong };
   void UseLinkKey(LinkKeyUse use) { link_key_use_ = use; }
+  // Changes the ConnectRequest before it leaves (a GID of another host, ...).
+  void TamperRequest(std::function<void(control::ConnectRequest&)> tamper) {
+    tamper_request_ = std::move(tamper);
+  }
   // The key the server sent (empty if none).
   const std::string& link_key() const { return link_key_; }
   // Completes Control.Connect with `token` and moves our QP to RTS.
@@ -151,6 +156,7 @@ class RogueConnection : public RoguePeer {
  private:
   uint32_t offered_credits_ = 0;  // 0: as many as we post receives
   LinkKeyUse link_key_use_ = LinkKeyUse::kUndeclared;
+  std::function<void(control::ConnectRequest&)> tamper_request_;
   std::string link_key_;
   control::Negotiated negotiated_;
 };

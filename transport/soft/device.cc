@@ -251,6 +251,13 @@ class SoftDeviceOps final : public verbs::DeviceOps {
                         ": set SWIRL_SOFT_TCP on both ends or on neither");
     return EHOSTUNREACH;
   }
+  // A TCP fabric GID is ::ffff:<IPv4> with the port in bytes 8-9; shared memory stays on
+  // this host.
+  int GidAddress(const ibv_gid& gid, std::string* address) override {
+    if (!IsTcpFabricGid(gid)) return ENOENT;
+    *address = absl::StrCat(gid.raw[12], ".", gid.raw[13], ".", gid.raw[14], ".", gid.raw[15]);
+    return 0;
+  }
   int SetLinkKey(ibv_qp* qp, const uint8_t* key, size_t length) override {
     const absl::Status s = soft::SetLinkKey(qp, absl::MakeConstSpan(key, length));
     switch (s.code()) {

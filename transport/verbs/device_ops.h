@@ -109,6 +109,21 @@ class DeviceOps {
   virtual int SetLinkKey(ibv_qp* /*qp*/, const uint8_t* /*key*/, size_t /*length*/) {
     return EOPNOTSUPP;
   }
+
+  // The IPv4 address a QP of this device linking to a peer at `gid` sends to, dotted, in
+  // *address: what a control plane compares with the address the peer itself called from, so
+  // that no peer makes this side connect to a third host. ENOENT if the GID names no such
+  // address (a fabric within this host, InfiniBand's LID routing). The default reads a RoCE v2
+  // IPv4-mapped GID (::ffff:a.b.c.d); the soft device its TCP fabric's GIDs.
+  virtual int GidAddress(const ibv_gid& gid, std::string* address) {
+    static constexpr uint8_t kMapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+    for (int i = 0; i < 12; ++i) {
+      if (gid.raw[i] != kMapped[i]) return ENOENT;
+    }
+    *address = std::to_string(gid.raw[12]) + "." + std::to_string(gid.raw[13]) + "." +
+               std::to_string(gid.raw[14]) + "." + std::to_string(gid.raw[15]);
+    return 0;
+  }
 };
 
 }  // namespace swirl::verbs

@@ -116,6 +116,15 @@ absl::StatusOr<int> Context::ResolveGidIndex(uint8_t port_num, int requested) {
   return chosen;
 }
 
+absl::StatusOr<std::string> Context::GidAddress(const ibv_gid& gid) {
+  std::string address;
+  if (int err = ops_->GidAddress(gid, &address); err != 0) {
+    if (err == ENOENT) return absl::NotFoundError("the GID names no IPv4 address");
+    return VerbsError("gid address", err);
+  }
+  return address;
+}
+
 absl::Status Context::CheckReachable(const ibv_gid& local, const ibv_gid& remote) {
   std::string why;
   if (ops_->CheckReachable(local, remote, &why) == 0) return absl::OkStatus();

@@ -59,6 +59,8 @@ class Context {
   absl::StatusOr<int> ResolveGidIndex(uint8_t port_num, int requested);
   // DeviceOps::CheckReachable: OK, or FAILED_PRECONDITION with the device's reason.
   absl::Status CheckReachable(const ibv_gid& local, const ibv_gid& remote);
+  // DeviceOps::GidAddress: the IPv4 address a link toward `gid` goes to, or NOT_FOUND.
+  absl::StatusOr<std::string> GidAddress(const ibv_gid& gid);
 
   // Waits up to `timeout` for an asynchronous event (IBV_EVENT_*) and acknowledges it.
   // kDeadlineExceeded if none arrived.
