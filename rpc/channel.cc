@@ -125,8 +125,10 @@ class Channel::Impl {
         internal::LocalConfigFor(options.transport, runtime->capabilities());
     local.bulk_mode = options.bulk_mode == BulkMode::kMirror ? control::BULK_MIRROR
                                                              : control::BULK_SERVER_EXPOSES;
-    local.max_bulk_size =
-        worker->bulk_pool() == nullptr ? 0 : worker->bulk_pool()->max_allocation();
+    local.max_bulk_size = worker->bulk_pool() == nullptr
+                              ? 0
+                              : std::min<uint64_t>(worker->bulk_pool()->max_allocation(),
+                                                   internal::kMaxBulkSize);
 
     const verbs::Capabilities declared =
         internal::DeclaredCapabilities(runtime->capabilities(), options.transport.invalidation);

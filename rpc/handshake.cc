@@ -141,7 +141,8 @@ absl::StatusOr<control::Negotiated> Negotiate(const control::ConnectRequest& req
     return absl::InvalidArgumentError("unknown bulk mode");
   }
   n.set_bulk_mode(client.bulk_mode());
-  n.set_max_bulk_size(std::min<uint64_t>(server.max_bulk_size, client.max_bulk_size()));
+  n.set_max_bulk_size(std::min<uint64_t>({server.max_bulk_size, client.max_bulk_size(),
+                                          kMaxBulkSize}));
   if (n.eager_threshold() > n.max_message_size()) n.set_eager_threshold(n.max_message_size());
   return n;
 }

@@ -29,6 +29,9 @@ inline constexpr size_t kMaxClientName = 256;
 // peer can neither flood the log nor forge lines in it.
 std::string LoggableName(absl::string_view name);
 inline constexpr uint32_t kMinMessage = 64;
+// The largest bulk transfer either side may negotiate: bulk descriptors' lengths are 32-bit,
+// and the pool's size classes up to it stay within them.
+inline constexpr uint64_t kMaxBulkSize = uint64_t{1} << 31;
 // The eager threshold a client may negotiate down to (unless the server's own is lower).
 inline constexpr uint32_t kMinEagerThreshold = 256;
 

@@ -194,6 +194,20 @@ TEST_F(HostileServerTest, AServerThatDeclaresLinkKeysButSendsNoneIsRefused) {
   EXPECT_EQ(channel.status().code(), absl::StatusCode::kFailedPrecondition) << channel.status();
 }
 
+// A channel that offers no services has no use for upload windows: a server asking it for some
+// (to pin up to grant_bytes of the client's shared pool per connection) is a violation, and
+// gets none.
+TEST_F(HostileServerTest, AWindowRequestToAChannelWithoutServicesEndsTheConnection) {
+  ASSERT_NO_FATAL_FAILURE(ConnectVictim());
+  auto p = Start("pending");
+  const MessageHeader request{kVersion, rpc_wire::kWindowGrant, 0, 0,
+                              /*request_id=size*/ 65536, 0, 0, 0, /*aux=count*/ 8};
+  ASSERT_TRUE(peer_->Send(request).ok());
+  ExpectConnectionLost(*p, "offers no services");
+  EXPECT_FALSE(peer_->Receive(rpc_wire::kWindowGrant, absl::Milliseconds(100)).ok())
+      << "the channel granted windows to a server it offers nothing";
+}
+
 // One malformed message per rule, each on a connection of its own: a response to the call in
 // flight but for the one field the attack is named for (or a control message with what it must
 // not carry).

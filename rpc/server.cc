@@ -520,8 +520,9 @@ class Server::Impl final : public control::Control::Service {
     // A worker's pool serves buffers of power-of-two size classes up to bit_floor(pool).
     local.max_bulk_size = options_.transport.bulk_pool_bytes == 0
                               ? 0
-                              : std::min(options_.max_bulk_size,
-                                         std::bit_floor(options_.transport.bulk_pool_bytes));
+                              : std::min<uint64_t>({options_.max_bulk_size,
+                                                    std::bit_floor(options_.transport.bulk_pool_bytes),
+                                                    internal::kMaxBulkSize});
     return local;
   }
 
