@@ -46,6 +46,16 @@ absl::StatusOr<std::shared_ptr<BulkPool>> BulkPool::Create(
   int classes = 0;
   for (size_t c = kMinClass; c <= pool->bytes_; c <<= 1) ++classes;
   pool->free_.resize(classes);
+  // The pool as the largest aligned blocks it holds, biggest first (each then starts at a
+  // multiple of its size); a block's buddy beyond the pool's end is never free.
+  size_t offset = 0;
+  for (int c = classes - 1; c >= 0; --c) {
+    const size_t block = kMinClass << c;
+    if (pool->bytes_ - offset >= block) {
+      pool->free_[c].insert(offset);
+      offset += block;
+    }
+  }
   return pool;
 }
 
@@ -66,29 +76,20 @@ absl::StatusOr<BulkBuffer> BulkPool::Allocate(size_t size) {
     return absl::ResourceExhaustedError(
         absl::StrCat("bulk payload of ", size, " bytes exceeds the ", bytes_, "-byte pool"));
   }
-  char* data = nullptr;
-  if (!free_[size_class].empty()) {
-    data = free_[size_class].back();
-    free_[size_class].pop_back();
-  } else if (carved_ + class_bytes <= bytes_) {
-    data = base_ + carved_;
-    carved_ += class_bytes;
-  } else {
-    // Split a free buffer of a bigger class rather than fail.
-    for (size_t bigger = size_class + 1; bigger < free_.size() && data == nullptr; ++bigger) {
-      if (free_[bigger].empty()) continue;
-      char* block = free_[bigger].back();
-      free_[bigger].pop_back();
-      for (size_t c = bigger; c > static_cast<size_t>(size_class); --c) {
-        free_[c - 1].push_back(block + (kMinClass << (c - 1)));
-      }
-      data = block;
-    }
-    if (data == nullptr) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "bulk pool exhausted (", in_use_, " of ", bytes_, " bytes in use)"));
-    }
+  // The smallest free block that fits, split down to the class asked for (the upper halves
+  // freed on the way).
+  size_t c = static_cast<size_t>(size_class);
+  while (c < free_.size() && free_[c].empty()) ++c;
+  if (c == free_.size()) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "bulk pool exhausted (", in_use_, " of ", bytes_, " bytes in use)"));
   }
+  const size_t offset = *free_[c].begin();
+  free_[c].erase(free_[c].begin());
+  for (; c > static_cast<size_t>(size_class); --c) {
+    free_[c - 1].insert(offset + (kMinClass << (c - 1)));
+  }
+  char* data = base_ + offset;
   in_use_ += class_bytes;
   BulkBuffer buffer;
   buffer.pool_ = shared_from_this();
@@ -101,8 +102,17 @@ absl::StatusOr<BulkBuffer> BulkPool::Allocate(size_t size) {
 
 void BulkPool::Free(int size_class, char* data) {
   swirl::MutexLock lock(&mu_);
-  free_[size_class].push_back(data);
   in_use_ -= kMinClass << size_class;
+  // Merge with the buddy while it is free: the block twice the size is then whole again.
+  size_t offset = static_cast<size_t>(data - base_);
+  size_t c = static_cast<size_t>(size_class);
+  for (; c + 1 < free_.size(); ++c) {
+    auto buddy = free_[c].find(offset ^ (kMinClass << c));
+    if (buddy == free_[c].end()) break;
+    free_[c].erase(buddy);
+    offset &= ~(kMinClass << c);
+  }
+  free_[c].insert(offset);
 }
 
 size_t BulkPool::bytes_in_use() const {

@@ -1,7 +1,8 @@
 // Internal: the registered memory behind BulkBuffers. One region, registered once with
-// LOCAL_WRITE | MW_BIND (remote access only ever through a memory window), carved into
-// power-of-two size classes with a free list each. Thread-safe (allocation is per bulk
-// transfer, not per message).
+// LOCAL_WRITE | MW_BIND (remote access only ever through a memory window), managed as a buddy
+// allocator of power-of-two size classes: a freed buffer merges with its free buddy, so many
+// small buffers freed leave large ones possible again (no tenant's small downloads can leave
+// nothing large for anyone). Thread-safe (allocation is per bulk transfer, not per message).
 
 #ifndef SWIRL_RPC_BULK_POOL_H_
 #define SWIRL_RPC_BULK_POOL_H_
@@ -9,6 +10,7 @@
 #include <bit>
 #include <cstdint>
 #include <memory>
+#include <set>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -52,9 +54,10 @@ class BulkPool : public std::enable_shared_from_this<BulkPool> {
   size_t bytes_ = 0;
   std::unique_ptr<verbs::MemoryRegion> mr_;
   mutable swirl::Mutex mu_;
-  size_t carved_ ABSL_GUARDED_BY(mu_) = 0;
   size_t in_use_ ABSL_GUARDED_BY(mu_) = 0;
-  std::vector<std::vector<char*>> free_ ABSL_GUARDED_BY(mu_);
+  // Free blocks per size class (kMinClass << class), as offsets from base_, each aligned to
+  // its size; the lowest is taken first, which keeps the top of the pool whole longest.
+  std::vector<std::set<size_t>> free_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace swirl::internal

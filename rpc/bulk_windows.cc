@@ -20,6 +20,7 @@
 #include "absl/strings/str_format.h"
 #include "base/check.h"
 #include "base/log.h"
+#include "rpc/handshake.h"
 #include "rpc/worker.h"
 
 namespace swirl::internal {
@@ -265,13 +266,15 @@ void Worker::GrantWindows(Connection* c, uint32_t count, uint32_t size) {
   }
   // Windows are granted per size class (the pool's), window_credits of each at most, and
   // within the connection's byte budget.
-  uint32_t class_size = BulkPool::kMinClass;
+  // 64-bit, so that no size can wrap it to zero (negotiation caps sizes at kMaxBulkSize).
+  uint64_t class_size = BulkPool::kMinClass;
   while (class_size < size) class_size <<= 1;
-  uint32_t& outstanding = c->granted.by_class[class_size];
+  if (class_size > kMaxBulkSize) return outbox_.Give(buffer);
+  uint32_t& outstanding = c->granted.by_class[static_cast<uint32_t>(class_size)];
   uint32_t n = 0;
   BulkDescriptor d;
   while (n < count && size > 0 && outstanding < c->negotiated().window_credits() &&
-         GrantOne(c, size, class_size, &d)) {
+         GrantOne(c, size, static_cast<uint32_t>(class_size), &d)) {
     std::memcpy(msg + kHeader + n * sizeof(d), &d, sizeof(d));
     ++outstanding;
     ++n;
@@ -310,6 +313,11 @@ void Worker::HandleWindowRequest(Connection* c, const MessageHeader& h) {
   }
   if (c->negotiated().bulk_mode() == control::BULK_MIRROR) {
     return BulkViolation(c, "window request in mirror mode");
+  }
+  // Upload windows are for calls with bulk requests to this side's services: a channel that
+  // offers none has nothing to grant them for, and would only let a server pin its pool.
+  if (!c->is_server() && (c->methods() == nullptr || c->methods()->empty())) {
+    return BulkViolation(c, "window request to a channel that offers no services");
   }
   GrantWindows(c, std::min<uint32_t>(h.aux, c->negotiated().window_credits()),
                static_cast<uint32_t>(h.request_id));

@@ -41,6 +41,8 @@ class Channel::Impl {
   std::string address;
   std::shared_ptr<ClientRuntime> runtime;  // set before the channel is handed out; never changes
   internal::MethodTable methods;
+  // Where a server's fabric address may be besides the address dialled (fabric_networks).
+  std::vector<internal::Ipv4Network> networks;
   // Invalidation mode of the first connection: a reconnect that settles on a weaker one says so.
   control::InvalidationMode first_invalidation = control::INVALIDATION_REMOTE;
 
@@ -139,8 +141,18 @@ class Channel::Impl {
         control::Control::NewStub(grpc::CreateCustomChannel(address, credentials, args)));
   }
 
-  // Once per channel: services, runtime.
+  // Once per channel: checks, services, runtime.
   absl::Status Init() {
+    // Checked before dialling: a token in plaintext beyond loopback is anyone's on the path.
+    if (!options.auth_token.empty() && options.tls_root_cert_file.empty() &&
+        !options.allow_plaintext_token && !internal::IsLoopbackOnly(address)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "refusing to send the token in plaintext to ", address,
+          " (beyond loopback): use TLS (tls_root_cert_file), or set allow_plaintext_token"));
+    }
+    auto parsed = internal::ParseFabricNetworks(options.fabric_networks);
+    if (!parsed.ok()) return parsed.status();
+    networks = *std::move(parsed);
     for (Service* s : options.services) {
       if (absl::Status st = methods.Add(*s); !st.ok()) return st;
     }
@@ -164,18 +176,21 @@ class Channel::Impl {
         internal::LocalConfigFor(options.transport, runtime->capabilities());
     local.bulk_mode = options.bulk_mode == BulkMode::kMirror ? control::BULK_MIRROR
                                                              : control::BULK_SERVER_EXPOSES;
-    local.max_bulk_size =
-        worker->bulk_pool() == nullptr ? 0 : worker->bulk_pool()->max_allocation();
+    local.max_bulk_size = worker->bulk_pool() == nullptr
+                              ? 0
+                              : std::min<uint64_t>(worker->bulk_pool()->max_allocation(),
+                                                   internal::kMaxBulkSize);
 
     const verbs::Capabilities declared =
         internal::DeclaredCapabilities(runtime->capabilities(), options.transport.invalidation);
     control::ConnectResponse response;
-    auto exchange = [&](const verbs::PeerAddress& ours) -> absl::StatusOr<internal::PeerAnswer> {
+    auto exchange = [&](const internal::LocalQp& ours) -> absl::StatusOr<internal::PeerAnswer> {
       control::ConnectRequest request;
       request.set_protocol_version(internal::kControlProtocolVersion);
       request.set_client_name(options.client_name);
-      *request.mutable_address() = internal::ToProto(ours);
+      *request.mutable_address() = internal::ToProto(ours.address);
       *request.mutable_capabilities() = internal::DescribeLocal(declared, local);
+      request.mutable_capabilities()->set_link_keys(ours.link_keys);
       grpc::ClientContext ctx;
       ctx.set_deadline(absl::ToChronoTime(absl::Now() + options.connect_timeout));
       AddAuth(&ctx);
@@ -193,8 +208,16 @@ class Channel::Impl {
       if (!s.ok()) return s;
       auto server_address = internal::FromProto(response.address());
       if (!server_address.ok()) return server_address.status();
+      // Our QP links to where the server's GID says: only where the server we reached is.
+      if (ours.device != nullptr) {
+        s = internal::CheckPeerFabricAddress(*ours.device, server_address->gid, ctx.peer(),
+                                             networks);
+        if (!s.ok()) return s;
+      }
+      absl::StatusOr<std::string> link_key = internal::CheckLinkKey(response, ours.link_keys);
+      if (!link_key.ok()) return link_key.status();
       return internal::PeerAnswer{*server_address, response.negotiated(),
-                                  response.connection_id()};
+                                  response.connection_id(), *std::move(link_key)};
     };
     const uint64_t id = absl::Uniform<uint64_t>(absl::BitGen());
     internal::ConnectionSetup setup{.worker = worker,

@@ -75,6 +75,11 @@ struct ChannelOptions {
   // TLS for the control plane: the PEM root certificate file; empty: plaintext.
   std::string tls_root_cert_file;
   std::string tls_target_name;  // override the name checked in the server certificate
+  // Create refuses to send auth_token in plaintext (no TLS) to a server beyond loopback, where
+  // anyone on the path could read it and use it. True accepts that.
+  bool allow_plaintext_token = false;
+  // Where the server's QP may be besides the address Connect reached (as ServerOptions's).
+  std::vector<std::string> fabric_networks;
 
   // The RDMA side (device, GID, credits, buffers, bulk pool, invalidation, keepalive, window
   // lease; rpc/transport_options.h). The bulk pool is the worker's.

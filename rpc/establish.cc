@@ -1,6 +1,7 @@
 #include "rpc/establish.h"
 
 #include <algorithm>
+#include <atomic>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -71,6 +72,17 @@ void LogEstablished(const ConnectionSetup& setup, const PeerAnswer& answer) {
   }
 }
 
+// A device without link keys (every NIC) is normal, not an error: said once per process, so
+// that the log tells why links are only as authenticated as RoCE's.
+void LogNoLinkKeysOnce(const absl::Status& why) {
+  static std::atomic<bool> logged{false};
+  if (logged.exchange(true)) return;
+  SWIRL_LOG(INFO,
+            "%s: its links are bound to no key (as RoCE's: whoever can reach the fabric and "
+            "knows the GIDs and QPNs could take one)",
+            why.message());
+}
+
 }  // namespace
 
 WorkerOptions WorkerOptionsFor(const TransportOptions& transport) {
@@ -124,9 +136,19 @@ absl::StatusOr<std::shared_ptr<Connection>> EstablishConnection(const Connection
   std::shared_ptr<Connection> c = *created;
   const uint32_t psn = absl::Uniform<uint32_t>(absl::BitGen(), 0, 1u << 24);
   absl::StatusOr<verbs::PeerAddress> local = c->qp().LocalAddress(psn, co);
-  absl::StatusOr<PeerAnswer> answer =
-      local.ok() ? exchange(*local) : absl::StatusOr<PeerAnswer>(local.status());
+  auto exchange_local = [&]() -> absl::StatusOr<PeerAnswer> {
+    if (!local.ok()) return local.status();
+    // An empty key on a fresh QP changes nothing: it asks the device whether it takes keys.
+    const absl::Status probe = c->qp().SetLinkKey({});
+    if (!probe.ok()) LogNoLinkKeysOnce(probe);
+    return exchange(LocalQp{*local, probe.ok(), &c->qp().pd().context()});
+  };
+  absl::StatusOr<PeerAnswer> answer = exchange_local();
   absl::Status s = answer.status();
+  if (s.ok() && !answer->link_key.empty()) {
+    s = c->qp().SetLinkKey(absl::MakeConstSpan(
+        reinterpret_cast<const uint8_t*>(answer->link_key.data()), answer->link_key.size()));
+  }
   if (s.ok()) s = c->qp().ToRtr(answer->address, co);
   if (s.ok()) s = c->qp().ToRts(psn, co);
   if (!s.ok()) {
@@ -138,6 +160,15 @@ absl::StatusOr<std::shared_ptr<Connection>> EstablishConnection(const Connection
   setup.worker->Activate(c);
   LogEstablished(setup, *answer);
   return c;
+}
+
+absl::Status CheckPeerFabricAddress(verbs::Context& device, const ibv_gid& gid,
+                                    absl::string_view grpc_peer,
+                                    const std::vector<Ipv4Network>& networks) {
+  absl::StatusOr<std::string> address = device.GidAddress(gid);
+  if (absl::IsNotFound(address.status())) return absl::OkStatus();
+  if (!address.ok()) return address.status();
+  return CheckPeerAddress(*address, grpc_peer, networks);
 }
 
 absl::StatusOr<std::string> ReadFile(const std::string& path) {

@@ -11,6 +11,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
@@ -56,10 +57,26 @@ struct PeerAnswer {
   verbs::PeerAddress address;
   control::Negotiated negotiated;
   uint64_t connection_id = 0;
+  // The connection's link key (kLinkKeyBytes; ConnectResponse.link_key), or empty for a link
+  // as unauthenticated as RoCE's (a device on either side without link keys).
+  std::string link_key;
 };
-// Gets the peer's answer for our QP at `local`: a server has it already (and puts `local` in its
-// ConnectResponse); a client asks the server.
-using Exchange = absl::FunctionRef<absl::StatusOr<PeerAnswer>(const verbs::PeerAddress& local)>;
+// Our QP, as the exchange offers it: its address, and whether it takes a link key.
+struct LocalQp {
+  verbs::PeerAddress address;
+  bool link_keys = false;
+  verbs::Context* device = nullptr;  // our QP's device, to ask about the peer's GID
+};
+
+// Whether a peer's QP at `gid` is where the peer called from (`grpc_peer`) or in one of
+// `networks` (CheckPeerAddress), as far as `device` can tell what address the GID names: OK
+// for a GID that names none (a fabric within this host, InfiniBand).
+absl::Status CheckPeerFabricAddress(verbs::Context& device, const ibv_gid& gid,
+                                    absl::string_view grpc_peer,
+                                    const std::vector<Ipv4Network>& networks);
+// Gets the peer's answer for our QP `local`: a server has it already (and puts `local` in its
+// ConnectResponse, with a new link key if both QPs take one); a client asks the server.
+using Exchange = absl::FunctionRef<absl::StatusOr<PeerAnswer>(const LocalQp& local)>;
 
 struct ConnectionSetup {
   Worker* worker = nullptr;
@@ -75,7 +92,8 @@ struct ConnectionSetup {
 };
 
 // Takes a connection from QP creation to active: creates its QP on setup.worker, passes its
-// address to `exchange`, connects the QP to the answer's (RTR, RTS), configures the connection
+// address to `exchange`, hands the answer's link key to the QP, connects the QP to the
+// answer's (RTR, RTS), configures the connection
 // with what was negotiated, activates it, and logs the outcome (a fallback in force as a
 // WARNING). On failure the connection is abandoned and the error returned.
 absl::StatusOr<std::shared_ptr<Connection>> EstablishConnection(const ConnectionSetup& setup,

@@ -84,17 +84,19 @@ class EstablishTest : public ::testing::Test {
     client_transport_ = client_transport;
     auto client = EstablishConnection(
         Setup(client_.get(), 1, &client_methods_, &client_transport_, false),
-        [&](const verbs::PeerAddress& client_address) -> absl::StatusOr<PeerAnswer> {
+        [&](const LocalQp& client_qp) -> absl::StatusOr<PeerAnswer> {
           verbs::PeerAddress server_address;
+          std::string link_key;  // both QPs take one, as a server makes it
           auto server = EstablishConnection(
               Setup(server_.get(), 7, &server_methods_, &transport_, true),
-              [&](const verbs::PeerAddress& ours) -> absl::StatusOr<PeerAnswer> {
-                server_address = ours;
-                return PeerAnswer{client_address, negotiated, 7};
+              [&](const LocalQp& ours) -> absl::StatusOr<PeerAnswer> {
+                server_address = ours.address;
+                if (ours.link_keys && client_qp.link_keys) link_key = NewLinkKey();
+                return PeerAnswer{client_qp.address, negotiated, 7, link_key};
               });
           if (!server.ok()) return server.status();
           server_connection_ = *server;
-          return PeerAnswer{server_address, negotiated, 7};
+          return PeerAnswer{server_address, negotiated, 7, link_key};
         });
     if (!client.ok()) return client.status();
     client_connection_ = *client;
@@ -152,7 +154,7 @@ TEST_F(EstablishTest, AFailedExchangeAbandonsTheConnection) {
   const uint32_t free_before = client_->free_credits();
   auto refused = EstablishConnection(
       Setup(client_.get(), 1, &client_methods_, &transport_, false),
-      [](const verbs::PeerAddress&) -> absl::StatusOr<PeerAnswer> {
+      [](const LocalQp&) -> absl::StatusOr<PeerAnswer> {
         return absl::PermissionDeniedError("the server refused");
       });
   ASSERT_FALSE(refused.ok());

@@ -1,5 +1,6 @@
 #include "rpc/handshake.h"
 
+#include <arpa/inet.h>
 #include <sys/random.h>
 
 #include <cerrno>
@@ -7,6 +8,10 @@
 
 #include "absl/random/random.h"
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "rpc/wire.h"
@@ -28,6 +33,7 @@ control::Capabilities DescribeLocal(const verbs::Capabilities& caps, const Local
   out.set_require_remote_invalidation(config.require_remote_invalidation);
   out.set_bulk_mode(config.bulk_mode);
   out.set_max_bulk_size(config.max_bulk_size);
+  out.set_link_keys(config.link_keys);
   return out;
 }
 
@@ -135,7 +141,8 @@ absl::StatusOr<control::Negotiated> Negotiate(const control::ConnectRequest& req
     return absl::InvalidArgumentError("unknown bulk mode");
   }
   n.set_bulk_mode(client.bulk_mode());
-  n.set_max_bulk_size(std::min<uint64_t>(server.max_bulk_size, client.max_bulk_size()));
+  n.set_max_bulk_size(std::min<uint64_t>({server.max_bulk_size, client.max_bulk_size(),
+                                          kMaxBulkSize}));
   if (n.eager_threshold() > n.max_message_size()) n.set_eager_threshold(n.max_message_size());
   return n;
 }
@@ -177,12 +184,34 @@ absl::Status CheckNegotiated(const control::Negotiated& n, const LocalConfig& cl
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::string> CheckLinkKey(const control::ConnectResponse& response,
+                                         bool we_take_keys) {
+  const std::string& key = response.link_key();
+  if (key.empty()) {
+    if (we_take_keys && response.capabilities().link_keys()) {
+      return absl::FailedPreconditionError(
+          "the server declares link keys but sent none for this connection");
+    }
+    return std::string();
+  }
+  if (!we_take_keys) {
+    return absl::InvalidArgumentError("the server sent a link key this client did not ask for");
+  }
+  if (key.size() != kLinkKeyBytes) {
+    return absl::InvalidArgumentError(absl::StrFormat("link key of %u bytes (%u expected)",
+                                                      key.size(), kLinkKeyBytes));
+  }
+  return key;
+}
+
 bool TokenMatches(absl::string_view presented, absl::string_view token) {
   return SecretMatches(presented, absl::StrCat("Bearer ", token));
 }
 
-std::string NewDisconnectSecret() {
-  std::string secret(16, '\0');
+namespace {
+
+std::string RandomBytes(size_t size) {
+  std::string secret(size, '\0');
   size_t got = 0;
   while (got < secret.size()) {
     const ssize_t n = getrandom(secret.data() + got, secret.size() - got, 0);
@@ -197,6 +226,12 @@ std::string NewDisconnectSecret() {
   }
   return secret;
 }
+
+}  // namespace
+
+std::string NewDisconnectSecret() { return RandomBytes(16); }
+
+std::string NewLinkKey() { return RandomBytes(kLinkKeyBytes); }
 
 bool SecretMatches(absl::string_view presented, absl::string_view secret) {
   // Constant time in the length of what was presented, so timing tells nothing about the secret.
@@ -227,6 +262,90 @@ std::string DialableAddress(absl::string_view listen_address, int port) {
     return absl::StrCat("[::1]:", port);
   }
   return absl::StrCat(host, ":", port);
+}
+
+bool IsLoopbackOnly(absl::string_view address) {
+  if (absl::StartsWith(address, "unix:") || absl::StartsWith(address, "unix-abstract:")) {
+    return true;
+  }
+  for (absl::string_view scheme : {"ipv4:", "ipv6:", "dns:///", "dns:"}) {
+    if (absl::ConsumePrefix(&address, scheme)) break;
+  }
+  const size_t colon = address.rfind(':');
+  absl::string_view host = colon == absl::string_view::npos ? address : address.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  } else if (host.find(':') != absl::string_view::npos) {
+    host = address;  // a bare IPv6 literal without a port
+  }
+  if (host == "localhost") return true;
+  const std::string h(host);
+  in_addr v4;
+  if (inet_pton(AF_INET, h.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
+  in6_addr v6;
+  return inet_pton(AF_INET6, h.c_str(), &v6) == 1 && IN6_IS_ADDR_LOOPBACK(&v6);
+}
+
+namespace {
+
+// The IPv4 address of a gRPC peer string, IPv4-mapped IPv6 included; false for anything else.
+bool PeerIpv4(absl::string_view peer, in_addr* out) {
+  std::string p = absl::StrReplaceAll(peer, {{"%5B", "["}, {"%5D", "]"}});
+  absl::string_view rest = p;
+  if (!absl::ConsumePrefix(&rest, "ipv4:") && !absl::ConsumePrefix(&rest, "ipv6:")) return false;
+  const size_t colon = rest.rfind(':');
+  if (colon == absl::string_view::npos) return false;
+  absl::string_view host = rest.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  const std::string h(host);
+  if (inet_pton(AF_INET, h.c_str(), out) == 1) return true;
+  in6_addr v6;
+  if (inet_pton(AF_INET6, h.c_str(), &v6) != 1 || !IN6_IS_ADDR_V4MAPPED(&v6)) return false;
+  std::memcpy(&out->s_addr, &v6.s6_addr[12], 4);
+  return true;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<Ipv4Network>> ParseFabricNetworks(
+    const std::vector<std::string>& cidrs) {
+  std::vector<Ipv4Network> out;
+  for (const std::string& cidr : cidrs) {
+    const size_t slash = cidr.find('/');
+    const std::string ip = cidr.substr(0, slash);
+    int bits = 32;
+    in_addr a;
+    const bool bits_ok =
+        slash == std::string::npos ||
+        (absl::SimpleAtoi(cidr.substr(slash + 1), &bits) && bits >= 0 && bits <= 32);
+    if (!bits_ok || inet_pton(AF_INET, ip.c_str(), &a) != 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "fabric network \"", LoggableName(cidr), "\" is not an IPv4 network (a.b.c.d/n)"));
+    }
+    const uint32_t mask = bits == 0 ? 0 : ~uint32_t{0} << (32 - bits);
+    out.push_back({ntohl(a.s_addr) & mask, mask});
+  }
+  return out;
+}
+
+absl::Status CheckPeerAddress(absl::string_view gid_address, absl::string_view grpc_peer,
+                              const std::vector<Ipv4Network>& networks) {
+  in_addr gid;
+  const std::string g(gid_address);
+  if (inet_pton(AF_INET, g.c_str(), &gid) != 1) {
+    return absl::PermissionDeniedError(absl::StrCat("the peer's GID names no IPv4 address (",
+                                                    LoggableName(gid_address), ")"));
+  }
+  in_addr peer;
+  if (PeerIpv4(grpc_peer, &peer) && peer.s_addr == gid.s_addr) return absl::OkStatus();
+  for (const Ipv4Network& n : networks) {
+    if ((ntohl(gid.s_addr) & n.mask) == n.base) return absl::OkStatus();
+  }
+  return absl::PermissionDeniedError(absl::StrCat(
+      "the peer's GID names ", gid_address, ", which is neither the address it called from (",
+      LoggableName(grpc_peer), ") nor in a configured fabric network (fabric_networks)"));
 }
 
 }  // namespace swirl::internal

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
@@ -28,6 +29,9 @@ inline constexpr size_t kMaxClientName = 256;
 // peer can neither flood the log nor forge lines in it.
 std::string LoggableName(absl::string_view name);
 inline constexpr uint32_t kMinMessage = 64;
+// The largest bulk transfer either side may negotiate: bulk descriptors' lengths are 32-bit,
+// and the pool's size classes up to it stay within them.
+inline constexpr uint64_t kMaxBulkSize = uint64_t{1} << 31;
 // The eager threshold a client may negotiate down to (unless the server's own is lower).
 inline constexpr uint32_t kMinEagerThreshold = 256;
 
@@ -41,6 +45,7 @@ struct LocalConfig {
   bool allow_local_fallback = true;
   control::BulkMode bulk_mode = control::BULK_SERVER_EXPOSES;  // client: requested
   uint64_t max_bulk_size = 0;                                   // 0: no bulk pool
+  bool link_keys = false;  // our QPs take a link key (verbs::QueuePair::SetLinkKey)
 };
 
 control::Capabilities DescribeLocal(const verbs::Capabilities& caps, const LocalConfig& config);
@@ -64,11 +69,21 @@ absl::StatusOr<control::Negotiated> Negotiate(const control::ConnectRequest& req
 absl::Status CheckNegotiated(const control::Negotiated& negotiated, const LocalConfig& client,
                              const verbs::Capabilities& client_caps);
 
+// Client side: the link key of the server's answer, given whether we declared link keys: empty
+// when either side takes none; INVALID_ARGUMENT for a key of another size, or one we did not
+// declare we take; FAILED_PRECONDITION when both declared link keys and the server sent none
+// (the link would be unauthenticated though both ends could bind it).
+absl::StatusOr<std::string> CheckLinkKey(const control::ConnectResponse& response,
+                                         bool we_take_keys);
+
 // "authorization: Bearer <token>", compared in constant time.
 bool TokenMatches(absl::string_view presented_header, absl::string_view token);
 
 // A connection's disconnect secret: 16 bytes from the kernel's random source.
 std::string NewDisconnectSecret();
+// A connection's link key (ConnectResponse.link_key): kLinkKeyBytes from the same source.
+inline constexpr size_t kLinkKeyBytes = 32;
+std::string NewLinkKey();
 // Whether `presented` is `secret` (never true for an empty secret), in time that depends only on
 // the length presented. TokenMatches is this with "Bearer <token>".
 bool SecretMatches(absl::string_view presented, absl::string_view secret);
@@ -80,6 +95,27 @@ std::string ClientKey(absl::string_view grpc_peer);
 // "[v6]:port") that got `port`: that host with `port`, or for a wildcard host (empty, 0.0.0.0,
 // [::]) the loopback literal of its family.
 std::string DialableAddress(absl::string_view listen_address, int port);
+
+// An IPv4 network a side's options allow peers' fabric addresses in ("10.1.0.0/16").
+struct Ipv4Network {
+  uint32_t base = 0;  // host order, masked
+  uint32_t mask = 0;
+};
+// ServerOptions/ChannelOptions::fabric_networks parsed; INVALID_ARGUMENT naming a bad entry.
+absl::StatusOr<std::vector<Ipv4Network>> ParseFabricNetworks(
+    const std::vector<std::string>& cidrs);
+// Whether a peer whose GID sends our links to `gid_address` (dotted IPv4, as the device reads
+// the GID: verbs::Context::GidAddress) is where it called from: `grpc_peer`'s address (as
+// grpc::ServerContext::peer() or ClientContext::peer() give it: "ipv4:a.b.c.d:port",
+// "ipv6:[::ffff:a.b.c.d]:port") or in one of `networks`. OK, or PERMISSION_DENIED saying
+// both: else a peer could make this side open connections to any host and port it names.
+absl::Status CheckPeerAddress(absl::string_view gid_address, absl::string_view grpc_peer,
+                              const std::vector<Ipv4Network>& networks);
+
+// Whether gRPC address `address` ("host:port", "[v6]:port", "ipv4:"/"ipv6:"/"dns:///"
+// forms, "unix:...") stays on this host: a Unix socket, "localhost", or a literal loopback
+// address. A wildcard (empty host, 0.0.0.0, [::]) and every other name are beyond loopback.
+bool IsLoopbackOnly(absl::string_view address);
 
 }  // namespace swirl::internal
 

@@ -163,6 +163,54 @@ TEST_F(HostileServerTest, WellFormedAnswersAreTaken) {
   EXPECT_TRUE(victim_->connected());
 }
 
+// Link keys, the channel's side (the server's: link_key_test): a server that declares link keys
+// and sends one, and then links its own QP without it, never gets the link: the channel's QP
+// took the key. The same server using its key is answered.
+TEST_F(HostileServerTest, AServerQpWithoutTheLinkKeyNeverGetsTheChannelsLink) {
+  rogue_.set_link_keys(testing::RogueServer::LinkKeys::kWithheld);
+  ASSERT_NO_FATAL_FAILURE(ConnectVictim());
+  std::string response;
+  const absl::Status s =
+      CallRaw(*victim_, rpc_wire::MethodId("/test.Hostile/Echo"), "for a keyless peer",
+              &response, CallOptions{kCallTimeout});
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_FALSE(peer_->Receive(rpc_wire::kRequest, absl::Milliseconds(100)).ok())
+      << "a server QP without the key received the channel's request";
+}
+
+TEST_F(HostileServerTest, AServerQpWithTheLinkKeyGetsTheChannelsLink) {
+  rogue_.set_link_keys(testing::RogueServer::LinkKeys::kHonest);
+  ASSERT_NO_FATAL_FAILURE(ConnectVictim());
+  auto p = Start("keyed");
+  EXPECT_EQ(p->request.payload, "keyed");
+  ASSERT_TRUE(peer_->Send(ResponseTo(*p, 5), "deyek").ok());
+  ASSERT_TRUE(p->call.Wait().ok()) << p->call.status();
+  EXPECT_EQ(p->response, "deyek");
+}
+
+// A server that declares link keys but withholds the key would leave a link both ends could
+// have bound unauthenticated: the channel refuses it at Connect.
+TEST_F(HostileServerTest, AServerThatDeclaresLinkKeysButSendsNoneIsRefused) {
+  rogue_.set_link_keys(testing::RogueServer::LinkKeys::kHonest);
+  rogue_.set_tamper([](control::ConnectResponse& r) { r.clear_link_key(); });
+  auto channel = Channel::Create(rogue_.address(), {});
+  EXPECT_EQ(channel.status().code(), absl::StatusCode::kFailedPrecondition) << channel.status();
+}
+
+// A channel that offers no services has no use for upload windows: a server asking it for some
+// (to pin up to grant_bytes of the client's shared pool per connection) is a violation, and
+// gets none.
+TEST_F(HostileServerTest, AWindowRequestToAChannelWithoutServicesEndsTheConnection) {
+  ASSERT_NO_FATAL_FAILURE(ConnectVictim());
+  auto p = Start("pending");
+  const MessageHeader request{kVersion, rpc_wire::kWindowGrant, 0, 0,
+                              /*request_id=size*/ 65536, 0, 0, 0, /*aux=count*/ 8};
+  ASSERT_TRUE(peer_->Send(request).ok());
+  ExpectConnectionLost(*p, "offers no services");
+  EXPECT_FALSE(peer_->Receive(rpc_wire::kWindowGrant, absl::Milliseconds(100)).ok())
+      << "the channel granted windows to a server it offers nothing";
+}
+
 // One malformed message per rule, each on a connection of its own: a response to the call in
 // flight but for the one field the attack is named for (or a control message with what it must
 // not carry).

@@ -11,7 +11,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "rpc/channel.h"
+#include "rpc/handshake.h"
 #include "rpc/testing/process.h"
+#include "rpc/testing/rogue.h"
 #include "rpc/testing/server_stats.h"
 #include "rpc/testing/test_client.h"
 #include "rpc/testing/test_data.h"
@@ -178,6 +180,28 @@ TEST(BlockingHandlerLimits, QueuedBlockingCallsAreBoundedInBytesPerConnection) {
   ASSERT_TRUE(s.ok()) << s;
   EXPECT_EQ(response, expected[kCalls]);
   EXPECT_TRUE((*channel)->connected());
+}
+
+// A max_bulk_size between 2 and 4 GiB (with a pool large enough to allow it) once let a client
+// that declared as much negotiate it, and a window request that large then spun the server's
+// worker forever in GrantWindows' 32-bit size-class loop. Sizes are now capped at
+// internal::kMaxBulkSize in negotiation (and at Start), and the loop is 64-bit.
+TEST(BulkLimits, AMaxBulkSizeOver2GiBIsCappedAndCannotHangTheWorker) {
+  auto server = testing::SpawnServer(
+      testing::kTestServer, {"--max_bulk_size=3221225472", "--bulk_pool_bytes=4294971392"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  testing::RogueConnection rogue;
+  rogue.TamperRequest([](control::ConnectRequest& r) {
+    r.mutable_capabilities()->set_max_bulk_size(uint64_t{3} << 30);
+  });
+  ASSERT_TRUE(rogue.Connect(server->second, testing::kTestToken).ok());
+  EXPECT_LE(rogue.negotiated().max_bulk_size(), internal::kMaxBulkSize);
+  auto grant = rogue.RequestWindows(3u << 30, 1);
+  EXPECT_TRUE(!grant.ok() || grant->empty()) << "a 3 GiB window was granted";
+  // The worker (the only one) is not stuck: a channel is served.
+  auto channel = ConnectTo(server->second);
+  ASSERT_TRUE(channel.ok()) << channel.status();
+  EXPECT_EQ(Echo(**channel, "still serving"), "still serving");
 }
 
 }  // namespace

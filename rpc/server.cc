@@ -84,6 +84,18 @@ class Server::Impl final : public control::Control::Service {
 
   absl::Status Start() {
     if (started_) return absl::FailedPreconditionError("already started");
+    // Secure by default: beyond loopback, someone must be asked for something.
+    if (options_.auth_token.empty() && options_.tls_cert_file.empty() &&
+        !options_.allow_insecure_non_loopback && !internal::IsLoopbackOnly(options_.address)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "refusing to listen on ", options_.address,
+          " (beyond loopback) without authentication: set ServerOptions::auth_token or TLS, "
+          "or allow_insecure_non_loopback to accept that anyone who reaches it may call "
+          "every service"));
+    }
+    auto networks = internal::ParseFabricNetworks(options_.fabric_networks);
+    if (!networks.ok()) return networks.status();
+    fabric_networks_ = *std::move(networks);
     auto device = internal::OpenTransport(options_.transport, internal::Probe::kFresh);
     if (!device.ok()) return device.status();
     context_ = device->context;
@@ -276,6 +288,13 @@ class Server::Impl final : public control::Control::Service {
     if (!negotiated.ok()) return negotiated.status();
     auto client_address = internal::FromProto(request.address());
     if (!client_address.ok()) return client_address.status();
+    // The server links (and on a TCP fabric, connects) to where the client's GID says: only
+    // where the client itself is.
+    if (absl::Status s = internal::CheckPeerFabricAddress(*context_, client_address->gid,
+                                                          context->peer(), fabric_networks_);
+        !s.ok()) {
+      return s;
+    }
     const std::string client_key = internal::ClientKey(context->peer());
     uint64_t id;
     {
@@ -358,15 +377,25 @@ class Server::Impl final : public control::Control::Service {
                                     .is_server = true,
                                     .peer = peer,
                                     .client_name = request.client_name()};
+    bool link_keys = false;
     auto connection = internal::EstablishConnection(
-        setup, [&](const verbs::PeerAddress& local) -> absl::StatusOr<internal::PeerAnswer> {
-          *response->mutable_address() = internal::ToProto(local);
-          return internal::PeerAnswer{client_address, negotiated, id};
+        setup, [&](const internal::LocalQp& local) -> absl::StatusOr<internal::PeerAnswer> {
+          *response->mutable_address() = internal::ToProto(local.address);
+          internal::PeerAnswer answer{client_address, negotiated, id};
+          // Both QPs take a key: the pair links only with this Connect's caller, who alone
+          // learns it (over TLS when TLS is on), not with whoever else knows the GIDs and QPNs.
+          link_keys = local.link_keys;
+          if (link_keys && request.capabilities().link_keys()) {
+            answer.link_key = internal::NewLinkKey();
+            response->set_link_key(answer.link_key);
+          }
+          return answer;
         });
     if (!connection.ok()) return connection.status();
     accepted_.fetch_add(1, std::memory_order_relaxed);
     response->set_connection_id(id);
     *response->mutable_capabilities() = internal::DescribeLocal(declared_, LocalConfig());
+    response->mutable_capabilities()->set_link_keys(link_keys);
     *response->mutable_negotiated() = negotiated;
     return absl::OkStatus();
   }
@@ -491,8 +520,9 @@ class Server::Impl final : public control::Control::Service {
     // A worker's pool serves buffers of power-of-two size classes up to bit_floor(pool).
     local.max_bulk_size = options_.transport.bulk_pool_bytes == 0
                               ? 0
-                              : std::min(options_.max_bulk_size,
-                                         std::bit_floor(options_.transport.bulk_pool_bytes));
+                              : std::min<uint64_t>({options_.max_bulk_size,
+                                                    std::bit_floor(options_.transport.bulk_pool_bytes),
+                                                    internal::kMaxBulkSize});
     return local;
   }
 
@@ -506,6 +536,7 @@ class Server::Impl final : public control::Control::Service {
   std::shared_ptr<verbs::Context> context_;
   std::shared_ptr<verbs::ProtectionDomain> pd_;
   verbs::Capabilities caps_;
+  std::vector<internal::Ipv4Network> fabric_networks_;  // options_.fabric_networks
   // caps_ as this server negotiates with and tells clients (InvalidationPolicy::kLocalOnly).
   verbs::Capabilities declared_;
   std::unique_ptr<internal::ThreadPool> pool_;

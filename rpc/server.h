@@ -50,6 +50,14 @@ struct ServerOptions {
   // TLS for the control plane (PEM file paths). Both empty: plaintext.
   std::string tls_cert_file;
   std::string tls_key_file;
+  // Start refuses to listen beyond loopback (any address but a literal loopback one, a Unix
+  // socket or "localhost"; 0.0.0.0 and [::] included) with neither auth_token nor TLS: anyone
+  // who could reach the port could use every service. True accepts that.
+  bool allow_insecure_non_loopback = false;
+  // Where clients' QPs may be besides the address each calls from ("10.1.0.0/16", IPv4): a
+  // client whose GID names another address (the soft TCP fabric's, RoCE v2's IPv4-mapped
+  // GIDs) is refused, so that no client makes the server connect to a third host.
+  std::vector<std::string> fabric_networks;
 
   // The RDMA side of every connection (device, GID, credits, buffers, bulk pool, invalidation,
   // keepalive, window lease; rpc/transport_options.h). The bulk pool is per worker.

@@ -122,6 +122,7 @@ int main(int argc, char** argv) {
   swirl::ServerOptions options;
   options.address = absl::GetFlag(FLAGS_address);
   options.auth_token = absl::GetFlag(FLAGS_token);
+  options.allow_insecure_non_loopback = absl::GetFlag(FLAGS_insecure);
   options.transport.device = absl::GetFlag(FLAGS_device);
   options.handler_threads = absl::GetFlag(FLAGS_handler_threads);
   options.transport.credits = static_cast<uint32_t>(absl::GetFlag(FLAGS_credits));

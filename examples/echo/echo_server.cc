@@ -21,6 +21,8 @@
 
 ABSL_FLAG(std::string, address, "0.0.0.0:7100", "control-plane listen address (port 0: pick)");
 ABSL_FLAG(std::string, token, "", "clients must present this token (empty: no auth)");
+ABSL_FLAG(bool, insecure, false,
+          "listen beyond loopback without a token: anyone who can reach the address may call");
 ABSL_FLAG(std::string, cores, "1", "comma-separated cores, one pinned worker each (-1: unpinned)");
 ABSL_FLAG(std::string, device, "", "RDMA device (default: automatic, soft0 without hardware)");
 ABSL_FLAG(std::string, port_file, "", "write the chosen port here once listening");
@@ -38,6 +40,7 @@ int main(int argc, char** argv) {
   swirl::ServerOptions options;
   options.address = absl::GetFlag(FLAGS_address);
   options.auth_token = absl::GetFlag(FLAGS_token);
+  options.allow_insecure_non_loopback = absl::GetFlag(FLAGS_insecure);
   options.transport.device = absl::GetFlag(FLAGS_device);
   options.worker_cores.clear();
   for (absl::string_view core : absl::StrSplit(absl::GetFlag(FLAGS_cores), ',')) {

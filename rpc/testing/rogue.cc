@@ -69,7 +69,14 @@ absl::StatusOr<verbs::PeerAddress> RoguePeer::LocalAddress() {
   return qp_->LocalAddress(kPsn, verbs::ConnectOptions());
 }
 
-absl::Status RoguePeer::ConnectTo(const verbs::PeerAddress& peer) {
+absl::Status RoguePeer::ConnectTo(const verbs::PeerAddress& peer, absl::string_view link_key) {
+  if (!link_key.empty()) {
+    if (auto s = qp_->SetLinkKey(absl::MakeConstSpan(
+            reinterpret_cast<const uint8_t*>(link_key.data()), link_key.size()));
+        !s.ok()) {
+      return s;
+    }
+  }
   verbs::ConnectOptions co;
   if (auto s = qp_->ToRtr(peer, co); !s.ok()) return s;
   return qp_->ToRts(kPsn, co);
@@ -102,6 +109,8 @@ absl::Status RogueConnection::Connect(int port, const std::string& token,
   caps->set_window_credits(8);
   caps->set_bulk_mode(bulk_mode);
   caps->set_max_bulk_size(kScratchBytes);
+  caps->set_link_keys(link_key_use_ != LinkKeyUse::kUndeclared);
+  if (tamper_request_) tamper_request_(request);
   control::ConnectResponse response;
   grpc::Status s = stub->Connect(&gctx, request, &response);
   if (!s.ok()) {
@@ -110,7 +119,20 @@ absl::Status RogueConnection::Connect(int port, const std::string& token,
   negotiated_ = response.negotiated();
   auto server = internal::FromProto(response.address());
   if (!server.ok()) return server.status();
-  return ConnectTo(*server);
+  link_key_ = response.link_key();
+  switch (link_key_use_) {
+    case LinkKeyUse::kUndeclared:
+    case LinkKeyUse::kAsGiven:
+      return ConnectTo(*server, link_key_);
+    case LinkKeyUse::kWithout:
+      return ConnectTo(*server);
+    case LinkKeyUse::kWrong: {
+      std::string wrong = link_key_;
+      for (char& c : wrong) c = static_cast<char>(~c);
+      return ConnectTo(*server, wrong.empty() ? std::string(internal::kLinkKeyBytes, 'w') : wrong);
+    }
+  }
+  return absl::InternalError("unknown LinkKeyUse");
 }
 
 absl::StatusOr<uint64_t> RoguePeer::PostMessage(absl::string_view bytes,

@@ -10,6 +10,7 @@
 
 #include <infiniband/verbs.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -45,8 +46,9 @@ class RoguePeer {
   absl::Status Open();
   // Our QP's address for the other side (our starting PSN included).
   absl::StatusOr<verbs::PeerAddress> LocalAddress();
-  // Moves our QP to RTR and RTS, connected to `peer`.
-  absl::Status ConnectTo(const verbs::PeerAddress& peer);
+  // Moves our QP to RTR and RTS, connected to `peer`, after handing it `link_key` if one is
+  // given (verbs::QueuePair::SetLinkKey).
+  absl::Status ConnectTo(const verbs::PeerAddress& peer, absl::string_view link_key = {});
   verbs::Context& context() const { return *ctx_; }
 
   // Sends one message (inline when small): SEND, or SEND_WITH_INV when invalidate_rkey != 0.
@@ -124,6 +126,16 @@ class RogueConnection : public RoguePeer {
   // How many receive credits Connect offers the server (at most the 64 receives we post, which
   // is the default). Fewer bound what the server may send us before we return credits.
   void OfferCredits(uint32_t n) { offered_credits_ = n; }
+  // What Connect does about link keys (ConnectResponse.link_key): declare none (the default,
+  // so no key is made), or declare them and then use the server's key, none, or another.
+  enum class LinkKeyUse { kUndeclared, kAsGiven, kWithout, kWrong };
+  void UseLinkKey(LinkKeyUse use) { link_key_use_ = use; }
+  // Changes the ConnectRequest before it leaves (a GID of another host, ...).
+  void TamperRequest(std::function<void(control::ConnectRequest&)> tamper) {
+    tamper_request_ = std::move(tamper);
+  }
+  // The key the server sent (empty if none).
+  const std::string& link_key() const { return link_key_; }
   // Completes Control.Connect with `token` and moves our QP to RTS.
   // `remote_invalidation` is what we declare: false negotiates the explicit local fallback.
   absl::Status Connect(int port, const std::string& token,
@@ -143,6 +155,9 @@ class RogueConnection : public RoguePeer {
 
  private:
   uint32_t offered_credits_ = 0;  // 0: as many as we post receives
+  LinkKeyUse link_key_use_ = LinkKeyUse::kUndeclared;
+  std::function<void(control::ConnectRequest&)> tamper_request_;
+  std::string link_key_;
   control::Negotiated negotiated_;
 };
 

@@ -49,6 +49,7 @@ class RogueServer::Control final : public control::Control::Service {
     swirl::MutexLock lock(&mu_);
     tamper_ = std::move(tamper);
   }
+  void set_link_keys(LinkKeys mode) { link_keys_.store(mode); }
 
   // swirl's server: negotiate (refusing what it would refuse), make a QP, move it to RTS
   // toward the client's, answer with its address.
@@ -61,15 +62,20 @@ class RogueServer::Control final : public control::Control::Service {
     if (!negotiated.ok()) return ToGrpc(negotiated.status());
     auto client = internal::FromProto(request->address());
     if (!client.ok()) return ToGrpc(client.status());
+    const LinkKeys link_keys = link_keys_.load();
+    const bool keyed = link_keys != LinkKeys::kNone && request->capabilities().link_keys();
+    const std::string key = keyed ? internal::NewLinkKey() : std::string();
     auto peer = std::make_unique<RoguePeer>();
     absl::Status s = peer->Open();
     absl::StatusOr<verbs::PeerAddress> ours = s.ok() ? peer->LocalAddress() : s;
     if (s.ok()) s = ours.status();
-    if (s.ok()) s = peer->ConnectTo(*client);
+    if (s.ok()) s = peer->ConnectTo(*client, link_keys == LinkKeys::kHonest ? key : "");
     if (!s.ok()) return ToGrpc(s);
     response->set_connection_id(next_id_.fetch_add(1));
     *response->mutable_address() = internal::ToProto(*ours);
     *response->mutable_capabilities() = internal::DescribeLocal(caps_, local);
+    response->mutable_capabilities()->set_link_keys(link_keys != LinkKeys::kNone);
+    response->set_link_key(key);
     *response->mutable_negotiated() = *negotiated;
     response->set_disconnect_secret(std::string(16, 'r'));
     swirl::MutexLock lock(&mu_);
@@ -110,6 +116,7 @@ class RogueServer::Control final : public control::Control::Service {
   std::shared_ptr<verbs::Context> context_;
   verbs::Capabilities caps_;
   std::atomic<uint64_t> next_id_{1};
+  std::atomic<LinkKeys> link_keys_{LinkKeys::kNone};
   mutable swirl::Mutex mu_;
   Tamper tamper_ ABSL_GUARDED_BY(mu_);
   std::deque<std::unique_ptr<RoguePeer>> accepted_ ABSL_GUARDED_BY(mu_);
@@ -135,6 +142,8 @@ absl::Status RogueServer::Start() {
 std::string RogueServer::address() const { return absl::StrCat("127.0.0.1:", port_); }
 
 void RogueServer::set_tamper(Tamper tamper) { control_->set_tamper(std::move(tamper)); }
+
+void RogueServer::set_link_keys(LinkKeys mode) { control_->set_link_keys(mode); }
 
 absl::StatusOr<std::unique_ptr<RoguePeer>> RogueServer::Accept(absl::Duration timeout) {
   return control_->Accept(timeout);

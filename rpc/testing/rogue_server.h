@@ -42,6 +42,11 @@ class RogueServer {
   std::string address() const;
   // Applies to the Connect calls answered from now on.
   void set_tamper(Tamper tamper);
+  // Link keys (ConnectResponse.link_key), for the Connect calls answered from now on: none
+  // declared (the default), or for a client that declares them, a key sent and then used by
+  // our QP as well (kHonest) or not (kWithheld: our QP links without it).
+  enum class LinkKeys { kNone, kHonest, kWithheld };
+  void set_link_keys(LinkKeys mode);
 
   // Our end of the next connection a Connect set up (in the order they were answered), once
   // its answer is on its way, within `timeout`.

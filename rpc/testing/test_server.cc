@@ -26,6 +26,8 @@
 #include <atomic>
 #include <cstring>
 #include <fstream>
+#include <string>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -59,6 +61,9 @@ ABSL_FLAG(int64_t, bulk_bytes_per_client, 0, "ServerOptions::bulk_bytes_per_clie
 ABSL_FLAG(bool, no_local_fallback, false, "refuse clients without remote invalidation");
 ABSL_FLAG(bool, local_invalidation_only, false,
           "offer only the LOCAL_INV fallback (InvalidationPolicy::kLocalOnly)");
+ABSL_FLAG(std::vector<std::string>, fabric_networks, {},
+          "ServerOptions::fabric_networks (comma-separated a.b.c.d/n)");
+ABSL_FLAG(int64_t, bulk_pool_bytes, 128 << 20, "TransportOptions::bulk_pool_bytes (per worker)");
 
 namespace {
 
@@ -289,6 +294,8 @@ int main(int argc, char** argv) {
   options.download_bytes_per_connection = static_cast<size_t>(absl::GetFlag(FLAGS_download_bytes));
   options.grant_bytes_per_connection = static_cast<size_t>(absl::GetFlag(FLAGS_grant_bytes));
   options.bulk_bytes_per_client = static_cast<size_t>(absl::GetFlag(FLAGS_bulk_bytes_per_client));
+  options.fabric_networks = absl::GetFlag(FLAGS_fabric_networks);
+  options.transport.bulk_pool_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_bulk_pool_bytes));
   if (absl::GetFlag(FLAGS_no_local_fallback)) {
     options.transport.invalidation = swirl::InvalidationPolicy::kRequireRemote;
   }

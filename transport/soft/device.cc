@@ -245,6 +245,22 @@ class SoftDeviceOps final : public verbs::DeviceOps {
   int CheckReachable(const ibv_gid& local, const ibv_gid& remote, std::string* why) override {
     return Fabric::CheckReachable(name_, local, remote, why);
   }
+  // A TCP fabric GID is ::ffff:<IPv4> with the port in bytes 8-9; shared memory stays on
+  // this host.
+  int GidAddress(const ibv_gid& gid, std::string* address) override {
+    if (!IsTcpFabricGid(gid)) return ENOENT;
+    *address = absl::StrCat(gid.raw[12], ".", gid.raw[13], ".", gid.raw[14], ".", gid.raw[15]);
+    return 0;
+  }
+  int SetLinkKey(ibv_qp* qp, const uint8_t* key, size_t length) override {
+    const absl::Status s = soft::SetLinkKey(qp, absl::MakeConstSpan(key, length));
+    switch (s.code()) {
+      case absl::StatusCode::kOk: return 0;
+      case absl::StatusCode::kUnimplemented: return EOPNOTSUPP;
+      case absl::StatusCode::kFailedPrecondition: return EBUSY;  // after RTR
+      default: return EINVAL;
+    }
+  }
 
  private:
   const std::string name_;

@@ -20,6 +20,7 @@
 
 #include <infiniband/verbs.h>
 
+#include <cerrno>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -97,6 +98,30 @@ class DeviceOps {
   // The soft device cannot link its shared-memory fabric to its TCP fabric.
   virtual int CheckReachable(const ibv_gid& /*local*/, const ibv_gid& /*remote*/,
                              std::string* /*why*/) {
+    return 0;
+  }
+
+  // Beyond RoCE (the soft device's SetLinkKey, transport/soft/soft_device.h): binds `qp`'s link
+  // to whoever knows `key` (`length` bytes, the same on both QPs of the pair, handed over by
+  // the control plane), set before RTR. EOPNOTSUPP on a device that has no such thing, which is
+  // the default: a NIC's RC link is as RoCE makes it. An empty key removes one (and so tells,
+  // on a fresh QP, whether the device takes keys at all).
+  virtual int SetLinkKey(ibv_qp* /*qp*/, const uint8_t* /*key*/, size_t /*length*/) {
+    return EOPNOTSUPP;
+  }
+
+  // The IPv4 address a QP of this device linking to a peer at `gid` sends to, dotted, in
+  // *address: what a control plane compares with the address the peer itself called from, so
+  // that no peer makes this side connect to a third host. ENOENT if the GID names no such
+  // address (a fabric within this host, InfiniBand's LID routing). The default reads a RoCE v2
+  // IPv4-mapped GID (::ffff:a.b.c.d); the soft device its TCP fabric's GIDs.
+  virtual int GidAddress(const ibv_gid& gid, std::string* address) {
+    static constexpr uint8_t kMapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+    for (int i = 0; i < 12; ++i) {
+      if (gid.raw[i] != kMapped[i]) return ENOENT;
+    }
+    *address = std::to_string(gid.raw[12]) + "." + std::to_string(gid.raw[13]) + "." +
+               std::to_string(gid.raw[14]) + "." + std::to_string(gid.raw[15]);
     return 0;
   }
 };

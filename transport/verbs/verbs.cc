@@ -116,6 +116,15 @@ absl::StatusOr<int> Context::ResolveGidIndex(uint8_t port_num, int requested) {
   return chosen;
 }
 
+absl::StatusOr<std::string> Context::GidAddress(const ibv_gid& gid) {
+  std::string address;
+  if (int err = ops_->GidAddress(gid, &address); err != 0) {
+    if (err == ENOENT) return absl::NotFoundError("the GID names no IPv4 address");
+    return VerbsError("gid address", err);
+  }
+  return address;
+}
+
 absl::Status Context::CheckReachable(const ibv_gid& local, const ibv_gid& remote) {
   std::string why;
   if (ops_->CheckReachable(local, remote, &why) == 0) return absl::OkStatus();
@@ -414,6 +423,16 @@ absl::Status QueuePair::ToInit(const ConnectOptions& options) {
   attr.qp_access_flags = options.access_flags;
   return Modify(attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS,
                 "INIT");
+}
+
+absl::Status QueuePair::SetLinkKey(absl::Span<const uint8_t> key) {
+  const int err = pd_->context().ops().SetLinkKey(qp_, key.data(), key.size());
+  if (err == EOPNOTSUPP) {
+    return absl::UnimplementedError(
+        absl::StrCat("device ", pd_->context().name(), " takes no link keys"));
+  }
+  if (err != 0) return VerbsError("set link key", err);
+  return absl::OkStatus();
 }
 
 absl::Status QueuePair::ToRtr(const PeerAddress& peer, const ConnectOptions& options) {

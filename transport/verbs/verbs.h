@@ -30,6 +30,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "transport/verbs/device_ops.h"
 
 namespace swirl::verbs {
@@ -58,6 +59,8 @@ class Context {
   absl::StatusOr<int> ResolveGidIndex(uint8_t port_num, int requested);
   // DeviceOps::CheckReachable: OK, or FAILED_PRECONDITION with the device's reason.
   absl::Status CheckReachable(const ibv_gid& local, const ibv_gid& remote);
+  // DeviceOps::GidAddress: the IPv4 address a link toward `gid` goes to, or NOT_FOUND.
+  absl::StatusOr<std::string> GidAddress(const ibv_gid& gid);
 
   // Waits up to `timeout` for an asynchronous event (IBV_EVENT_*) and acknowledges it.
   // kDeadlineExceeded if none arrived.
@@ -305,6 +308,10 @@ class QueuePair {
   absl::Status ToReset();
 
   absl::StatusOr<ibv_qp_state> QueryState();
+
+  // DeviceOps::SetLinkKey, before RTR: UNIMPLEMENTED on a device without link keys (a caller
+  // that runs on NICs too takes that as "not supported", not as an error).
+  absl::Status SetLinkKey(absl::Span<const uint8_t> key);
 
   // Our half of the address exchange for `options.port_num`/`gid_index`. An automatic index is
   // resolved here once and kept: ToRtr sends from the entry whose GID was advertised, even if
