@@ -12,12 +12,12 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "rpc/channel.h"
 #include "rpc/testing/process.h"
 #include "rpc/testing/rogue.h"
 #include "rpc/testing/server_stats.h"
 #include "rpc/testing/test_data.h"
 #include "rpc/wire.h"
+#include "swirl/channel.h"
 
 namespace swirl {
 namespace {
@@ -133,8 +133,8 @@ TEST_P(BulkModesTest, LargePayloadsMoveCorrectlyAndEveryWindowIsAccountedFor) {
   const Mode mode = GetParam();
   auto channel = ConnectInMode();
   ASSERT_TRUE(channel.ok()) << channel.status();
-  EXPECT_EQ((*channel)->negotiated().invalidation(),
-            mode.local_only ? control::INVALIDATION_LOCAL : control::INVALIDATION_REMOTE);
+  EXPECT_EQ((*channel)->negotiated().invalidation,
+            mode.local_only ? InvalidationMode::kLocal : InvalidationMode::kRemote);
   const ServerStats before = Stats(**channel);
 
   // Large messages (serialized into registered memory) both ways.
@@ -181,14 +181,14 @@ TEST_P(BulkModesTest, LargePayloadsMoveCorrectlyAndEveryWindowIsAccountedFor) {
 
   // The bookkeeping: nothing left exposed, each path counted where it belongs.
   const ServerStats after = Stats(**channel);
-  const control::ConnectionStats mine = (*channel)->LocalStats();
-  EXPECT_EQ(mine.invalidation_violations(), 0u);
+  const ConnectionStats mine = (*channel)->LocalStats();
+  EXPECT_EQ(mine.invalidation_violations, 0u);
   EXPECT_EQ(after.violations, before.violations);
   if (mode.local_only) {
-    EXPECT_EQ(after.remote + mine.windows_remote_invalidated(), before.remote);
-    EXPECT_GT(after.local + mine.windows_locally_invalidated(), before.local);
+    EXPECT_EQ(after.remote + mine.windows_remote_invalidated, before.remote);
+    EXPECT_GT(after.local + mine.windows_locally_invalidated, before.local);
   } else {
-    EXPECT_GT(after.remote + mine.windows_remote_invalidated(), before.remote);
+    EXPECT_GT(after.remote + mine.windows_remote_invalidated, before.remote);
     EXPECT_EQ(after.local, before.local) << "remote invalidation must not fall back silently";
   }
 }
@@ -219,7 +219,7 @@ TEST_P(BulkModesTest, ServerToClientCallsCarryLargePayloadsBothWays) {
     EXPECT_TRUE(response == request) << size;
   }
   ExpectHealthy(**channel, 6);
-  EXPECT_EQ((*channel)->LocalStats().invalidation_violations(), 0u);
+  EXPECT_EQ((*channel)->LocalStats().invalidation_violations, 0u);
 }
 
 TEST_P(BulkModesTest, ALargeResponseMessageArrivesWholeWhenAReplyWindowWasOffered) {
@@ -336,7 +336,7 @@ TEST(BulkNegotiation, FallbackInForceIsLoggedAsAWarning) {
   auto channel = Channel::Create(absl::StrCat("127.0.0.1:", server->second), options);
   const std::string logged = ::testing::internal::GetCapturedStderr();
   ASSERT_TRUE(channel.ok()) << channel.status();
-  EXPECT_EQ((*channel)->negotiated().invalidation(), control::INVALIDATION_LOCAL);
+  EXPECT_EQ((*channel)->negotiated().invalidation, InvalidationMode::kLocal);
   const size_t at = logged.find("remote invalidation unavailable");
   ASSERT_NE(at, std::string::npos) << logged;
   const size_t line = logged.rfind('\n', at);
@@ -391,7 +391,7 @@ TEST(BulkMirror, GivingUpWhileTheServerStillWritesTheReplyKeepsTheConnection) {
       CallRaw(**channel, Id("/test.E2E/SlowFill"), "400 100000", &response, call_options);
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
   EXPECT_TRUE((*channel)->connected());
-  EXPECT_EQ((*channel)->LocalStats().windows_remote_invalidated(), 2u)
+  EXPECT_EQ((*channel)->LocalStats().windows_remote_invalidated, 2u)
       << "both windows ended by the server's SEND_WITH_INV, none revoked under it";
   // A call that outlasts the first one's handler: had the server's WRITE failed, the
   // connection would fail under it.
@@ -456,7 +456,7 @@ TEST(BulkWindows, AMaximumBulkSizeThatIsNoPowerOfTwo) {
   ASSERT_TRUE(server.ok()) << server.status();
   auto channel = ConnectTo(server->second);
   ASSERT_TRUE(channel.ok()) << channel.status();
-  EXPECT_EQ((*channel)->negotiated().max_bulk_size(), 10485760u);
+  EXPECT_EQ((*channel)->negotiated().max_bulk_size, 10485760u);
   constexpr size_t kSize = 9 << 20;
   auto data = (*channel)->AllocateBulk(kSize);
   ASSERT_TRUE(data.ok()) << data.status();
@@ -556,8 +556,10 @@ TEST(BulkLimits, UnacknowledgedDownloadsAreCappedPerConnection) {
   auto st = rogue.Read(held[0].second.addr, held[0].second.rkey, held[0].second.length, &data);
   ASSERT_TRUE(st.ok());
   ASSERT_EQ(*st, IBV_WC_SUCCESS);
-  MessageHeader ack{rpc_wire::kProtocolVersion, rpc_wire::kBulkAck, 0, 0, held[0].first, 0, 0, 0,
-                    held[0].second.rkey};
+  MessageHeader ack{.version = rpc_wire::kProtocolVersion,
+                    .type = rpc_wire::kBulkAck,
+                    .request_id = held[0].first,
+                    .aux = held[0].second.rkey};
   ASSERT_TRUE(rogue.Send(ack, {}, held[0].second.rkey).ok());
   // One QP, in order: the server has the acknowledgement before the next call.
   auto again = download(&id);
@@ -603,8 +605,10 @@ class BulkSecurityTest : public ::testing::Test {
   // sent as SEND_WITH_INV of `rkey`.
   absl::Status Ack(testing::RogueConnection& rogue, uint64_t request_id, uint32_t rkey,
                    std::optional<uint32_t> named_rkey = std::nullopt) {
-    MessageHeader h{rpc_wire::kProtocolVersion, rpc_wire::kBulkAck, 0, 0, request_id, 0, 0, 0,
-                    named_rkey.value_or(rkey)};
+    MessageHeader h{.version = rpc_wire::kProtocolVersion,
+                    .type = rpc_wire::kBulkAck,
+                    .request_id = request_id,
+                    .aux = named_rkey.value_or(rkey)};
     return rogue.Send(h, {}, rkey);
   }
 
@@ -644,12 +648,12 @@ TEST_F(BulkSecurityTest, DownloadKeyIsDeadAfterTheAcknowledgement) {
   EXPECT_EQ(*st, IBV_WC_REM_ACCESS_ERR);
   // The server's QP that refused it reports that on the device's asynchronous events, which the
   // server counts.
-  auto now = ServerStatsWhen(*good_, [&](const control::StatsResponse& st) {
-    return st.server().async_qp_errors() != before->server().async_qp_errors();
+  auto now = ServerStatsWhen(*good_, [&](const StatsReport& st) {
+    return st.server.async_qp_errors != before->server.async_qp_errors;
   });
   ASSERT_TRUE(now.ok()) << now.status();
-  EXPECT_EQ(now->server().async_qp_errors(), before->server().async_qp_errors() + 1);
-  EXPECT_EQ(now->server().async_device_events(), before->server().async_device_events());
+  EXPECT_EQ(now->server.async_qp_errors, before->server.async_qp_errors + 1);
+  EXPECT_EQ(now->server.async_device_events, before->server.async_device_events);
   ExpectHealthy(*good_, 2);
 }
 
@@ -848,7 +852,10 @@ TEST_F(BulkSecurityTest, AWindowGrantThatInvalidatesAKeyEndsTheConnection) {
   uint64_t id;
   const BulkDescriptor d = Download(rogue, 4096, &id);
   // Revoke the download window with a message that has no business invalidating anything.
-  MessageHeader h{rpc_wire::kProtocolVersion, rpc_wire::kWindowGrant, 0, 0, 4096, 0, 0, 0, 1};
+  MessageHeader h{.version = rpc_wire::kProtocolVersion,
+                  .type = rpc_wire::kWindowGrant,
+                  .request_id = 4096,
+                  .aux = 1};
   ASSERT_TRUE(rogue.Send(h, {}, d.rkey).ok());
   EXPECT_TRUE(rogue.CutOff(absl::Seconds(10)));
   EXPECT_EQ(Stats(*good_).violations, before.violations + 1);
@@ -913,11 +920,11 @@ TEST_F(BulkPerClientTest, OneClientsConnectionsShareOneBulkBudget) {
   ASSERT_TRUE(before.ok()) << before.status();
   first.reset();
   second.reset();
-  auto now = ServerStatsWhen(*good_, [&](const control::StatsResponse& st) {
-    return st.server().connections_active() + 2 <= before->server().connections_active();
+  auto now = ServerStatsWhen(*good_, [&](const StatsReport& st) {
+    return st.server.connections_active + 2 <= before->server.connections_active;
   });
   ASSERT_TRUE(now.ok()) << now.status();
-  ASSERT_EQ(now->server().connections_active() + 2, before->server().connections_active());
+  ASSERT_EQ(now->server.connections_active + 2, before->server.connections_active);
   ASSERT_GT(held_first + held_second + (16u << 20), uint64_t{40} << 20)
       << "the upload below must not fit beside what the two held";
   auto upload = good_->AllocateBulk(16 << 20);
@@ -951,22 +958,27 @@ TEST_F(BulkSecurityTest, ASecondResponseWhileTheFirstIsBeingReadEndsTheConnectio
   const std::string data = Payload(8 << 20, 21);
   const BulkDescriptor d = rogue.Expose(data);
   ASSERT_NE(d.rkey, 0u);
-  MessageHeader bulk{rpc_wire::kProtocolVersion, rpc_wire::kResponse, rpc_wire::kFlagBulk, 0,
-                     ping->header.request_id,    0, static_cast<uint32_t>(sizeof(d)), 0, 0};
-  ASSERT_TRUE(rogue.Send(bulk, absl::string_view(reinterpret_cast<const char*>(&d), sizeof(d)))
-                  .ok());
-  MessageHeader forged{rpc_wire::kProtocolVersion, rpc_wire::kResponse, 0, 0,
-                       ping->header.request_id,    0, 6, 0, 0};
+  MessageHeader bulk{.version = rpc_wire::kProtocolVersion,
+                     .type = rpc_wire::kResponse,
+                     .flags = rpc_wire::kFlagBulk,
+                     .request_id = ping->header.request_id,
+                     .payload_len = static_cast<uint32_t>(sizeof(d))};
+  ASSERT_TRUE(
+      rogue.Send(bulk, absl::string_view(reinterpret_cast<const char*>(&d), sizeof(d))).ok());
+  MessageHeader forged{.version = rpc_wire::kProtocolVersion,
+                       .type = rpc_wire::kResponse,
+                       .request_id = ping->header.request_id,
+                       .payload_len = 6};
   ASSERT_TRUE(rogue.Send(forged, "forged").ok());
   EXPECT_TRUE(rogue.CutOff(absl::Seconds(10)));
   // The forged answer never completed the server's call: CallBack never answered at all, the
   // connection having failed under it.
   auto answer = rogue.Receive(rpc_wire::kResponse, absl::Milliseconds(200));
-  EXPECT_FALSE(answer.ok()) << "CallBack (request " << id << ") answered "
-                            << answer->header.status << " " << answer->payload;
+  EXPECT_FALSE(answer.ok()) << "CallBack (request " << id << ") answered " << answer->header.status
+                            << " " << answer->payload;
   auto after = good_->ServerStats();
   ASSERT_TRUE(after.ok()) << after.status();
-  EXPECT_EQ(after->server().protocol_errors(), before->server().protocol_errors() + 1);
+  EXPECT_EQ(after->server.protocol_errors, before->server.protocol_errors + 1);
   ExpectHealthy(*good_, 13);
 }
 
@@ -986,8 +998,12 @@ TEST_F(BulkSecurityTest, APeerThatHoldsBackCreditsCannotParkUnboundedResponses) 
     available += rogue.TakeCredits();
     if (available == 0) continue;
     // Our last credit carries back a single one of the many we owe.
-    MessageHeader h{rpc_wire::kProtocolVersion, rpc_wire::kRequest, 0, Id("/test.E2E/Echo"),
-                    request_id++, 0, 1, available == 1 ? 1u : 0u, 0};
+    MessageHeader h{.version = rpc_wire::kProtocolVersion,
+                    .type = rpc_wire::kRequest,
+                    .method_id = Id("/test.E2E/Echo"),
+                    .request_id = request_id++,
+                    .payload_len = 1,
+                    .credits = available == 1 ? 1u : 0u};
     if (!rogue.Send(h, "x").ok()) break;
     --available;
     ++sent;
@@ -998,12 +1014,12 @@ TEST_F(BulkSecurityTest, APeerThatHoldsBackCreditsCannotParkUnboundedResponses) 
   EXPECT_LT(sent, 1000) << "the server kept parking responses for a peer returning no credits";
   EXPECT_TRUE(rogue.CutOff(absl::Seconds(10)));
   // The server finishes closing it (and counts it) once the QP has flushed.
-  auto after = ServerStatsWhen(*good_, [&](const control::StatsResponse& st) {
-    return st.server().connections_closed() != before->server().connections_closed();
+  auto after = ServerStatsWhen(*good_, [&](const StatsReport& st) {
+    return st.server.connections_closed != before->server.connections_closed;
   });
   ASSERT_TRUE(after.ok()) << after.status();
-  EXPECT_EQ(after->server().connections_closed(), before->server().connections_closed() + 1);
-  EXPECT_EQ(after->server().protocol_errors(), before->server().protocol_errors())
+  EXPECT_EQ(after->server.connections_closed, before->server.connections_closed + 1);
+  EXPECT_EQ(after->server.protocol_errors, before->server.protocol_errors)
       << "a peer slow to return credits is shed, not called a protocol violator";
   ExpectHealthy(*good_, 14);
 }

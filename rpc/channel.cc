@@ -1,4 +1,4 @@
-#include "rpc/channel.h"
+#include "swirl/channel.h"
 
 #include <grpcpp/grpcpp.h>
 
@@ -10,6 +10,7 @@
 #include "proto/control.grpc.pb.h"
 #include "rpc/establish.h"
 #include "rpc/handshake.h"
+#include "rpc/stats_convert.h"
 #include "rpc/worker.h"
 
 namespace swirl {
@@ -33,6 +34,7 @@ class Channel::Impl {
   uint64_t connection_id = 0;
   std::string disconnect_secret;  // from the ConnectResponse; Disconnect presents it
   control::Negotiated negotiated;
+  NegotiatedSettings settings;  // the same, as Channel::negotiated() returns it
   // `connection` and `runtime` are set before the Channel is handed out and live as long as it
   // does, so any thread may use them; Close() only marks the channel closed and closes the
   // connection. A Close() that finds it closed or closing returns at once; `close_mu` keeps two
@@ -113,14 +115,14 @@ class Channel::Impl {
     internal::Worker* worker = &runtime->worker();
 
     internal::LocalConfig local =
-        internal::LocalConfigFor(options.transport, runtime->capabilities());
+        internal::LocalConfigFor(options.transport, runtime->device_capabilities());
     local.bulk_mode = options.bulk_mode == BulkMode::kMirror ? control::BULK_MIRROR
                                                              : control::BULK_SERVER_EXPOSES;
     local.max_bulk_size =
         worker->bulk_pool() == nullptr ? 0 : worker->bulk_pool()->max_allocation();
 
     const verbs::Capabilities declared =
-        internal::DeclaredCapabilities(runtime->capabilities(), options.transport.invalidation);
+        internal::DeclaredCapabilities(runtime->device_capabilities(), options.transport.invalidation);
     control::ConnectResponse response;
     auto exchange = [&](const verbs::PeerAddress& ours) -> absl::StatusOr<internal::PeerAnswer> {
       control::ConnectRequest request;
@@ -156,6 +158,7 @@ class Channel::Impl {
       return c.status();
     }
     negotiated = response.negotiated();
+    settings = internal::FromProto(negotiated);
     connection_id = response.connection_id();
     disconnect_secret = response.disconnect_secret();
     connection = *c;
@@ -225,7 +228,7 @@ bool Channel::Poll() {
   return impl_->runtime->worker().TryDrive();
 }
 
-const control::Negotiated& Channel::negotiated() const { return impl_->negotiated; }
+const NegotiatedSettings& Channel::negotiated() const { return impl_->settings; }
 uint64_t Channel::connection_id() const { return impl_->connection_id; }
 
 bool Channel::connected() const {
@@ -233,7 +236,7 @@ bool Channel::connected() const {
          impl_->connection->state() == internal::Connection::State::kActive;
 }
 
-absl::StatusOr<control::StatsResponse> Channel::ServerStats() {
+absl::StatusOr<StatsReport> Channel::ServerStats() {
   control::StatsRequest request;
   control::StatsResponse response;
   grpc::ClientContext ctx;
@@ -241,7 +244,7 @@ absl::StatusOr<control::StatsResponse> Channel::ServerStats() {
   impl_->AddAuth(&ctx);
   absl::Status s = internal::FromGrpc(impl_->stub->Stats(&ctx, request, &response));
   if (!s.ok()) return s;
-  return response;
+  return internal::FromProto(response);
 }
 
 void Channel::Close() { impl_->Close(); }
@@ -255,13 +258,12 @@ absl::StatusOr<BulkBuffer> Channel::AllocateBulk(size_t size) {
 
 const std::shared_ptr<ClientRuntime>& Channel::runtime() const { return impl_->runtime; }
 
-control::ConnectionStats Channel::LocalStats() const {
+ConnectionStats Channel::LocalStats() const {
   control::ConnectionStats out;
   out.set_connection_id(impl_->connection_id);
   *out.mutable_negotiated() = impl_->negotiated;
-  if (impl_->connection == nullptr) return out;
-  internal::CopyCounters(impl_->connection->counters(), &out);
-  return out;
+  if (impl_->connection != nullptr) internal::CopyCounters(impl_->connection->counters(), &out);
+  return internal::FromProto(out);
 }
 
 }  // namespace swirl

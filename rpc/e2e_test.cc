@@ -19,12 +19,12 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "proto/control.grpc.pb.h"
-#include "rpc/channel.h"
 #include "rpc/handshake.h"
 #include "rpc/testing/process.h"
 #include "rpc/testing/rogue.h"
 #include "rpc/testing/test_data.h"
 #include "rpc/wire.h"
+#include "swirl/channel.h"
 #include "transport/device.h"
 #include "transport/verbs/verbs.h"
 
@@ -178,12 +178,12 @@ TEST_F(E2ETest, ErrorsCarryCodeAndMessage) {
   s = CallRaw(**channel, Id("/test.E2E/NoSuchMethod"), "", &response, {});
   EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
   // Larger than one message: it travels as bulk data, both ways.
-  std::string large(3 * (*channel)->negotiated().max_message_size() + 17, 'L');
+  std::string large(3 * (*channel)->negotiated().max_message_size + 17, 'L');
   s = CallRaw(**channel, Id("/test.E2E/Echo"), large, &response, {});
   ASSERT_TRUE(s.ok()) << s;
   EXPECT_EQ(response, large);
   // Larger than the negotiated bulk maximum: refused locally, connection unharmed.
-  std::string huge((*channel)->negotiated().max_bulk_size() + 1, 'x');
+  std::string huge((*channel)->negotiated().max_bulk_size + 1, 'x');
   s = CallRaw(**channel, Id("/test.E2E/Echo"), huge, &response, {});
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
   EXPECT_EQ(Echo(**channel, "still fine"), "still fine");
@@ -600,7 +600,7 @@ TEST_F(E2ETest, QueuedBlockingCallsAreBoundedPerConnection) {
     int n = 0;
     return absl::SimpleAtoi(passed, &n) ? std::to_string(n - base) : passed;
   };
-  const int limit = 2 * static_cast<int>((*flood)->negotiated().client_credits());
+  const int limit = 2 * static_cast<int>((*flood)->negotiated().client_credits);
   for (int i = 0; i < 3 * limit; ++i) {
     ClientCall call;
     call.SetMethod(Id("/test.E2E/Gate"));
@@ -735,7 +735,7 @@ TEST_F(E2ETest, MalformedHeadersFailOnlyTheirOwnConnection) {
     h.request_id = 1;
     return h;
   };
-  rpc_wire::MessageHeader well_formed{v, rpc_wire::kRequest, 0, 0, 0, 0, 0, 0, 0};
+  rpc_wire::MessageHeader well_formed{.version = v, .type = rpc_wire::kRequest};
   struct Attack {
     const char* name;
     std::string bytes;
@@ -1028,7 +1028,7 @@ TEST(E2ECredits, APeerGrantingMoreCreditsThanOurSendQueueHolds) {
   ASSERT_TRUE(server.ok()) << server.status();
   auto channel = Connect(server->second);
   ASSERT_TRUE(channel.ok()) << channel.status();
-  EXPECT_EQ((*channel)->negotiated().client_credits(), 256u);  // what the server grants us
+  EXPECT_EQ((*channel)->negotiated().client_credits, 256u);  // what the server grants us
   constexpr int kCalls = 200;
   std::vector<ClientCall> calls(kCalls);
   std::vector<std::string> requests(kCalls), responses(kCalls);

@@ -16,7 +16,7 @@
 #include "base/stop_signals.h"
 #include "examples/echo/echo.swirl.h"
 #include "examples/echo/echo_service.h"
-#include "rpc/server.h"
+#include "swirl/server.h"
 
 ABSL_FLAG(std::string, address, "0.0.0.0:7100", "control-plane listen address (port 0: pick)");
 ABSL_FLAG(std::string, token, "", "clients must present this token (empty: no auth)");
@@ -61,8 +61,8 @@ int main(int argc, char** argv) {
   }
   const auto& caps = server.capabilities();
   std::printf("echo_server: listening on port %d, device %s (%s), remote invalidation %s\n",
-              server.port(), caps.device.c_str(), swirl::verbs::DeviceKindName(caps.kind),
-              caps.remote_invalidation() ? "yes" : "no");
+              server.port(), caps.device.c_str(), caps.kind.c_str(),
+              caps.remote_invalidation ? "yes" : "no");
   std::fflush(stdout);
   if (!absl::GetFlag(FLAGS_port_file).empty()) {
     // Written aside and renamed: whoever waits for the file never reads half of it.
@@ -72,13 +72,13 @@ int main(int argc, char** argv) {
   }
   stop_signals.Wait();
 
-  swirl::control::StatsResponse stats = server.Stats();
+  swirl::StatsReport stats = server.Stats();
   server.Shutdown(absl::Seconds(5));
   std::printf("echo_server: served %llu requests on %llu connections (%llu refused), "
               "%llu protocol errors\n",
-              static_cast<unsigned long long>(stats.server().requests()),
-              static_cast<unsigned long long>(stats.server().connections_accepted()),
-              static_cast<unsigned long long>(stats.server().connections_refused()),
-              static_cast<unsigned long long>(stats.server().protocol_errors()));
+              static_cast<unsigned long long>(stats.server.requests),
+              static_cast<unsigned long long>(stats.server.connections_accepted),
+              static_cast<unsigned long long>(stats.server.connections_refused),
+              static_cast<unsigned long long>(stats.server.protocol_errors));
   return 0;
 }
