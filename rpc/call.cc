@@ -37,7 +37,8 @@ void ClientCall::Complete(absl::Status status) {
 bool ClientCall::done() const { return NotifierWord::HasBeenNotified(completion_); }
 
 absl::Status ClientCall::Wait() {
-  if (worker_ != nullptr && !NotifierWord::HasBeenNotified(completion_) && worker_->OnLoopThread()) {
+  if (worker_ != nullptr && !NotifierWord::HasBeenNotified(completion_) &&
+      worker_->OnLoopThread()) {
     // Waiting here would wait for this very thread to make progress: a hang, silent and
     // permanent, under backpressure or always. A programming error, reported as one.
     SWIRL_LOG(ERROR, "ClientCall::Wait() on the thread running its worker's loop (from a "

@@ -121,8 +121,8 @@ class Channel::Impl {
     local.max_bulk_size =
         worker->bulk_pool() == nullptr ? 0 : worker->bulk_pool()->max_allocation();
 
-    const verbs::Capabilities declared =
-        internal::DeclaredCapabilities(runtime->device_capabilities(), options.transport.invalidation);
+    const verbs::Capabilities declared = internal::DeclaredCapabilities(
+        runtime->device_capabilities(), options.transport.invalidation);
     control::ConnectResponse response;
     auto exchange = [&](const verbs::PeerAddress& ours) -> absl::StatusOr<internal::PeerAnswer> {
       control::ConnectRequest request;
