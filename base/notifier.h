@@ -17,42 +17,57 @@
 
 namespace swirl {
 
-class Notifier {
- public:
-  // Arms the notifier for a new round (not thread-safe with Notify).
-  void Reset() { state_.store(kPending, std::memory_order_relaxed); }
-  bool HasBeenNotified() const { return state_.load(std::memory_order_acquire) == kDone; }
+// The protocol, on a 32-bit word that the caller owns (0 = pending): ClientCall keeps its word in
+// the public header (swirl/call.h), which cannot include this one.
+struct NotifierWord {
+  static constexpr uint32_t kPending = 0;
+  static constexpr uint32_t kSleeping = 1;
+  static constexpr uint32_t kDone = 2;
 
-  void Notify() {
-    if (state_.exchange(kDone, std::memory_order_acq_rel) == kSleeping) {
-      syscall(SYS_futex, reinterpret_cast<uint32_t*>(&state_), FUTEX_WAKE_PRIVATE, 1, nullptr,
+  // Arms the word for a new round (not thread-safe with Notify).
+  static void Reset(std::atomic<uint32_t>& state) {
+    state.store(kPending, std::memory_order_relaxed);
+  }
+  static bool HasBeenNotified(const std::atomic<uint32_t>& state) {
+    return state.load(std::memory_order_acquire) == kDone;
+  }
+
+  static void Notify(std::atomic<uint32_t>& state) {
+    if (state.exchange(kDone, std::memory_order_acq_rel) == kSleeping) {
+      syscall(SYS_futex, reinterpret_cast<uint32_t*>(&state), FUTEX_WAKE_PRIVATE, 1, nullptr,
               nullptr, 0);
     }
   }
 
   // Spins for `spins` iterations, then sleeps until notified.
-  void Wait(int spins = 4000) {
+  static void Wait(std::atomic<uint32_t>& state, int spins = 4000) {
     for (int i = 0; i < spins; ++i) {
-      if (HasBeenNotified()) return;
+      if (HasBeenNotified(state)) return;
       CpuRelax();
     }
     uint32_t expected = kPending;
-    while (state_.load(std::memory_order_acquire) != kDone) {
-      if (state_.compare_exchange_weak(expected, kSleeping, std::memory_order_acq_rel) ||
+    while (state.load(std::memory_order_acquire) != kDone) {
+      if (state.compare_exchange_weak(expected, kSleeping, std::memory_order_acq_rel) ||
           expected == kSleeping) {
         timespec timeout{0, 10 * 1000 * 1000};  // re-check at least every 10 ms
-        syscall(SYS_futex, reinterpret_cast<uint32_t*>(&state_), FUTEX_WAIT_PRIVATE, kSleeping,
+        syscall(SYS_futex, reinterpret_cast<uint32_t*>(&state), FUTEX_WAIT_PRIVATE, kSleeping,
                 &timeout, nullptr, 0);
       }
       expected = kPending;
     }
   }
+};
+
+// The same with its own word.
+class Notifier {
+ public:
+  void Reset() { NotifierWord::Reset(state_); }
+  bool HasBeenNotified() const { return NotifierWord::HasBeenNotified(state_); }
+  void Notify() { NotifierWord::Notify(state_); }
+  void Wait(int spins = 4000) { NotifierWord::Wait(state_, spins); }
 
  private:
-  static constexpr uint32_t kPending = 0;
-  static constexpr uint32_t kSleeping = 1;
-  static constexpr uint32_t kDone = 2;
-  std::atomic<uint32_t> state_{kPending};
+  std::atomic<uint32_t> state_{NotifierWord::kPending};
 };
 
 }  // namespace swirl

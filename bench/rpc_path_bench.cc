@@ -23,9 +23,9 @@
 #include "examples/echo/echo.pb.h"
 #include "examples/echo/echo_service.h"
 #include "rpc/handshake.h"
-#include "rpc/service.h"
 #include "rpc/wire.h"
 #include "rpc/worker.h"
+#include "swirl/service.h"
 #include "transport/device.h"
 #include "transport/verbs/capabilities.h"
 

@@ -46,9 +46,9 @@ extern char** environ;
 #include "bench/perf_common.h"
 #include "examples/echo/echo.swirl.h"
 #include "examples/echo/echo_service.h"
-#include "rpc/channel.h"
-#include "rpc/server.h"
 #include "rpc/wire.h"
+#include "swirl/channel.h"
+#include "swirl/server.h"
 
 ABSL_FLAG(std::string, test, "latency", "latency|throughput|bulk_read|bulk_write");
 ABSL_FLAG(double, seconds, 2.0, "throughput and bulk tests: how long to run (-D overrides)");
@@ -231,13 +231,13 @@ swirl::ChannelOptions ParseMode(const std::string& spec, swirl::ChannelOptions o
 // point of the bulk modes, so the output shows it.
 void AddWindowCounters(swirl::Channel& ch, const std::string& prefix, ResultRow& row) {
   const auto local = ch.LocalStats();
-  uint64_t remote = local.windows_remote_invalidated();
-  uint64_t locally = local.windows_locally_invalidated();
+  uint64_t remote = local.windows_remote_invalidated;
+  uint64_t locally = local.windows_locally_invalidated;
   if (auto server = ch.ServerStats(); server.ok()) {
-    for (const auto& c : server->connections()) {
-      if (c.connection_id() != ch.connection_id()) continue;
-      remote += c.windows_remote_invalidated();
-      locally += c.windows_locally_invalidated();
+    for (const auto& c : server->connections) {
+      if (c.connection_id != ch.connection_id()) continue;
+      remote += c.windows_remote_invalidated;
+      locally += c.windows_locally_invalidated;
     }
   }
   row.AddInt(prefix + "windows_remote_invalidated", static_cast<int64_t>(remote));
@@ -514,8 +514,8 @@ int RunClient(const std::string& address, Report& report) {
     }
     for (auto& th : pool) th.join();
     swirl::Channel& ch = *channels[0];
-    row.Add("invalidation", swirl::control::InvalidationMode_Name(ch.negotiated().invalidation()));
-    row.Add("bulk_mode", swirl::control::BulkMode_Name(ch.negotiated().bulk_mode()));
+    row.Add("invalidation", swirl::ControlPlaneName(ch.negotiated().invalidation));
+    row.Add("bulk_mode", swirl::ControlPlaneName(ch.negotiated().bulk_mode));
     row.Add("encoding", raw ? "raw" : "protobuf");
     row.AddInt("threads", threads);
     uint64_t calls = 0, warmup = 0;
@@ -542,8 +542,8 @@ int RunClient(const std::string& address, Report& report) {
     row.notes.push_back(absl::StrFormat(
         "%s, %s, invalidation %s, bulk mode %s, %d in flight per thread, %d thread(s)",
         test, raw ? "raw bytes" : "protobuf",
-        swirl::control::InvalidationMode_Name(ch.negotiated().invalidation()),
-        swirl::control::BulkMode_Name(ch.negotiated().bulk_mode()),
+        swirl::ControlPlaneName(ch.negotiated().invalidation),
+        swirl::ControlPlaneName(ch.negotiated().bulk_mode),
         Depth(), threads));
     report.Row(std::move(row));
     return 0;
@@ -559,13 +559,13 @@ int RunClient(const std::string& address, Report& report) {
   auto other = Connect(address, compare);
   // The compared mode is exactly what --compare says (not --local_invalidation_only).
   swirl::Channel& och = *other;
-  row.Add("invalidation", swirl::control::InvalidationMode_Name(ch.negotiated().invalidation()));
-  row.Add("bulk_mode", swirl::control::BulkMode_Name(ch.negotiated().bulk_mode()));
+  row.Add("invalidation", swirl::ControlPlaneName(ch.negotiated().invalidation));
+  row.Add("bulk_mode", swirl::ControlPlaneName(ch.negotiated().bulk_mode));
   row.Add("encoding", raw ? "raw" : "protobuf");
   row.Add("compare", compare);
   row.Add("compare_invalidation",
-          swirl::control::InvalidationMode_Name(och.negotiated().invalidation()));
-  row.Add("compare_bulk_mode", swirl::control::BulkMode_Name(och.negotiated().bulk_mode()));
+          swirl::ControlPlaneName(och.negotiated().invalidation));
+  row.Add("compare_bulk_mode", swirl::ControlPlaneName(och.negotiated().bulk_mode));
   const int depth = Depth();
   row.AddInt("depth", depth);
   Pipeline main_pipe(ch, test, size, depth, raw);

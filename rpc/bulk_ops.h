@@ -12,9 +12,9 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "rpc/bulk.h"
 #include "rpc/gate.h"
 #include "rpc/wire.h"
+#include "swirl/bulk.h"
 
 namespace swirl::internal {
 

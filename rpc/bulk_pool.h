@@ -16,7 +16,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "base/mutex.h"
-#include "rpc/bulk.h"
+#include "swirl/bulk.h"
 #include "transport/verbs/verbs.h"
 
 namespace swirl::internal {

@@ -1,8 +1,9 @@
-#include "rpc/call.h"
+#include "swirl/call.h"
 
 #include <cstdlib>
 
 #include "base/log.h"
+#include "base/notifier.h"
 #include "google/protobuf/message_lite.h"
 #include "rpc/worker.h"
 
@@ -29,14 +30,15 @@ void ClientCall::Complete(absl::Status status) {
   state_.store(kDone, std::memory_order_release);
   // After Notify the owner may reuse or free this call: touch nothing of it afterwards.
   absl::Status copy = callback ? status_ : absl::OkStatus();
-  notifier_.Notify();
+  NotifierWord::Notify(completion_);
   if (callback) callback(std::move(copy));
 }
 
-bool ClientCall::done() const { return notifier_.HasBeenNotified(); }
+bool ClientCall::done() const { return NotifierWord::HasBeenNotified(completion_); }
 
 absl::Status ClientCall::Wait() {
-  if (worker_ != nullptr && !notifier_.HasBeenNotified() && worker_->OnLoopThread()) {
+  if (worker_ != nullptr && !NotifierWord::HasBeenNotified(completion_) &&
+      worker_->OnLoopThread()) {
     // Waiting here would wait for this very thread to make progress: a hang, silent and
     // permanent, under backpressure or always. A programming error, reported as one.
     SWIRL_LOG(ERROR, "ClientCall::Wait() on the thread running its worker's loop (from a "
@@ -44,9 +46,9 @@ absl::Status ClientCall::Wait() {
     std::abort();
   }
   if (worker_ != nullptr && worker_->caller_driven()) {
-    while (!notifier_.HasBeenNotified()) worker_->TryDrive();
+    while (!NotifierWord::HasBeenNotified(completion_)) worker_->TryDrive();
   } else {
-    notifier_.Wait();
+    NotifierWord::Wait(completion_);
   }
   return status_;
 }

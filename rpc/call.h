@@ -1,18 +1,17 @@
-// Client-side calls: options, the call object, futures, and the CallTarget interface that both a
-// Channel (client to server) and a server's handle on a client (server to client) implement.
+// Client-side calls: options, the call object, and the CallTarget interface that both a Channel
+// (client to server) and a server's handle on a client (server to client) implement.
 //
-// Three ways to call, from the generated stubs or the raw API:
+// The ways to call, from the generated stubs or the raw API:
 //   * synchronous: Status Method(req, &resp, options) blocks the calling thread;
 //   * asynchronous with a callback: the callback runs on the connection's worker thread (or on
 //     whichever thread drives a caller-driven channel) once the call completes; a call started
 //     on a channel or connection that is already closed completes at once, its callback (with
 //     UNAVAILABLE) running on the starting thread;
-//   * futures: Future<Resp>, which owns its response;
 //   * one-way messages (no response): CallOneWay, never waiting, safe from handlers.
 // The allocation-free form takes a caller-owned ClientCall that can be reused call after call.
 //
 // Lifetimes: the request, the response and the ClientCall must stay valid until the call
-// completes (the callback has run, or Wait()/Get() returned).
+// completes (the callback has run, or Wait() returned).
 
 #ifndef SWIRL_RPC_CALL_H_
 #define SWIRL_RPC_CALL_H_
@@ -26,8 +25,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
-#include "base/notifier.h"
-#include "rpc/bulk.h"
+#include "swirl/bulk.h"
 
 namespace google::protobuf {
 class MessageLite;
@@ -138,7 +136,8 @@ class ClientCall {
   std::atomic<int> state_{kIdle};
   std::atomic<bool> cancel_requested_{false};
   absl::Status status_;
-  Notifier notifier_;
+  // Completion, for Wait(): a NotifierWord (base/notifier.h), armed by the worker each round.
+  std::atomic<uint32_t> completion_{0};
   const BulkBuffer* request_bulk_ = nullptr;
   BulkBuffer* response_bulk_ = nullptr;
   bool wait_for_ready_ = false;
@@ -157,36 +156,6 @@ class CallTarget {
   // Starts `call`. Completion (success or failure, e.g. UNAVAILABLE on a dead connection) is
   // always reported through the call; Start itself never fails.
   virtual void Start(ClientCall* call) = 0;
-};
-
-// A future response. Owns the response message (and the call); movable, not copyable.
-template <typename Response>
-class Future {
- public:
-  Future() = default;  // empty (no call): for assigning one later
-  // Blocks until the call completes (FAILED_PRECONDITION for an empty future).
-  absl::Status Wait() {
-    if (state_ == nullptr) return absl::FailedPreconditionError("an empty Future has no call");
-    return state_->call.Wait();
-  }
-  bool ready() const { return state_ != nullptr && state_->call.done(); }
-  // The response; valid after Wait() returned OK (so never for an empty future).
-  Response& value() { return state_->response; }
-  void Cancel() {
-    if (state_ != nullptr) state_->call.Cancel();
-  }
-
-  // For stubs. The future owns a copy of the request, so callers may pass temporaries.
-  struct State {
-    std::unique_ptr<google::protobuf::MessageLite> request;
-    Response response;
-    ClientCall call;
-  };
-  explicit Future(std::unique_ptr<State> state) : state_(std::move(state)) {}
-  State* state() { return state_.get(); }
-
- private:
-  std::unique_ptr<State> state_;
 };
 
 // Synchronous helpers used by generated stubs and the raw API.

@@ -21,8 +21,8 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "base/check.h"
-#include "rpc/bulk.h"
-#include "rpc/call.h"
+#include "swirl/bulk.h"
+#include "swirl/call.h"
 
 namespace swirl::internal {
 

@@ -1,4 +1,4 @@
-#include "rpc/channel.h"
+#include "swirl/channel.h"
 
 #include <grpcpp/grpcpp.h>
 
@@ -11,9 +11,11 @@
 #include "absl/strings/str_cat.h"
 #include "base/log.h"
 #include "base/mutex.h"
+#include "base/notifier.h"
 #include "proto/control.grpc.pb.h"
 #include "rpc/establish.h"
 #include "rpc/handshake.h"
+#include "rpc/stats_convert.h"
 #include "rpc/worker.h"
 
 namespace swirl {
@@ -173,7 +175,7 @@ class Channel::Impl {
     std::shared_ptr<control::Control::Stub> attempt_stub = *new_stub;
     internal::Worker* worker = &runtime->worker();
     internal::LocalConfig local =
-        internal::LocalConfigFor(options.transport, runtime->capabilities());
+        internal::LocalConfigFor(options.transport, runtime->device_capabilities());
     local.bulk_mode = options.bulk_mode == BulkMode::kMirror ? control::BULK_MIRROR
                                                              : control::BULK_SERVER_EXPOSES;
     local.max_bulk_size = worker->bulk_pool() == nullptr
@@ -181,8 +183,8 @@ class Channel::Impl {
                               : std::min<uint64_t>(worker->bulk_pool()->max_allocation(),
                                                    internal::kMaxBulkSize);
 
-    const verbs::Capabilities declared =
-        internal::DeclaredCapabilities(runtime->capabilities(), options.transport.invalidation);
+    const verbs::Capabilities declared = internal::DeclaredCapabilities(
+        runtime->device_capabilities(), options.transport.invalidation);
     control::ConnectResponse response;
     auto exchange = [&](const internal::LocalQp& ours) -> absl::StatusOr<internal::PeerAnswer> {
       control::ConnectRequest request;
@@ -509,7 +511,7 @@ void Channel::StartWhileDown(ClientCall* call) {
         call->worker_ = nullptr;
         call->status_ = absl::OkStatus();
         call->cancel_requested_.store(false, std::memory_order_relaxed);
-        call->notifier_.Reset();
+        NotifierWord::Reset(call->completion_);
         call->state_.store(ClientCall::kQueued, std::memory_order_release);
         impl.waiting.push_back(call);
         impl.changed.SignalAll();  // the reconnector's next wake-up may be this deadline
@@ -529,9 +531,9 @@ bool Channel::Poll() {
   return impl_->runtime->worker().TryDrive();
 }
 
-control::Negotiated Channel::negotiated() const {
+NegotiatedSettings Channel::negotiated() const {
   swirl::MutexLock lock(&impl_->mu);
-  return impl_->negotiated;
+  return internal::FromProto(impl_->negotiated);
 }
 
 uint64_t Channel::connection_id() const {
@@ -573,7 +575,7 @@ uint64_t Channel::reconnects() const {
   return impl_->reconnects;
 }
 
-absl::StatusOr<control::StatsResponse> Channel::ServerStats() {
+absl::StatusOr<StatsReport> Channel::ServerStats() {
   control::StatsRequest request;
   control::StatsResponse response;
   grpc::ClientContext ctx;
@@ -582,7 +584,7 @@ absl::StatusOr<control::StatsResponse> Channel::ServerStats() {
   std::shared_ptr<control::Control::Stub> stub = impl_->Stub();
   absl::Status s = internal::FromGrpc(stub->Stats(&ctx, request, &response));
   if (!s.ok()) return s;
-  return response;
+  return internal::FromProto(response);
 }
 
 void Channel::Close() { impl_->Close(); }
@@ -596,7 +598,7 @@ absl::StatusOr<BulkBuffer> Channel::AllocateBulk(size_t size) {
 
 const std::shared_ptr<ClientRuntime>& Channel::runtime() const { return impl_->runtime; }
 
-control::ConnectionStats Channel::LocalStats() const {
+ConnectionStats Channel::LocalStats() const {
   control::ConnectionStats out;
   std::shared_ptr<internal::Connection> c;
   {
@@ -605,9 +607,8 @@ control::ConnectionStats Channel::LocalStats() const {
     *out.mutable_negotiated() = impl_->negotiated;
     c = impl_->connection;
   }
-  if (c == nullptr) return out;
-  internal::CopyCounters(c->counters(), &out);
-  return out;
+  if (c != nullptr) internal::CopyCounters(c->counters(), &out);
+  return internal::FromProto(out);
 }
 
 }  // namespace swirl

@@ -24,7 +24,7 @@
 // with UNAVAILABLE); share one between threads or make one per thread.
 //   * Driver::kBackgroundThread (default): a worker thread polls the channel's completion queue;
 //     calls from any thread are handed to it through a lock-free queue and callbacks run on it.
-//     That worker is a ClientRuntime's (rpc/client_runtime.h): the one in `runtime`, or the
+//     That worker is a ClientRuntime's (swirl/client_runtime.h): the one in `runtime`, or the
 //     process default for the channel's transport options and worker_core, which channels share
 //     only if all of those are equal; `dedicated_worker`: one of its own.
 //   * Driver::kCaller: no thread; a thread waiting for a call drives the connection itself, and
@@ -40,12 +40,12 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "proto/control.pb.h"
-#include "rpc/bulk.h"
-#include "rpc/call.h"
-#include "rpc/client_runtime.h"
-#include "rpc/service.h"
-#include "rpc/transport_options.h"
+#include "swirl/bulk.h"
+#include "swirl/call.h"
+#include "swirl/client_runtime.h"
+#include "swirl/service.h"
+#include "swirl/stats.h"
+#include "swirl/transport_options.h"
 
 namespace swirl {
 
@@ -82,7 +82,7 @@ struct ChannelOptions {
   std::vector<std::string> fabric_networks;
 
   // The RDMA side (device, GID, credits, buffers, bulk pool, invalidation, keepalive, window
-  // lease; rpc/transport_options.h). The bulk pool is the worker's.
+  // lease; swirl/transport_options.h). The bulk pool is the worker's.
   TransportOptions transport;
   enum class Driver { kBackgroundThread, kCaller };
   Driver driver = Driver::kBackgroundThread;
@@ -119,7 +119,7 @@ class Channel : public CallTarget {
   bool Poll();
 
   // What the current (or last) connection's handshake settled on.
-  control::Negotiated negotiated() const;
+  NegotiatedSettings negotiated() const;
   // The server's id of the current (or last) connection.
   uint64_t connection_id() const;
   // state() == kReady.
@@ -136,9 +136,9 @@ class Channel : public CallTarget {
   uint64_t reconnects() const;
 
   // The server's view, through the control plane.
-  absl::StatusOr<control::StatsResponse> ServerStats();
+  absl::StatusOr<StatsReport> ServerStats();
   // This side's view of the connection (counters, bulk window accounting).
-  control::ConnectionStats LocalStats() const;
+  ConnectionStats LocalStats() const;
 
   // Registered memory for zero-copy bulk payloads on this channel.
   absl::StatusOr<BulkBuffer> AllocateBulk(size_t size);

@@ -1,10 +1,11 @@
-#include "rpc/client_runtime.h"
+#include "swirl/client_runtime.h"
 
 #include <utility>
 #include <vector>
 
 #include "base/mutex.h"
 #include "rpc/establish.h"
+#include "rpc/stats_convert.h"
 #include "rpc/worker.h"
 
 namespace swirl {
@@ -62,7 +63,12 @@ ClientRuntime::ClientRuntime(ClientRuntimeOptions options, std::unique_ptr<State
 
 ClientRuntime::~ClientRuntime() { state_->worker->Stop(); }
 
-const verbs::Capabilities& ClientRuntime::capabilities() const { return state_->device.caps; }
+DeviceInfo ClientRuntime::capabilities() const {
+  return internal::DescribeDevice(state_->device.caps);
+}
+const verbs::Capabilities& ClientRuntime::device_capabilities() const {
+  return state_->device.caps;
+}
 
 internal::Worker& ClientRuntime::worker() const { return *state_->worker; }
 

@@ -37,14 +37,17 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
-#include "rpc/transport_options.h"
-#include "transport/verbs/capabilities.h"
+#include "swirl/stats.h"
+#include "swirl/transport_options.h"
 
 namespace swirl {
 
 namespace internal {
 class Worker;
 }  // namespace internal
+namespace verbs {
+struct Capabilities;
+}  // namespace verbs
 
 struct ClientRuntimeOptions {
   TransportOptions transport;
@@ -71,7 +74,7 @@ class ClientRuntime {
 
   const ClientRuntimeOptions& options() const { return options_; }
   // What the device can do (probed, self-test included).
-  const verbs::Capabilities& capabilities() const;
+  DeviceInfo capabilities() const;
 
   struct State;  // internal (client_runtime.cc)
 
@@ -84,6 +87,8 @@ class ClientRuntime {
                                                              bool own_thread);
   ClientRuntime(ClientRuntimeOptions options, std::unique_ptr<State> state);
   internal::Worker& worker() const;
+  // The probe's full result, for the handshake.
+  const verbs::Capabilities& device_capabilities() const;
 
   const ClientRuntimeOptions options_;
   const std::unique_ptr<State> state_;

@@ -3,7 +3,7 @@
 // runtime passed in is shared by the channels given it, with its settings, and a channel whose
 // own settings conflict with it is refused. One server in this process serves them all.
 
-#include "rpc/client_runtime.h"
+#include "swirl/client_runtime.h"
 
 #include <gtest/gtest.h>
 
@@ -11,11 +11,11 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "rpc/call.h"
-#include "rpc/channel.h"
-#include "rpc/server.h"
-#include "rpc/service.h"
 #include "rpc/wire.h"
+#include "swirl/call.h"
+#include "swirl/channel.h"
+#include "swirl/server.h"
+#include "swirl/service.h"
 
 namespace swirl {
 namespace {
@@ -99,7 +99,7 @@ TEST_F(ClientRuntimeTest, ChannelsWhoseOptionsConflictNeverShareAWorker) {
   }
   auto other = Connect(credits);
   ASSERT_TRUE(other.ok()) << other.status();
-  EXPECT_EQ((*other)->negotiated().server_credits(), 48u);  // what the channel offered
+  EXPECT_EQ((*other)->negotiated().server_credits, 48u);  // what the channel offered
 }
 
 // A runtime made by the user is shared by the channels given it, which run with its settings.
@@ -116,7 +116,7 @@ TEST_F(ClientRuntimeTest, AnExplicitRuntimeIsSharedWithItsSettings) {
   ASSERT_TRUE(b.ok()) << b.status();
   EXPECT_EQ((*a)->runtime(), *runtime);
   EXPECT_EQ((*b)->runtime(), *runtime);
-  EXPECT_EQ((*a)->negotiated().server_credits(), 40u);
+  EXPECT_EQ((*a)->negotiated().server_credits, 40u);
   // Not the process default for the same options: made by the user, shared by whom they give it.
   auto shared = ClientRuntime::Shared(runtime_options);
   ASSERT_TRUE(shared.ok()) << shared.status();

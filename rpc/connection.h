@@ -29,12 +29,12 @@
 #include "absl/time/time.h"
 #include "proto/control.pb.h"
 #include "rpc/bulk_ops.h"
-#include "rpc/call.h"
 #include "rpc/call_table.h"
 #include "rpc/credit_ledger.h"
 #include "rpc/send_queue.h"
-#include "rpc/service.h"
 #include "rpc/window_table.h"
+#include "swirl/call.h"
+#include "swirl/service.h"
 #include "transport/verbs/verbs.h"
 
 namespace swirl::internal {

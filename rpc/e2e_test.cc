@@ -1,5 +1,7 @@
 // End-to-end tests of the RPC engine over the soft device with the server in a separate process
-// (rpc/testing/test_server).
+// (rpc/testing/test_server): calls, errors, deadlines and cancellation, calls back over the
+// same connection, blocking handlers, shutdown, closing, credits and connection churn. The
+// control plane's checks are in e2e_setup_test, malformed messages in e2e_hostile_test.
 
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
@@ -19,83 +21,31 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "proto/control.grpc.pb.h"
-#include "rpc/channel.h"
 #include "rpc/handshake.h"
+#include "rpc/testing/e2e.h"
 #include "rpc/testing/process.h"
 #include "rpc/testing/rogue.h"
 #include "rpc/testing/test_data.h"
 #include "rpc/wire.h"
+#include "swirl/channel.h"
 #include "transport/device.h"
 #include "transport/verbs/verbs.h"
 
 namespace swirl {
 namespace {
 
-constexpr char kServer[] = "rpc/testing/test_server";
-constexpr size_t kMaxClientNameForTest = internal::kMaxClientName;
-
-uint32_t Id(const char* method) { return rpc_wire::MethodId(method); }
-
-absl::StatusOr<std::shared_ptr<Channel>> Connect(int port, const std::string& token = "e2e",
-                                                 ChannelOptions options = {}) {
-  options.auth_token = token;
-  options.client_name = "e2e_test";
-  return Channel::Create(absl::StrCat("127.0.0.1:", port), options);
-}
-
-std::string Echo(Channel& channel, const std::string& request) {
-  std::string response;
-  absl::Status s = CallRaw(channel, Id("/test.E2E/Echo"), request, &response, {});
-  return s.ok() ? response : s.ToString();
-}
-
-// A stub of the Control service of the server on this host's `port`.
-std::unique_ptr<control::Control::Stub> ControlStub(int port) {
-  return control::Control::NewStub(grpc::CreateChannel(absl::StrCat("127.0.0.1:", port),
-                                                       grpc::InsecureChannelCredentials()));
-}
-
-absl::StatusOr<control::StatsResponse> Stats(int port, const std::string& token = "e2e") {
-  auto stub = ControlStub(port);
-  grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
-  if (!token.empty()) ctx.AddMetadata("authorization", absl::StrCat("Bearer ", token));
-  control::StatsRequest request;
-  control::StatsResponse response;
-  grpc::Status s = stub->Stats(&ctx, request, &response);
-  if (!s.ok()) return absl::UnavailableError(s.error_message());
-  return response;
-}
-
-// The server's request count once it reaches `n`, or as it stands after 10 s.
-uint64_t ServerRequestsReaching(int port, uint64_t n) {
-  const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  uint64_t seen = 0;
-  while (seen < n && absl::Now() < deadline) {
-    auto stats = Stats(port);
-    if (stats.ok()) seen = stats->server().requests();
-    if (seen < n) absl::SleepFor(absl::Milliseconds(10));  // the server needs the CPU more
-  }
-  return seen;
-}
-
-class E2ETest : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    auto server = testing::SpawnServer(kServer, {});
-    ASSERT_TRUE(server.ok()) << server.status();
-    server_ = new testing::ChildProcess(std::move(server->first));
-    port_ = server->second;
-  }
-  static void TearDownTestSuite() {
-    delete server_;
-    server_ = nullptr;
-  }
-  static testing::ChildProcess* server_;
-  static int port_;
-};
-testing::ChildProcess* E2ETest::server_ = nullptr;
-int E2ETest::port_ = 0;
+using testing::Connect;
+using testing::ConnectRaw;
+using testing::ControlStub;
+using testing::DeclareCapabilities;
+using testing::E2ETest;
+using testing::Echo;
+using testing::Id;
+using testing::kMaxClientNameForTest;
+using testing::kServer;
+using testing::OwnDeviceKind;
+using testing::ServerRequestsReaching;
+using testing::Stats;
 
 TEST_F(E2ETest, ManyConcurrentCallsFromSeveralThreads) {
   for (auto driver : {ChannelOptions::Driver::kBackgroundThread, ChannelOptions::Driver::kCaller}) {
@@ -178,12 +128,12 @@ TEST_F(E2ETest, ErrorsCarryCodeAndMessage) {
   s = CallRaw(**channel, Id("/test.E2E/NoSuchMethod"), "", &response, {});
   EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
   // Larger than one message: it travels as bulk data, both ways.
-  std::string large(3 * (*channel)->negotiated().max_message_size() + 17, 'L');
+  std::string large(3 * (*channel)->negotiated().max_message_size + 17, 'L');
   s = CallRaw(**channel, Id("/test.E2E/Echo"), large, &response, {});
   ASSERT_TRUE(s.ok()) << s;
   EXPECT_EQ(response, large);
   // Larger than the negotiated bulk maximum: refused locally, connection unharmed.
-  std::string huge((*channel)->negotiated().max_bulk_size() + 1, 'x');
+  std::string huge((*channel)->negotiated().max_bulk_size + 1, 'x');
   s = CallRaw(**channel, Id("/test.E2E/Echo"), huge, &response, {});
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
   EXPECT_EQ(Echo(**channel, "still fine"), "still fine");
@@ -327,263 +277,6 @@ TEST_F(E2ETest, AHandlerSendsOneWayMessagesBeyondItsCreditsWithoutWaiting) {
   EXPECT_EQ(Echo(**channel, "after"), "after");
 }
 
-TEST_F(E2ETest, AuthenticationFailuresAreRefusedBeforeAnyQueuePair) {
-  auto before = Stats(port_);
-  ASSERT_TRUE(before.ok()) << before.status();
-  for (const char* token : {"wrong", ""}) {
-    auto channel = Connect(port_, token);
-    ASSERT_FALSE(channel.ok());
-    EXPECT_EQ(channel.status().code(), absl::StatusCode::kUnauthenticated) << channel.status();
-  }
-  auto after = Stats(port_);
-  ASSERT_TRUE(after.ok());
-  EXPECT_EQ(after->server().connections_accepted(), before->server().connections_accepted());
-  EXPECT_EQ(after->server().connections_refused(), before->server().connections_refused() + 2);
-}
-
-// Capabilities a raw Connect declares: a `kind` device with the channel defaults' credits and
-// sizes, able to invalidate remotely.
-// The kind of device this test's processes use (SWIRL_DEVICE: soft0, or rdma-core:soft0 in
-// e2e_test_rdma_core), as a client declares it.
-std::string OwnDeviceKind() {
-  auto ctx = swirl::OpenDevice("");
-  return ctx.ok() ? verbs::DeviceKindName((*ctx)->kind()) : "unknown";
-}
-
-void DeclareCapabilities(control::Capabilities* caps, const std::string& kind = OwnDeviceKind()) {
-  caps->set_device_kind(kind);
-  caps->set_recv_credits(32);
-  caps->set_recv_buffer_size(4096);
-  caps->set_max_message_size(4096 - 32);
-  caps->set_remote_invalidation(true);
-}
-
-// Sends `request` to the server's Connect as it is, with the test token.
-grpc::Status ConnectRaw(int port, const control::ConnectRequest& request,
-                        control::ConnectResponse* response) {
-  auto stub = ControlStub(port);
-  grpc::ClientContext ctx;
-  ctx.AddMetadata("authorization", "Bearer e2e");
-  return stub->Connect(&ctx, request, response);
-}
-
-TEST_F(E2ETest, ProtocolVersionMismatchIsRefused) {
-  control::ConnectRequest request;
-  request.set_protocol_version(99);
-  control::ConnectResponse response;
-  grpc::Status s = ConnectRaw(port_, request, &response);
-  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
-  EXPECT_NE(s.error_message().find("version 99"), std::string::npos) << s.error_message();
-}
-
-// A client whose device cannot reach the server's is told so at Connect, before any QP exists:
-// another kind of device, or a soft device on the other fabric (shared memory vs TCP). (The
-// fabric check is the soft device's: through rdma-core, in e2e_test_rdma_core, only the kind is
-// judged, as for any rdma-core device.)
-TEST_F(E2ETest, AClientOnAnotherFabricIsRefusedSayingWhy) {
-  auto device = swirl::OpenDevice("");
-  ASSERT_TRUE(device.ok()) << device.status();
-  const bool soft_kind = (*device)->kind() == verbs::DeviceKind::kSoft;
-  absl::StatusOr<ibv_gid> own = (*device)->QueryGid(1, 0);
-  ASSERT_TRUE(own.ok()) << own.status();
-  const bool own_tcp = own->raw[10] == 0xff && own->raw[11] == 0xff;
-  ibv_gid other{};  // the same process's devices share a fabric: make up the other one's GID
-  if (own_tcp) {
-    other.raw[0] = 0xfe;
-    other.raw[1] = 0x80;
-    other.raw[15] = 1;
-  } else {
-    other.raw[10] = other.raw[11] = 0xff;
-    other.raw[12] = 127;
-    other.raw[15] = 1;
-  }
-  struct Case {
-    const char* kind;
-    ibv_gid gid;
-    const char* says;
-  };
-  std::vector<Case> cases = {Case{soft_kind ? "rdma-core" : "soft", *own, "same kind of device"}};
-  if (soft_kind) cases.push_back(Case{"soft", other, "SWIRL_SOFT_TCP"});
-  for (const Case& c : cases) {
-    control::ConnectRequest request;
-    request.set_protocol_version(internal::kControlProtocolVersion);
-    verbs::PeerAddress address;
-    address.gid = c.gid;
-    address.qp_num = 0x123;
-    *request.mutable_address() = internal::ToProto(address);
-    DeclareCapabilities(request.mutable_capabilities(), c.kind);
-    control::ConnectResponse response;
-    grpc::Status s = ConnectRaw(port_, request, &response);
-    EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << c.kind;
-    EXPECT_NE(s.error_message().find(c.says), std::string::npos) << s.error_message();
-  }
-}
-
-// A Connect request that the server accepts, for a QP that does not exist: the client side of
-// such a connection never comes up.
-control::ConnectRequest RequestForAbsentQp() {
-  control::ConnectRequest request;
-  request.set_protocol_version(internal::kControlProtocolVersion);
-  auto device = swirl::OpenDevice("");
-  verbs::PeerAddress address;
-  if (device.ok()) {
-    absl::StatusOr<ibv_gid> gid = (*device)->QueryGid(1, 0);
-    if (gid.ok()) address.gid = *gid;
-  }
-  address.qp_num = 0x123;
-  *request.mutable_address() = internal::ToProto(address);
-  DeclareCapabilities(request.mutable_capabilities());
-  return request;
-}
-
-grpc::Status DisconnectRaw(int port, uint64_t id, const std::string& secret) {
-  auto stub = ControlStub(port);
-  grpc::ClientContext ctx;
-  ctx.AddMetadata("authorization", "Bearer e2e");
-  control::DisconnectRequest request;
-  request.set_connection_id(id);
-  request.set_disconnect_secret(secret);
-  control::DisconnectResponse response;
-  return stub->Disconnect(&ctx, request, &response);
-}
-
-// Stats of `port` once `done(stats)` holds, or the last ones after 10 s.
-template <typename Done>
-control::StatsResponse StatsWhen(int port, Done done) {
-  const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  control::StatsResponse last;
-  for (;;) {
-    auto stats = Stats(port);
-    if (stats.ok()) last = *stats;
-    if ((stats.ok() && done(last)) || absl::Now() > deadline) return last;
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-}
-
-// A token holder knows every connection's id from Stats; ending one takes the secret that only
-// its Connect's caller was given. A wrong or missing secret reads as "no such connection".
-TEST_F(E2ETest, DisconnectTakesTheSecretOnlyTheConnectingClientWasGiven) {
-  auto good = Connect(port_);
-  ASSERT_TRUE(good.ok()) << good.status();
-  ASSERT_EQ(Echo(**good, "before"), "before");
-  for (const std::string& secret : {std::string(), std::string(16, '\0'), std::string("x")}) {
-    grpc::Status s = DisconnectRaw(port_, (*good)->connection_id(), secret);
-    EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND) << s.error_message();
-  }
-  // Our own connection, with the secret its Connect gave us: ended at once.
-  control::ConnectResponse response;
-  ASSERT_TRUE(ConnectRaw(port_, RequestForAbsentQp(), &response).ok());
-  EXPECT_EQ(response.disconnect_secret().size(), 16u);
-  grpc::Status s = DisconnectRaw(port_, response.connection_id(), response.disconnect_secret());
-  EXPECT_TRUE(s.ok()) << s.error_message();
-  const control::StatsResponse after = StatsWhen(port_, [&](const control::StatsResponse& st) {
-    for (const auto& c : st.connections()) {
-      if (c.connection_id() == response.connection_id()) return false;
-    }
-    return true;
-  });
-  for (const auto& c : after.connections()) EXPECT_NE(c.connection_id(), response.connection_id());
-  EXPECT_EQ(Echo(**good, "after"), "after");
-  EXPECT_TRUE((*good)->connected());
-}
-
-// A client may lower the eager threshold for its connection, but not below a floor: every small
-// response would otherwise cost the server a pool buffer, a window and a lease.
-TEST_F(E2ETest, AClientCannotNegotiateTheEagerThresholdAway) {
-  control::ConnectRequest request = RequestForAbsentQp();
-  request.mutable_capabilities()->set_eager_threshold(0);
-  control::ConnectResponse response;
-  grpc::Status s = ConnectRaw(port_, request, &response);
-  ASSERT_TRUE(s.ok()) << s.error_message();
-  EXPECT_EQ(response.negotiated().eager_threshold(), internal::kMinEagerThreshold);
-  EXPECT_TRUE(DisconnectRaw(port_, response.connection_id(), response.disconnect_secret()).ok());
-}
-
-// Control requests are small: one of a megabyte is refused by gRPC before the server parses it
-// (or looks at its token), and the server goes on serving.
-TEST_F(E2ETest, AnOversizedControlRequestIsRefusedUnread) {
-  control::ConnectRequest request = RequestForAbsentQp();
-  request.set_client_name(std::string(1 << 20, 'n'));
-  control::ConnectResponse response;
-  grpc::Status s = ConnectRaw(port_, request, &response);
-  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
-  auto good = Connect(port_);
-  ASSERT_TRUE(good.ok()) << good.status();
-  EXPECT_EQ(Echo(**good, "fine"), "fine");
-}
-
-// A client that never completes its side of Connect (or gave up before it learned the id) does
-// not hold its connection slot for long, even with keepalive off; a real client that connects
-// and then stays idle keeps its connection.
-TEST(E2ESetup, AConnectionWhoseClientNeverComesUpIsReaped) {
-  auto server = testing::SpawnServer(kServer, {"--keepalive_ms=0", "--setup_timeout_ms=300"});
-  ASSERT_TRUE(server.ok()) << server.status();
-  testing::ChildProcess child = std::move(server->first);
-  const int port = server->second;
-  auto idle = Connect(port);
-  ASSERT_TRUE(idle.ok()) << idle.status();
-  // A caller-driven channel is driven only by its caller's calls: it too says it is up at once.
-  ChannelOptions caller_driven;
-  caller_driven.driver = ChannelOptions::Driver::kCaller;
-  auto idle_caller = Connect(port, "e2e", caller_driven);
-  ASSERT_TRUE(idle_caller.ok()) << idle_caller.status();
-  control::ConnectResponse response;
-  ASSERT_TRUE(ConnectRaw(port, RequestForAbsentQp(), &response).ok());
-  const control::StatsResponse after = StatsWhen(port, [](const control::StatsResponse& st) {
-    return st.server().connections_failed() >= 1;
-  });
-  EXPECT_EQ(after.server().connections_failed(), 1u);
-  EXPECT_EQ(after.server().connections_active(), 2u);
-  ASSERT_EQ(after.connections_size(), 2);
-  for (const auto& c : after.connections()) {
-    EXPECT_NE(c.connection_id(), response.connection_id()) << "the absent client's is gone";
-  }
-  EXPECT_EQ(Echo(**idle, "still here"), "still here");
-  EXPECT_EQ(Echo(**idle_caller, "me too"), "me too");
-}
-
-// Connection ids are no secret to a client holding the token (Stats lists them); Disconnect must
-// not take such an id from a caller without the token, or anyone could cut every client off.
-// Stats itself wants the token too.
-TEST_F(E2ETest, DisconnectWithoutTheTokenIsRefused) {
-  EXPECT_FALSE(Stats(port_, "").ok());
-  EXPECT_FALSE(Stats(port_, "wrong").ok());
-  auto good = Connect(port_);
-  ASSERT_TRUE(good.ok()) << good.status();
-  ASSERT_EQ(Echo(**good, "before"), "before");
-  auto stats = Stats(port_);
-  ASSERT_TRUE(stats.ok()) << stats.status();
-  bool listed = false;
-  for (const auto& c : stats->connections()) listed |= c.connection_id() == (*good)->connection_id();
-  ASSERT_TRUE(listed);
-  for (const char* token : {"", "wrong"}) {
-    SCOPED_TRACE(token);
-    auto stub = ControlStub(port_);
-    grpc::ClientContext ctx;
-    if (*token != '\0') ctx.AddMetadata("authorization", absl::StrCat("Bearer ", token));
-    control::DisconnectRequest request;
-    request.set_connection_id((*good)->connection_id());
-    control::DisconnectResponse response;
-    grpc::Status s = stub->Disconnect(&ctx, request, &response);
-    EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED) << s.error_message();
-  }
-  // A close, had there been one, would show within this window: the server would stop listing
-  // the connection.
-  absl::SleepFor(absl::Milliseconds(100));
-  auto after = Stats(port_);
-  ASSERT_TRUE(after.ok()) << after.status();
-  listed = false;
-  for (const auto& c : after->connections()) listed |= c.connection_id() == (*good)->connection_id();
-  EXPECT_TRUE(listed) << "the connection was closed";
-  std::string response;
-  CallOptions options;
-  options.timeout = absl::Seconds(5);
-  absl::Status s = CallRaw(**good, Id("/test.E2E/Echo"), "after", &response, options);
-  ASSERT_TRUE(s.ok()) << s;
-  EXPECT_EQ(response, "after");
-  EXPECT_TRUE((*good)->connected());
-}
-
 // Blocking handlers wait in a queue for the pool, holding what they were sent, and the peer has
 // its credits back at once: one connection may have only 2 x its credits queued. One-way calls
 // (no call slot bounds them) to a handler that blocks until the gate opens: exactly that many
@@ -600,7 +293,7 @@ TEST_F(E2ETest, QueuedBlockingCallsAreBoundedPerConnection) {
     int n = 0;
     return absl::SimpleAtoi(passed, &n) ? std::to_string(n - base) : passed;
   };
-  const int limit = 2 * static_cast<int>((*flood)->negotiated().client_credits());
+  const int limit = 2 * static_cast<int>((*flood)->negotiated().client_credits);
   for (int i = 0; i < 3 * limit; ++i) {
     ClientCall call;
     call.SetMethod(Id("/test.E2E/Gate"));
@@ -626,233 +319,6 @@ TEST_F(E2ETest, QueuedBlockingCallsAreBoundedPerConnection) {
   ASSERT_EQ(Echo(**flood, "after"), "after");
   ASSERT_TRUE(CallRaw(**other, Id("/test.E2E/GatePassed"), "", &passed, {}).ok());
   EXPECT_EQ(passed_since(passed), std::to_string(limit));
-}
-
-// A hand-rolled client that completes the real handshake and then puts garbage on the wire.
-class RogueClient {
- public:
-  absl::Status Connect(int port) {
-    auto ctx = OpenDevice("");
-    if (!ctx.ok()) return ctx.status();
-    ctx_ = *ctx;
-    pd_ = *verbs::ProtectionDomain::Create(ctx_);
-    cq_ = *verbs::CompletionQueue::Create(ctx_, 256);
-    verbs::QueuePairConfig config;
-    config.send_cq = cq_;
-    config.recv_cq = cq_;
-    config.max_send_wr = 64;
-    config.max_recv_wr = 64;
-    config.max_inline_data = 256;
-    qp_ = *verbs::QueuePair::Create(pd_, config);
-    buffer_.resize(64 * 4096);
-    mr_ = *verbs::MemoryRegion::Register(pd_, buffer_.data(), buffer_.size(),
-                                         IBV_ACCESS_LOCAL_WRITE);
-    for (int i = 0; i < 32; ++i) {
-      ibv_sge sge{reinterpret_cast<uint64_t>(buffer_.data() + i * 4096), 4096, mr_->lkey()};
-      ibv_recv_wr wr{};
-      wr.wr_id = i;
-      wr.sg_list = &sge;
-      wr.num_sge = 1;
-      ibv_recv_wr* bad;
-      ibv_post_recv(qp_->get(), &wr, &bad);
-    }
-    verbs::ConnectOptions co;
-    auto local = qp_->LocalAddress(7, co);
-    if (!local.ok()) return local.status();
-    auto stub = ControlStub(port);
-    grpc::ClientContext gctx;
-    gctx.AddMetadata("authorization", "Bearer e2e");
-    control::ConnectRequest request;
-    request.set_protocol_version(internal::kControlProtocolVersion);
-    *request.mutable_address() = internal::ToProto(*local);
-    DeclareCapabilities(request.mutable_capabilities());
-    control::ConnectResponse response;
-    grpc::Status s = stub->Connect(&gctx, request, &response);
-    if (!s.ok()) return absl::UnavailableError(s.error_message());
-    auto server = internal::FromProto(response.address());
-    if (!server.ok()) return server.status();
-    if (auto st = qp_->Connect(*server, 7, co); !st.ok()) return st;
-    return absl::OkStatus();
-  }
-
-  // Sends `bytes` as one message (inline).
-  void Send(const std::string& bytes) {
-    ibv_sge sge{reinterpret_cast<uint64_t>(bytes.data()), static_cast<uint32_t>(bytes.size()), 0};
-    ibv_send_wr wr{};
-    wr.opcode = IBV_WR_SEND;
-    wr.send_flags = IBV_SEND_INLINE | IBV_SEND_SIGNALED;
-    wr.sg_list = &sge;
-    wr.num_sge = 1;
-    ibv_send_wr* bad;
-    ibv_post_send(qp_->get(), &wr, &bad);
-  }
-
-  // Waits until `n` of our sends have completed (taken by the server's device, or failed):
-  // each message has then been handed to the server, or never will be. False at the deadline.
-  bool WaitForSends(int n, absl::Duration timeout) {
-    const absl::Time deadline = absl::Now() + timeout;
-    ibv_wc wc[8];
-    while (sends_done_ < n) {
-      if (absl::Now() > deadline) return false;
-      const int got = cq_->Poll(8, wc);
-      for (int i = 0; i < got; ++i) {
-        if (wc[i].status != IBV_WC_SUCCESS || !(wc[i].opcode & IBV_WC_RECV)) ++sends_done_;
-      }
-    }
-    return true;
-  }
-
- private:
-  std::shared_ptr<verbs::Context> ctx_;
-  std::shared_ptr<verbs::ProtectionDomain> pd_;
-  std::shared_ptr<verbs::CompletionQueue> cq_;
-  std::unique_ptr<verbs::QueuePair> qp_;
-  std::string buffer_;
-  std::unique_ptr<verbs::MemoryRegion> mr_;
-  int sends_done_ = 0;
-};
-
-std::string Header(rpc_wire::MessageHeader h, const std::string& payload = "") {
-  std::string out(reinterpret_cast<const char*>(&h), sizeof(h));
-  return out + payload;
-}
-
-// Each attack is a well-formed request but for the one field it names, from a rogue that
-// speaks the protocol correctly otherwise (its probe for being cut off is a valid ping that
-// returns the credits it owes), so the cut-off can only come from the check the attack is named
-// for. The first "attack" is a well-formed call: it must be answered and cost nothing.
-TEST_F(E2ETest, MalformedHeadersFailOnlyTheirOwnConnection) {
-  auto good = Connect(port_);
-  ASSERT_TRUE(good.ok()) << good.status();
-  ASSERT_EQ(Echo(**good, "before"), "before");
-  auto before = Stats(port_);
-  ASSERT_TRUE(before.ok());
-
-  const uint32_t echo = Id("/test.E2E/Echo");
-  constexpr uint8_t v = rpc_wire::kProtocolVersion;
-  const auto request = [&](rpc_wire::MessageHeader h) {
-    h.method_id = echo;
-    h.request_id = 1;
-    return h;
-  };
-  rpc_wire::MessageHeader well_formed{v, rpc_wire::kRequest, 0, 0, 0, 0, 0, 0, 0};
-  struct Attack {
-    const char* name;
-    std::string bytes;
-  };
-  auto with = [&](auto&& mutate, const std::string& payload = "") {
-    rpc_wire::MessageHeader h = request(well_formed);
-    h.payload_len = static_cast<uint32_t>(payload.size());
-    mutate(h);
-    return Header(h, payload);
-  };
-  const std::vector<Attack> attacks = {
-      {"short message", std::string(7, 'x')},
-      {"other protocol version", with([](auto& h) { h.version = v + 1; })},
-      {"unknown type", with([](auto& h) { h.type = rpc_wire::kMaxType + 1; })},
-      {"payload_len lies", with([](auto& h) { h.payload_len = 4000; }, "abc")},
-      {"credits from nowhere", with([](auto& h) { h.credits = 100000; })},
-      {"unknown flags", with([](auto& h) { h.flags = 0x80; })},
-      {"status on a request", with([](auto& h) { h.status = 3; })},
-      {"request without a method", with([](auto& h) { h.method_id = 0; })},
-      {"bulk flag without a descriptor", with([](auto& h) { h.flags = rpc_wire::kFlagBulk; })},
-      {"unknown aux bits", with([](auto& h) { h.aux = 0x100; })},
-  };
-  {
-    SCOPED_TRACE("well-formed control");
-    testing::RogueConnection rogue;
-    ASSERT_TRUE(rogue.Connect(port_, "e2e").ok());
-    ASSERT_TRUE(rogue.SendRaw(with([](auto&) {}, "ok")).ok());
-    auto response = rogue.Receive(rpc_wire::kResponse);
-    ASSERT_TRUE(response.ok()) << response.status();
-    EXPECT_EQ(response->payload, "ok");
-    EXPECT_FALSE(rogue.CutOff(absl::Milliseconds(300))) << "a correct client was cut off";
-  }
-  for (const auto& [name, bytes] : attacks) {
-    SCOPED_TRACE(name);
-    testing::RogueConnection rogue;
-    ASSERT_TRUE(rogue.Connect(port_, "e2e").ok());
-    ASSERT_TRUE(rogue.SendRaw(bytes).ok());
-    EXPECT_TRUE(rogue.CutOff(absl::Seconds(10)));
-    EXPECT_EQ(Echo(**good, name), name) << "another client's connection must be unaffected";
-  }
-  auto after = Stats(port_);
-  ASSERT_TRUE(after.ok());
-  EXPECT_EQ(after->server().protocol_errors(),
-            before->server().protocol_errors() + attacks.size());
-  EXPECT_EQ(Echo(**good, "after"), "after");
-}
-
-// Random messages from rogue clients, biased toward the edges ValidateHeader guards (versions,
-// types, flags, lengths that lie, credits, statuses, bulk descriptors pointing anywhere), mixed
-// with well-formed calls. Whatever each rogue sends, the server must keep answering another
-// client correctly: it may cut the rogue off, never crash or stall. Seeds are the iteration
-// index; SWIRL_FUZZ_ITERATIONS runs more.
-TEST_F(E2ETest, RandomMessagesFailOnlyTheirOwnConnection) {
-  int iterations = 12;
-  if (const char* env = std::getenv("SWIRL_FUZZ_ITERATIONS")) iterations = std::atoi(env);
-  auto good = Connect(port_);
-  ASSERT_TRUE(good.ok()) << good.status();
-  const std::vector<uint32_t> methods = {Id("/test.E2E/Echo"), Id("/test.E2E/Fail"),
-                                         Id("/test.E2E/PoolEcho"), Id("/test.E2E/Fill")};
-  auto before = Stats(port_);
-  ASSERT_TRUE(before.ok()) << before.status();
-  for (int seed = 0; seed < iterations; ++seed) {
-    SCOPED_TRACE(::testing::Message() << "seed " << seed);
-    std::mt19937_64 rng(static_cast<uint64_t>(seed));
-    auto pick = [&](std::initializer_list<uint64_t> values) {
-      return values.begin()[rng() % values.size()];
-    };
-    // Even seeds: mostly hostile fields; odd seeds: mostly well-formed calls.
-    const uint64_t odds = seed % 2 == 0 ? 3 : 20;
-    auto hostile = [&] { return rng() % odds == 0; };
-    RogueClient rogue;
-    ASSERT_TRUE(rogue.Connect(port_).ok());
-    const int messages = 1 + static_cast<int>(rng() % 4);
-    for (int m = 0; m < messages; ++m) {
-      std::string payload(rng() % 160, '\0');
-      for (char& c : payload) c = static_cast<char>(rng());
-      rpc_wire::MessageHeader h{};
-      h.version = hostile() ? static_cast<uint8_t>(rng()) : rpc_wire::kProtocolVersion;
-      h.type = static_cast<uint8_t>(hostile() ? rng() % 12 : pick({rpc_wire::kRequest,
-                                                                   rpc_wire::kRequest,
-                                                                   rpc_wire::kOneWay}));
-      h.flags = static_cast<uint16_t>(
-          hostile() ? pick({rpc_wire::kFlagBulk, rpc_wire::kFlagReplyChunk,
-                            rpc_wire::kFlagBulk | rpc_wire::kFlagReplyChunk, rng()})
-                    : 0);
-      h.method_id = hostile() ? static_cast<uint32_t>(rng()) : methods[rng() % methods.size()];
-      h.request_id = hostile() ? rng() : static_cast<uint64_t>(m + 1);
-      h.status = hostile() ? static_cast<uint32_t>(rng() % 20) : 0;
-      h.payload_len = static_cast<uint32_t>(
-          hostile() ? pick({payload.size() + 1, payload.size() - 1, 4096, rng()})
-                    : payload.size());
-      h.credits = hostile() ? static_cast<uint32_t>(pick({1, 32, 1000, rng()})) : 0;
-      h.aux = hostile() ? static_cast<uint32_t>(rng()) : 0;
-      if (h.flags & rpc_wire::kFlagBulk) {
-        // A descriptor of memory the rogue never exposed.
-        rpc_wire::BulkDescriptor d{rng(), static_cast<uint32_t>(rng() % (1 << 20)),
-                                   static_cast<uint32_t>(rng())};
-        payload.replace(0, std::min(payload.size(), sizeof(d)),
-                        reinterpret_cast<const char*>(&d), sizeof(d));
-      }
-      rogue.Send(Header(h, payload));
-    }
-    ASSERT_TRUE(rogue.WaitForSends(messages, absl::Seconds(10)));
-    const std::string probe = absl::StrCat("after seed ", seed);
-    ASSERT_EQ(Echo(**good, probe), probe) << "another client's connection must be unaffected";
-  }
-  // The server must have found protocol errors (most seeds send something invalid), but not on
-  // every rogue: some sent only well-formed calls. A rogue is cut off at its first violation, so
-  // it counts once at most.
-  EXPECT_EQ(Echo(**good, "end"), "end");
-  auto after = Stats(port_);
-  ASSERT_TRUE(after.ok()) << after.status();
-  const uint64_t errors = after->server().protocol_errors() - before->server().protocol_errors();
-  EXPECT_GT(errors, 0u);
-  EXPECT_LT(errors, static_cast<uint64_t>(iterations));
-  std::printf("%d rogue clients: %lu protocol errors\n", iterations,
-              static_cast<unsigned long>(errors));
 }
 
 TEST(E2EShutdown, GracefulShutdownLetsAcceptedCallsFinish) {
@@ -1028,7 +494,7 @@ TEST(E2ECredits, APeerGrantingMoreCreditsThanOurSendQueueHolds) {
   ASSERT_TRUE(server.ok()) << server.status();
   auto channel = Connect(server->second);
   ASSERT_TRUE(channel.ok()) << channel.status();
-  EXPECT_EQ((*channel)->negotiated().client_credits(), 256u);  // what the server grants us
+  EXPECT_EQ((*channel)->negotiated().client_credits, 256u);  // what the server grants us
   constexpr int kCalls = 200;
   std::vector<ClientCall> calls(kCalls);
   std::vector<std::string> requests(kCalls), responses(kCalls);
@@ -1045,40 +511,6 @@ TEST(E2ECredits, APeerGrantingMoreCreditsThanOurSendQueueHolds) {
   }
   EXPECT_TRUE((*channel)->connected());
   EXPECT_EQ(Echo(**channel, "after"), "after");
-}
-
-TEST(E2EHandshake, OverlongClientNamesAreRefused) {
-  auto server = testing::SpawnServer(kServer, {});
-  ASSERT_TRUE(server.ok()) << server.status();
-  const std::string address = absl::StrCat("127.0.0.1:", server->second);
-  ChannelOptions options;
-  options.auth_token = "e2e";
-  // Past kMaxClientName, within the control plane's message limit (AnOversizedControlRequest...).
-  options.client_name = std::string(4000, '\n');
-  auto refused = Channel::Create(address, options);
-  ASSERT_FALSE(refused.ok());
-  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
-  options.client_name = std::string(kMaxClientNameForTest, 'n');
-  auto accepted = Channel::Create(address, options);
-  ASSERT_TRUE(accepted.ok()) << accepted.status();
-  EXPECT_EQ(Echo(**accepted, "named"), "named");
-}
-
-TEST(E2EHandshake, TheGidIndexReachesTheDevice) {
-  // The soft device has one GID: a channel asking for entry 1 must fail, saying so, rather
-  // than connect with entry 0.
-  auto server = testing::SpawnServer(kServer, {});
-  ASSERT_TRUE(server.ok()) << server.status();
-  ChannelOptions options;
-  options.transport.gid_index = 1;
-  auto refused = Connect(server->second, "e2e", options);
-  ASSERT_FALSE(refused.ok());
-  EXPECT_NE(absl::AsciiStrToLower(refused.status().message()).find("gid"), std::string::npos)
-      << refused.status();
-  options.transport.gid_index = 0;
-  auto accepted = Connect(server->second, "e2e", options);
-  ASSERT_TRUE(accepted.ok()) << accepted.status();
-  EXPECT_EQ(Echo(**accepted, "gid 0"), "gid 0");
 }
 
 TEST(E2EChurn, ThousandsOfConnectsDoNotLeak) {

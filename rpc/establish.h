@@ -17,8 +17,8 @@
 #include "absl/status/statusor.h"
 #include "proto/control.pb.h"
 #include "rpc/handshake.h"
-#include "rpc/transport_options.h"
 #include "rpc/worker.h"
+#include "swirl/transport_options.h"
 #include "transport/verbs/capabilities.h"
 #include "transport/verbs/verbs.h"
 

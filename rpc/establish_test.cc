@@ -11,9 +11,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "rpc/call.h"
-#include "rpc/service.h"
 #include "rpc/wire.h"
+#include "swirl/call.h"
+#include "swirl/service.h"
 
 namespace swirl::internal {
 namespace {

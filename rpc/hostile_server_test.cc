@@ -13,13 +13,13 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "rpc/channel.h"
 #include "rpc/handshake.h"
 #include "rpc/testing/process.h"
 #include "rpc/testing/rogue.h"
 #include "rpc/testing/rogue_server.h"
 #include "rpc/testing/test_client.h"
 #include "rpc/wire.h"
+#include "swirl/channel.h"
 
 namespace swirl {
 namespace {
@@ -110,7 +110,10 @@ class HostileServerTest : public ::testing::Test {
 
   // A well-formed response header for `p`'s request, `payload_len` bytes of payload to follow.
   static MessageHeader ResponseTo(const Pending& p, uint32_t payload_len = 0) {
-    return MessageHeader{kVersion, rpc_wire::kResponse, 0, 0, p.id(), 0, payload_len, 0, 0};
+    return MessageHeader{.version = kVersion,
+                         .type = rpc_wire::kResponse,
+                         .request_id = p.id(),
+                         .payload_len = payload_len};
   }
 
   // `p` ended with the victim's connection, which ended saying `why`: UNAVAILABLE, at once
@@ -377,11 +380,11 @@ TEST_F(HostileServerTest, MoreMessagesThanTheCreditsGrantedEndTheConnection) {
     r.mutable_negotiated()->set_client_credits(internal::kMinCredits);
   });
   ASSERT_NO_FATAL_FAILURE(ConnectVictim());
-  ASSERT_EQ(victim_->negotiated().client_credits(), internal::kMinCredits);
-  const uint32_t granted = victim_->negotiated().server_credits();
+  ASSERT_EQ(victim_->negotiated().client_credits, internal::kMinCredits);
+  const uint32_t granted = victim_->negotiated().server_credits;
   auto first = Start("first");
   auto second = Start("second");
-  const MessageHeader pong{kVersion, rpc_wire::kPong, 0, 0, 0, 0, 0, 0, 0};
+  const MessageHeader pong{.version = kVersion, .type = rpc_wire::kPong};
   for (uint32_t sent = 0; sent + 1 < granted + granted / 2; ++sent) {
     ASSERT_TRUE(peer_->Send(pong).ok()) << sent;
   }
@@ -401,7 +404,7 @@ TEST_F(HostileServerTest, ABulkResponseBeyondTheNegotiatedMaximumEndsTheConnecti
   ASSERT_NO_FATAL_FAILURE(ConnectVictim());
   auto p = Start("big");
   const BulkDescriptor d = peer_->ExposeWindow(Data(4096, 2), IBV_ACCESS_REMOTE_READ);
-  const uint64_t max = victim_->negotiated().max_bulk_size();
+  const uint64_t max = victim_->negotiated().max_bulk_size;
   const BulkDescriptor beyond{d.addr, static_cast<uint32_t>(max + 1), d.rkey};
   MessageHeader h = ResponseTo(*p, sizeof(beyond));
   h.flags = rpc_wire::kFlagBulk;

@@ -10,13 +10,13 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "rpc/channel.h"
 #include "rpc/handshake.h"
 #include "rpc/testing/process.h"
 #include "rpc/testing/rogue.h"
 #include "rpc/testing/server_stats.h"
 #include "rpc/testing/test_client.h"
 #include "rpc/testing/test_data.h"
+#include "swirl/channel.h"
 
 namespace swirl {
 namespace {
@@ -26,8 +26,8 @@ using testing::Echo;
 using testing::MethodOf;
 using testing::ServerStatsWhen;
 
-uint64_t ActiveConnections(const control::StatsResponse& stats) {
-  return stats.server().connections_active();
+uint64_t ActiveConnections(const StatsReport& stats) {
+  return stats.server.connections_active;
 }
 
 // `n` channels to the server on `port`, each checked with an echo.
@@ -64,12 +64,12 @@ void ExpectCapHolds(int port, int cap, const std::string& limit) {
   }
   auto after = observer.ServerStats();
   ASSERT_TRUE(after.ok()) << after.status();
-  EXPECT_EQ(after->server().connections_refused(), before->server().connections_refused() + 1);
+  EXPECT_EQ(after->server.connections_refused, before->server.connections_refused + 1);
   EXPECT_EQ(ActiveConnections(*after), static_cast<uint64_t>(cap));
 
   channels.back()->Close();
   channels.pop_back();
-  auto freed = ServerStatsWhen(observer, [cap](const control::StatsResponse& s) {
+  auto freed = ServerStatsWhen(observer, [cap](const StatsReport& s) {
     return ActiveConnections(s) == static_cast<uint64_t>(cap - 1);
   });
   ASSERT_TRUE(freed.ok()) << freed.status();

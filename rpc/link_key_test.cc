@@ -12,7 +12,7 @@
 #include <string>
 #include <utility>
 
-#include "rpc/channel.h"
+#include "swirl/channel.h"
 #include "rpc/handshake.h"
 #include "rpc/testing/process.h"
 #include "rpc/testing/rogue.h"

@@ -15,11 +15,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "rpc/call.h"
-#include "rpc/channel.h"
-#include "rpc/server.h"
-#include "rpc/service.h"
 #include "rpc/wire.h"
+#include "swirl/call.h"
+#include "swirl/channel.h"
+#include "swirl/server.h"
+#include "swirl/service.h"
 
 namespace swirl {
 namespace {

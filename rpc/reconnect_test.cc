@@ -13,7 +13,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
-#include "rpc/channel.h"
+#include "swirl/channel.h"
 #include "rpc/testing/process.h"
 #include "rpc/testing/test_client.h"
 
@@ -87,7 +87,7 @@ TEST(Reconnect, AKilledAndRestartedServerIsReachedAgainOnTheSameChannel) {
   EXPECT_EQ(testing::Echo(ch, "after"), "after");
   EXPECT_EQ(ch.reconnects(), 1u);
   EXPECT_NE(ch.connection_id(), first_connection) << "a new server, a new connection";
-  EXPECT_EQ(ch.LocalStats().connection_id(), ch.connection_id());
+  EXPECT_EQ(ch.LocalStats().connection_id, ch.connection_id());
 }
 
 TEST(Reconnect, ACallInFlightWhenTheServerDiesCompletesUnavailableAndOnlyOnce) {
@@ -248,14 +248,14 @@ TEST(Reconnect, AReconnectToAWeakerServerShowsTheFallback) {
   auto [server, port] = StartServer(0);
   auto channel = testing::ConnectTo(port, FastReconnect());
   ASSERT_TRUE(channel.ok()) << channel.status();
-  ASSERT_EQ((*channel)->negotiated().invalidation(), control::INVALIDATION_REMOTE);
+  ASSERT_EQ((*channel)->negotiated().invalidation, InvalidationMode::kRemote);
   server.Kill();
   WaitUntilNotReady(**channel);
   auto restarted = StartServer(port, {"--local_invalidation_only"});
   ASSERT_TRUE((*channel)->WaitForReady(absl::Now() + absl::Seconds(30)))
       << (*channel)->last_error();
-  EXPECT_EQ((*channel)->negotiated().invalidation(), control::INVALIDATION_LOCAL);
-  EXPECT_EQ((*channel)->LocalStats().negotiated().invalidation(), control::INVALIDATION_LOCAL);
+  EXPECT_EQ((*channel)->negotiated().invalidation, InvalidationMode::kLocal);
+  EXPECT_EQ((*channel)->LocalStats().negotiated.invalidation, InvalidationMode::kLocal);
   EXPECT_EQ(testing::Echo(**channel, "weaker"), "weaker");
 }
 

@@ -8,10 +8,10 @@
 #include <thread>
 #include <vector>
 
-#include "rpc/channel.h"
-#include "rpc/server.h"
-#include "rpc/service.h"
 #include "rpc/wire.h"
+#include "swirl/channel.h"
+#include "swirl/server.h"
+#include "swirl/service.h"
 
 namespace swirl {
 namespace {
@@ -92,10 +92,10 @@ TEST(RpcSmoke, WrongTokenIsRefusedBeforeAnyQueuePair) {
   auto channel = Channel::Create(f.server->address(), options);
   ASSERT_FALSE(channel.ok());
   EXPECT_EQ(channel.status().code(), absl::StatusCode::kUnauthenticated);
-  control::StatsResponse stats = f.server->Stats();
-  EXPECT_EQ(stats.server().connections_refused(), 1u);
-  EXPECT_EQ(stats.server().connections_accepted(), 0u);
-  EXPECT_EQ(stats.connections_size(), 0);
+  StatsReport stats = f.server->Stats();
+  EXPECT_EQ(stats.server.connections_refused, 1u);
+  EXPECT_EQ(stats.server.connections_accepted, 0u);
+  EXPECT_EQ(stats.connections.size(), 0);
 }
 
 TEST(RpcSmoke, ManyThreadsShareOneChannel) {

@@ -8,9 +8,9 @@
 #include <memory>
 #include <string>
 
-#include "rpc/channel.h"
+#include "swirl/channel.h"
 #include "rpc/handshake.h"
-#include "rpc/server.h"
+#include "swirl/server.h"
 
 namespace swirl {
 namespace {

@@ -1,4 +1,4 @@
-#include "rpc/server.h"
+#include "swirl/server.h"
 
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
@@ -9,11 +9,12 @@
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
-#include "base/mutex.h"
 #include "base/log.h"
+#include "base/mutex.h"
 #include "proto/control.grpc.pb.h"
 #include "rpc/establish.h"
 #include "rpc/handshake.h"
+#include "rpc/stats_convert.h"
 #include "rpc/worker.h"
 
 namespace swirl {
@@ -582,7 +583,7 @@ std::string Server::address() const {
   return internal::DialableAddress(impl_->listen_address(), impl_->port());
 }
 void Server::Shutdown(absl::Duration deadline) { impl_->Shutdown(deadline); }
-control::StatsResponse Server::Stats() const { return impl_->CollectStats(0); }
-const verbs::Capabilities& Server::capabilities() const { return impl_->caps(); }
+StatsReport Server::Stats() const { return internal::FromProto(impl_->CollectStats(0)); }
+DeviceInfo Server::capabilities() const { return internal::DescribeDevice(impl_->caps()); }
 
 }  // namespace swirl

@@ -27,10 +27,9 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
-#include "proto/control.pb.h"
-#include "rpc/service.h"
-#include "rpc/transport_options.h"
-#include "transport/verbs/capabilities.h"
+#include "swirl/service.h"
+#include "swirl/stats.h"
+#include "swirl/transport_options.h"
 
 namespace swirl {
 
@@ -60,7 +59,7 @@ struct ServerOptions {
   std::vector<std::string> fabric_networks;
 
   // The RDMA side of every connection (device, GID, credits, buffers, bulk pool, invalidation,
-  // keepalive, window lease; rpc/transport_options.h). The bulk pool is per worker.
+  // keepalive, window lease; swirl/transport_options.h). The bulk pool is per worker.
   TransportOptions transport = DefaultServerTransport();
   // One worker thread per entry, pinned to that core (-1: not pinned).
   std::vector<int> worker_cores = {-1};
@@ -120,8 +119,10 @@ class Server {
   // never started are dropped.
   void Shutdown(absl::Duration deadline = absl::Seconds(5));
 
-  control::StatsResponse Stats() const;
-  const verbs::Capabilities& capabilities() const;
+  // Its totals and every connection (what the control plane's Stats answers).
+  StatsReport Stats() const;
+  // What the device can do (probed at Start, self-test included).
+  DeviceInfo capabilities() const;
 
  private:
   class Impl;

@@ -1,4 +1,4 @@
-#include "rpc/service.h"
+#include "swirl/service.h"
 
 #include <cstring>
 

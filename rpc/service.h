@@ -21,10 +21,10 @@
 
 #include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
-#include "absl/strings/string_view.h"
 #include "absl/status/statusor.h"
-#include "rpc/bulk.h"
-#include "rpc/call.h"
+#include "absl/strings/string_view.h"
+#include "swirl/bulk.h"
+#include "swirl/call.h"
 
 namespace google::protobuf {
 class MessageLite;
@@ -36,6 +36,7 @@ namespace internal {
 class Connection;
 class Worker;
 class MethodTable;
+struct ServerContextAccess;
 }  // namespace internal
 
 enum class Execution { kWorker, kThreadPool };
@@ -66,13 +67,12 @@ class ServerContext {
   // It goes out if the handler returns OK. At most one per call.
   absl::StatusOr<BulkBuffer*> AllocateResponseBulk(size_t size);
 
-  // Internal.
+ private:
+  // Made by the worker that runs the handler (rpc/server_context_access.h).
+  friend struct internal::ServerContextAccess;
   ServerContext(internal::Connection* connection, const std::atomic<bool>* cancelled)
       : connection_(connection), cancelled_(cancelled) {}
-  BulkBuffer& mutable_request_bulk() { return request_bulk_; }
-  BulkBuffer& mutable_response_bulk() { return response_bulk_; }
 
- private:
   internal::Connection* connection_;
   const std::atomic<bool>* cancelled_;
   BulkBuffer request_bulk_;

@@ -21,7 +21,6 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "rpc/channel.h"
 #include "rpc/testing/health.grpc.pb.h"
 #include "rpc/testing/process.h"
 #include "rpc/testing/rogue.h"
@@ -29,6 +28,7 @@
 #include "rpc/testing/test_client.h"
 #include "rpc/testing/test_data.h"
 #include "rpc/wire.h"
+#include "swirl/channel.h"
 
 namespace swirl {
 namespace {
@@ -78,9 +78,9 @@ void BeginShutdown(testing::ChildProcess& process, int port) {
 }
 
 // What the server has received on connection `id` (0 if it does not list it).
-uint64_t BytesReceived(const control::StatsResponse& stats, uint64_t id) {
-  for (const control::ConnectionStats& c : stats.connections()) {
-    if (c.connection_id() == id) return c.bytes_received();
+uint64_t BytesReceived(const StatsReport& stats, uint64_t id) {
+  for (const ConnectionStats& c : stats.connections) {
+    if (c.connection_id == id) return c.bytes_received;
   }
   return 0;
 }
@@ -96,16 +96,16 @@ class DrainWitness {
   void Connect(int port, Channel& observer) {
     auto stats = observer.ServerStats();
     ASSERT_TRUE(stats.ok()) << stats.status();
-    failed_before_ = stats->server().connections_failed();
+    failed_before_ = stats->server.connections_failed;
     ASSERT_TRUE(silent_.Connect(port, testing::kTestToken).ok());
   }
   // After it began: the server kept draining until it gave up on the silent connection.
   void ExpectDrainOutlived(Channel& observer) {
-    auto stats = ServerStatsWhen(observer, [this](const control::StatsResponse& s) {
-      return s.server().connections_failed() > failed_before_;
+    auto stats = ServerStatsWhen(observer, [this](const StatsReport& s) {
+      return s.server.connections_failed > failed_before_;
     });
     ASSERT_TRUE(stats.ok()) << "the server stopped answering: " << stats.status();
-    ASSERT_EQ(stats->server().connections_failed(), failed_before_ + 1)
+    ASSERT_EQ(stats->server.connections_failed, failed_before_ + 1)
         << "the drain ended (closing the silent connection) with a transfer unfinished";
   }
 
@@ -117,7 +117,7 @@ class DrainWitness {
 uint64_t Requests(Channel& observer) {
   auto stats = observer.ServerStats();
   EXPECT_TRUE(stats.ok()) << stats.status();
-  return stats.ok() ? stats->server().requests() : 0;
+  return stats.ok() ? stats->server.requests : 0;
 }
 
 // `size` bytes of registered memory on `channel` with a pattern of `seed`, and the answer
@@ -170,22 +170,22 @@ TEST(E2EHealth, ServingWhileRunningAndNotServingOnceShutdownBegins) {
   call.SetOptions(call_options);
   auto before = (*channel)->ServerStats();
   ASSERT_TRUE(before.ok()) << before.status();
-  const uint64_t windows = before->server().windows_outstanding();
+  const uint64_t windows = before->server.windows_outstanding;
   (*channel)->Start(&call);
   // Answered: the response's window is bound (and stays so until the client reads it).
-  auto answered = ServerStatsWhen(**channel, [windows](const control::StatsResponse& s) {
-    return s.server().windows_outstanding() > windows;
+  auto answered = ServerStatsWhen(**channel, [windows](const StatsReport& s) {
+    return s.server.windows_outstanding > windows;
   });
   ASSERT_TRUE(answered.ok()) << answered.status();
-  ASSERT_EQ(answered->server().windows_outstanding(), windows + 1);
-  ASSERT_EQ(answered->server().requests(), before->server().requests() + 1);
+  ASSERT_EQ(answered->server.windows_outstanding, windows + 1);
+  ASSERT_EQ(answered->server.requests, before->server.requests + 1);
 
   ASSERT_NO_FATAL_FAILURE(BeginShutdown(process, port));
   // Draining, not gone: the download is still exposed, and the control plane still answers.
   ASSERT_FALSE(process.Wait(absl::ZeroDuration()).ok()) << "the server exited mid-drain";
   auto draining = (*channel)->ServerStats();
   ASSERT_TRUE(draining.ok()) << draining.status();
-  EXPECT_EQ(draining->server().windows_outstanding(), windows + 1);
+  EXPECT_EQ(draining->server.windows_outstanding, windows + 1);
   health = Health(port);
   ASSERT_TRUE(health.ok()) << health.status();
   EXPECT_EQ(*health, HealthCheckResponse::NOT_SERVING);
@@ -214,7 +214,7 @@ TEST(E2EShutdown, DrainWaitsForAMirrorRequestTheServerIsStillReading) {
   options.transport.window_lease = absl::Seconds(60);  // ours must outlive the test, not be revoked
   auto channel = ConnectTo(port, options);
   ASSERT_TRUE(channel.ok()) << channel.status();
-  ASSERT_EQ((*channel)->negotiated().bulk_mode(), control::BULK_MIRROR);
+  ASSERT_EQ((*channel)->negotiated().bulk_mode, BulkMode::kMirror);
 
   constexpr size_t kSize = 200000;
   auto [data, sum] = Upload(**channel, kSize, 7);
@@ -225,17 +225,17 @@ TEST(E2EShutdown, DrainWaitsForAMirrorRequestTheServerIsStillReading) {
   PrepareSum(call, data, &response);
   (*channel)->Start(&call);  // posts the request; nothing drives the client from here on
   // The server has taken a pool buffer for the request's data: its READ is posted.
-  auto reading = ServerStatsWhen(**channel, [&before](const control::StatsResponse& s) {
-    return s.server().bulk_bytes_in_use() >= before->server().bulk_bytes_in_use() + kSize;
+  auto reading = ServerStatsWhen(**channel, [&before](const StatsReport& s) {
+    return s.server.bulk_bytes_in_use >= before->server.bulk_bytes_in_use + kSize;
   });
   ASSERT_TRUE(reading.ok()) << reading.status();
-  ASSERT_GE(reading->server().bulk_bytes_in_use(), before->server().bulk_bytes_in_use() + kSize);
+  ASSERT_GE(reading->server.bulk_bytes_in_use, before->server.bulk_bytes_in_use + kSize);
 
   DrainWitness witness;
   ASSERT_NO_FATAL_FAILURE(witness.Connect(port, **channel));
   ASSERT_NO_FATAL_FAILURE(BeginShutdown(process, port));
   ASSERT_NO_FATAL_FAILURE(witness.ExpectDrainOutlived(**channel));
-  EXPECT_EQ(Requests(**channel), before->server().requests())
+  EXPECT_EQ(Requests(**channel), before->server.requests)
       << "the handler ran before the drain began: the READ was not held";
 
   ASSERT_TRUE(call.Wait().ok()) << call.status();  // drives: the READ is answered now
@@ -260,7 +260,7 @@ TEST(E2EShutdown, DrainWaitsForAFallbackUploadWhoseWindowIsStillBeingRevoked) {
   options.transport.invalidation = InvalidationPolicy::kLocalOnly;
   auto channel = ConnectTo(port, options);
   ASSERT_TRUE(channel.ok()) << channel.status();
-  ASSERT_EQ((*channel)->negotiated().invalidation(), control::INVALIDATION_LOCAL);
+  ASSERT_EQ((*channel)->negotiated().invalidation, InvalidationMode::kLocal);
 
   constexpr size_t kSize = 200000;
   {
@@ -277,7 +277,7 @@ TEST(E2EShutdown, DrainWaitsForAFallbackUploadWhoseWindowIsStillBeingRevoked) {
   auto [data, sum] = Upload(**channel, kSize, 5);
   auto before = (*channel)->ServerStats();
   ASSERT_TRUE(before.ok()) << before.status();
-  const uint64_t locally_invalidated = before->server().windows_locally_invalidated();
+  const uint64_t locally_invalidated = before->server.windows_locally_invalidated;
 
   const std::string text(100, 'e');
   std::string echoed;
@@ -296,12 +296,12 @@ TEST(E2EShutdown, DrainWaitsForAFallbackUploadWhoseWindowIsStillBeingRevoked) {
   const uint64_t id = (*channel)->connection_id();
   const uint64_t expected_bytes =
       BytesReceived(*before, id) + (32 + text.size()) + (32 + sizeof(rpc_wire::BulkDescriptor));
-  auto received = ServerStatsWhen(**channel, [&](const control::StatsResponse& s) {
+  auto received = ServerStatsWhen(**channel, [&](const StatsReport& s) {
     return BytesReceived(s, id) >= expected_bytes;
   });
   ASSERT_TRUE(received.ok()) << received.status();
   ASSERT_EQ(BytesReceived(*received, id), expected_bytes);
-  ASSERT_EQ(received->server().requests(), before->server().requests() + 1);
+  ASSERT_EQ(received->server.requests, before->server.requests + 1);
 
   DrainWitness witness;
   ASSERT_NO_FATAL_FAILURE(witness.Connect(port, **channel));
@@ -309,9 +309,9 @@ TEST(E2EShutdown, DrainWaitsForAFallbackUploadWhoseWindowIsStillBeingRevoked) {
   ASSERT_NO_FATAL_FAILURE(witness.ExpectDrainOutlived(**channel));
   auto draining = (*channel)->ServerStats();
   ASSERT_TRUE(draining.ok()) << draining.status();
-  EXPECT_EQ(draining->server().requests(), before->server().requests() + 1)
+  EXPECT_EQ(draining->server.requests, before->server.requests + 1)
       << "the upload's handler ran before the drain began: the LOCAL_INV was not held";
-  EXPECT_EQ(draining->server().windows_locally_invalidated(), locally_invalidated);
+  EXPECT_EQ(draining->server.windows_locally_invalidated, locally_invalidated);
 
   ASSERT_TRUE(upload.Wait().ok()) << upload.status();  // drives: the echo is acknowledged now
   EXPECT_EQ(response, sum);

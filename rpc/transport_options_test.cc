@@ -2,16 +2,16 @@
 // worker's options and in the handshake's local configuration (rpc/establish.h, no device),
 // and a server's invalidation policy end to end (in-process server and channel).
 
-#include "rpc/transport_options.h"
+#include "swirl/transport_options.h"
 
 #include <gtest/gtest.h>
 
 #include <memory>
 
 #include "absl/strings/str_cat.h"
-#include "rpc/channel.h"
 #include "rpc/establish.h"
-#include "rpc/server.h"
+#include "swirl/channel.h"
+#include "swirl/server.h"
 
 namespace swirl {
 namespace {
@@ -90,11 +90,11 @@ TEST(TransportOptions, AServerAskingForTheFallbackGetsIt) {
   options.transport.invalidation = InvalidationPolicy::kLocalOnly;
   Server server(options);
   ASSERT_TRUE(server.Start().ok());
-  ASSERT_TRUE(server.capabilities().remote_invalidation()) << "the device itself can";
+  ASSERT_TRUE(server.capabilities().remote_invalidation) << "the device itself can";
   auto channel = Channel::Create(absl::StrCat("127.0.0.1:", server.port()));
   ASSERT_TRUE(channel.ok()) << channel.status();
-  EXPECT_EQ((*channel)->negotiated().invalidation(), control::INVALIDATION_LOCAL);
-  EXPECT_FALSE(server.Stats().capabilities().remote_invalidation());
+  EXPECT_EQ((*channel)->negotiated().invalidation, InvalidationMode::kLocal);
+  EXPECT_FALSE(server.Stats().capabilities.remote_invalidation);
 }
 
 // The server's transport defaults differ from a channel's in the bulk pool only.

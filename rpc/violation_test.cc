@@ -14,12 +14,12 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "rpc/channel.h"
 #include "rpc/testing/process.h"
 #include "rpc/testing/rogue.h"
 #include "rpc/testing/server_stats.h"
 #include "rpc/testing/test_data.h"
 #include "rpc/wire.h"
+#include "swirl/channel.h"
 
 namespace swirl {
 namespace {
@@ -37,7 +37,11 @@ uint32_t Id(const char* method) { return rpc_wire::MethodId(method); }
 // A message of `type` with no method, status or payload: every control message looks so.
 MessageHeader Control(uint8_t type, uint64_t request_id = 0, uint32_t aux = 0,
                       uint32_t credits = 0) {
-  return MessageHeader{rpc_wire::kProtocolVersion, type, 0, 0, request_id, 0, 0, credits, aux};
+  return MessageHeader{.version = rpc_wire::kProtocolVersion,
+                       .type = type,
+                       .request_id = request_id,
+                       .credits = credits,
+                       .aux = aux};
 }
 
 std::string Bytes(const BulkDescriptor& d) {
@@ -91,24 +95,24 @@ class ViolationTest : public ::testing::Test {
   }
 
   // The server's counters, now.
-  control::ServerStats Stats() {
+  ServerCounters Stats() {
     auto stats = good_->ServerStats();
     EXPECT_TRUE(stats.ok()) << stats.status();
-    return stats.ok() ? stats->server() : control::ServerStats();
+    return stats.ok() ? stats->server : ServerCounters();
   }
 
   // `rogue` is cut off; since `before` the server counted one protocol error, of which
   // `violations` (0 or 1) an invalidation violation (docs/BULK.md); the good channel is served.
-  void ExpectCutOffFor(RogueConnection& rogue, const control::ServerStats& before,
+  void ExpectCutOffFor(RogueConnection& rogue, const ServerCounters& before,
                        uint64_t violations) {
     EXPECT_TRUE(rogue.CutOff(absl::Seconds(10))) << "the server kept the connection";
-    auto after = ServerStatsWhen(*good_, [&](const control::StatsResponse& s) {
-      return s.server().protocol_errors() != before.protocol_errors();
+    auto after = ServerStatsWhen(*good_, [&](const StatsReport& s) {
+      return s.server.protocol_errors != before.protocol_errors;
     });
     ASSERT_TRUE(after.ok()) << after.status();
-    EXPECT_EQ(after->server().protocol_errors(), before.protocol_errors() + 1);
-    EXPECT_EQ(after->server().invalidation_violations(),
-              before.invalidation_violations() + violations);
+    EXPECT_EQ(after->server.protocol_errors, before.protocol_errors + 1);
+    EXPECT_EQ(after->server.invalidation_violations,
+              before.invalidation_violations + violations);
     ExpectServes(*good_, "meanwhile");
   }
 
@@ -145,7 +149,7 @@ class ViolationTest : public ::testing::Test {
     ASSERT_TRUE(response.ok()) << response.status();
     const std::string sum = absl::StrCat(fine, ":", Fnv(std::string(fine, 'a')));
     ASSERT_EQ(response->payload, sum);
-    const control::ServerStats before = Stats();
+    const ServerCounters before = Stats();
     const BulkDescriptor& second = (*grants)[1];
     ASSERT_TRUE(rogue
                     .Call("/test.E2E/Sum", Bytes({second.addr, refused, second.rkey}),
@@ -196,9 +200,10 @@ class CreditViolationTest : public ViolationTest {
 
 TEST_F(CreditViolationTest, APeerSendingBeyondItsCreditsIsCutOff) {
   const std::string note = "note";
-  const MessageHeader one_way{rpc_wire::kProtocolVersion, rpc_wire::kOneWay, 0,
-                              Id("/test.E2E/Echo"),        0, 0,
-                              static_cast<uint32_t>(note.size()), 0, 0};
+  const MessageHeader one_way{.version = rpc_wire::kProtocolVersion,
+                              .type = rpc_wire::kOneWay,
+                              .method_id = Id("/test.E2E/Echo"),
+                              .payload_len = static_cast<uint32_t>(note.size())};
   {
     SCOPED_TRACE("every credit, the last one returning the server's");
     RogueConnection rogue;
@@ -214,7 +219,7 @@ TEST_F(CreditViolationTest, APeerSendingBeyondItsCreditsIsCutOff) {
   SCOPED_TRACE("one message more");
   RogueConnection rogue;
   ASSERT_NO_FATAL_FAILURE(ConnectCounting(rogue));
-  const control::ServerStats before = Stats();
+  const ServerCounters before = Stats();
   const uint32_t available = SpendTheServersCredits(rogue);
   for (uint32_t i = 0; i < available; ++i) ASSERT_TRUE(rogue.Send(one_way, note).ok());
   ASSERT_TRUE(rogue.Send(one_way, note).ok());
@@ -224,7 +229,7 @@ TEST_F(CreditViolationTest, APeerSendingBeyondItsCreditsIsCutOff) {
 TEST_F(CreditViolationTest, APeerReturningCreditsItNeverReceivedIsCutOff) {
   RogueConnection rogue;
   ASSERT_NO_FATAL_FAILURE(ConnectCounting(rogue));
-  const control::ServerStats before = Stats();
+  const ServerCounters before = Stats();
   // The server spends one credit on each answer: returning that one is right...
   ASSERT_NO_FATAL_FAILURE(ExpectAnswered(rogue, "one"));
   ASSERT_TRUE(rogue.Send(Control(rpc_wire::kCredit, 0, 0, 1)).ok());
@@ -246,7 +251,7 @@ TEST_F(ViolationTest, ResponsesOfAnOlderGenerationAreDropped) {
   ASSERT_TRUE(
       rogue.Connect(port_, "e2e", control::BULK_SERVER_EXPOSES, /*remote_invalidation=*/false)
           .ok());
-  const control::ServerStats before = Stats();
+  const ServerCounters before = Stats();
   // The server's Ping for a CallBack of ours.
   auto call_back = [&](const std::string& what, uint64_t* id) -> absl::StatusOr<Received> {
     if (auto s = rogue.Call("/test.E2E/CallBack", what, 0, 0, id); !s.ok()) return s;
@@ -288,7 +293,7 @@ TEST_F(ViolationTest, ResponsesOfAnOlderGenerationAreDropped) {
   ASSERT_TRUE(answer.ok()) << answer.status();
   EXPECT_EQ(answer->header.request_id, second_id);
   EXPECT_EQ(answer->payload, "second") << "a stale response completed the server's call";
-  EXPECT_EQ(Stats().protocol_errors(), before.protocol_errors()) << "dropped, not a violation";
+  EXPECT_EQ(Stats().protocol_errors, before.protocol_errors) << "dropped, not a violation";
 }
 
 constexpr int kKeepaliveMs = 300;
@@ -306,7 +311,7 @@ TEST_F(KeepaliveViolationTest, APeerThatNeverAnswersPingsIsDropped) {
   const absl::Duration interval = absl::Milliseconds(kKeepaliveMs);
   RogueConnection rogue;
   ASSERT_TRUE(rogue.Connect(port_, "e2e").ok());
-  const control::ServerStats before = Stats();
+  const ServerCounters before = Stats();
   // It speaks once, as a channel does as soon as it is up (or the setup timeout would be what
   // drops it), and never again.
   const absl::Time last_spoke = absl::Now();
@@ -314,16 +319,16 @@ TEST_F(KeepaliveViolationTest, APeerThatNeverAnswersPingsIsDropped) {
   ASSERT_TRUE(rogue.Receive(rpc_wire::kPong).ok());
   auto ping = rogue.Receive(rpc_wire::kPing);  // the server asks; nothing answers
   ASSERT_TRUE(ping.ok()) << ping.status();
-  auto after = ServerStatsWhen(*good_, [&](const control::StatsResponse& s) {
-    return s.server().connections_failed() != before.connections_failed();
+  auto after = ServerStatsWhen(*good_, [&](const StatsReport& s) {
+    return s.server.connections_failed != before.connections_failed;
   });
   const absl::Duration silence = absl::Now() - last_spoke;
   ASSERT_TRUE(after.ok()) << after.status();
-  ASSERT_EQ(after->server().connections_failed(), before.connections_failed() + 1)
+  ASSERT_EQ(after->server.connections_failed, before.connections_failed + 1)
       << "still connected after " << silence << " of silence";
   // Pinged after one interval of silence, then three more: dropped no sooner.
   EXPECT_GE(silence, 3 * interval) << "dropped after " << silence;
-  EXPECT_EQ(after->server().protocol_errors(), before.protocol_errors());
+  EXPECT_EQ(after->server.protocol_errors, before.protocol_errors);
   EXPECT_TRUE(rogue.CutOff(absl::Seconds(10)));
   EXPECT_TRUE(good_->connected());
 }
@@ -342,7 +347,7 @@ TEST_F(ViolationTest, ControlMessagesWithAPayloadEndTheConnection) {
       SCOPED_TRACE(absl::StrCat(name, with_payload ? " with a payload" : " without"));
       RogueConnection rogue;
       ASSERT_TRUE(rogue.Connect(port_, "e2e").ok());
-      const control::ServerStats before = Stats();
+      const ServerCounters before = Stats();
       MessageHeader h = Control(type, type == rpc_wire::kCancel ? 12345 : 0);
       uint32_t invalidate = 0;
       if (type == rpc_wire::kBulkAck) {  // a correct ack of a real download, but for its payload
@@ -359,7 +364,7 @@ TEST_F(ViolationTest, ControlMessagesWithAPayloadEndTheConnection) {
         ExpectCutOffFor(rogue, before, 0);
       } else {
         ASSERT_NO_FATAL_FAILURE(ExpectAnswered(rogue, name));
-        EXPECT_EQ(Stats().protocol_errors(), before.protocol_errors());
+        EXPECT_EQ(Stats().protocol_errors, before.protocol_errors);
       }
     }
   }
@@ -377,7 +382,7 @@ TEST_F(ViolationTest, ALateBulkAckEndsTheConnection) {
     ASSERT_TRUE(
         rogue.Connect(port_, "e2e", control::BULK_SERVER_EXPOSES, /*remote_invalidation=*/false)
             .ok());
-    const control::ServerStats before = Stats();
+    const ServerCounters before = Stats();
     uint64_t id;
     auto d = rogue.CallForDownload("/test.E2E/Fill", "4096", &id);
     ASSERT_TRUE(d.ok()) << d.status();
@@ -386,16 +391,16 @@ TEST_F(ViolationTest, ALateBulkAckEndsTheConnection) {
       ASSERT_TRUE(rogue.Send(ack).ok());  // in time: accepted
     }
     // Either way the server revokes the window itself (LOCAL_INV) and counts it.
-    auto revoked = ServerStatsWhen(*good_, [&](const control::StatsResponse& s) {
-      return s.server().windows_lease_expired() + s.server().windows_locally_invalidated() !=
-             before.windows_lease_expired() + before.windows_locally_invalidated();
+    auto revoked = ServerStatsWhen(*good_, [&](const StatsReport& s) {
+      return s.server.windows_lease_expired + s.server.windows_locally_invalidated !=
+             before.windows_lease_expired + before.windows_locally_invalidated;
     });
     ASSERT_TRUE(revoked.ok()) << revoked.status();
-    ASSERT_EQ(revoked->server().windows_lease_expired(),
-              before.windows_lease_expired() + (after_lease ? 1 : 0));
-    ASSERT_EQ(revoked->server().windows_locally_invalidated(),
-              before.windows_locally_invalidated() + (after_lease ? 0 : 1));
-    ASSERT_EQ(revoked->server().protocol_errors(), before.protocol_errors());
+    ASSERT_EQ(revoked->server.windows_lease_expired,
+              before.windows_lease_expired + (after_lease ? 1 : 0));
+    ASSERT_EQ(revoked->server.windows_locally_invalidated,
+              before.windows_locally_invalidated + (after_lease ? 0 : 1));
+    ASSERT_EQ(revoked->server.protocol_errors, before.protocol_errors);
     ASSERT_TRUE(rogue.Send(ack).ok());
     ExpectCutOffFor(rogue, before, 1);
   }
@@ -407,28 +412,28 @@ TEST_F(ViolationTest, ALateBulkAckEndsTheConnection) {
 TEST_F(ViolationTest, ALateBulkAckUnderRemoteInvalidationIsRefusedByTheNic) {
   RogueConnection rogue;
   ASSERT_TRUE(rogue.Connect(port_, "e2e").ok());
-  const control::ServerStats before = Stats();
+  const ServerCounters before = Stats();
   uint64_t id;
   auto d = rogue.CallForDownload("/test.E2E/Fill", "4096", &id);
   ASSERT_TRUE(d.ok()) << d.status();
-  auto expired = ServerStatsWhen(*good_, [&](const control::StatsResponse& s) {
-    return s.server().windows_lease_expired() != before.windows_lease_expired();
+  auto expired = ServerStatsWhen(*good_, [&](const StatsReport& s) {
+    return s.server.windows_lease_expired != before.windows_lease_expired;
   });
   ASSERT_TRUE(expired.ok()) << expired.status();
-  ASSERT_EQ(expired->server().windows_lease_expired(), before.windows_lease_expired() + 1);
+  ASSERT_EQ(expired->server.windows_lease_expired, before.windows_lease_expired + 1);
   const absl::Status sent = rogue.Send(Control(rpc_wire::kBulkAck, id, d->rkey), {}, d->rkey);
   EXPECT_NE(sent.message().find(ibv_wc_status_str(IBV_WC_REM_INV_REQ_ERR)),
             absl::string_view::npos)
       << sent;
   EXPECT_TRUE(rogue.CutOff(absl::Seconds(10)));
-  auto after = ServerStatsWhen(*good_, [&](const control::StatsResponse& s) {
-    return s.server().connections_failed() != before.connections_failed() &&
-           s.server().async_qp_errors() != before.async_qp_errors();
+  auto after = ServerStatsWhen(*good_, [&](const StatsReport& s) {
+    return s.server.connections_failed != before.connections_failed &&
+           s.server.async_qp_errors != before.async_qp_errors;
   });
   ASSERT_TRUE(after.ok()) << after.status();
-  EXPECT_EQ(after->server().connections_failed(), before.connections_failed() + 1);
-  EXPECT_EQ(after->server().async_qp_errors(), before.async_qp_errors() + 1);
-  EXPECT_EQ(after->server().protocol_errors(), before.protocol_errors());
+  EXPECT_EQ(after->server.connections_failed, before.connections_failed + 1);
+  EXPECT_EQ(after->server.async_qp_errors, before.async_qp_errors + 1);
+  EXPECT_EQ(after->server.protocol_errors, before.protocol_errors);
 }
 
 TEST_F(ViolationTest, ABulkRequestOfZeroBytesEndsTheConnection) {
@@ -453,7 +458,7 @@ TEST_F(ViolationTest, AWindowRequestInMirrorModeEndsTheConnection) {
   RogueConnection rogue;
   ASSERT_TRUE(rogue.Connect(port_, "e2e", control::BULK_MIRROR).ok());
   ASSERT_EQ(rogue.negotiated().bulk_mode(), control::BULK_MIRROR);
-  const control::ServerStats before = Stats();
+  const ServerCounters before = Stats();
   ASSERT_TRUE(rogue.Send(Control(rpc_wire::kWindowGrant, /*request_id=size*/ 4096, 2)).ok());
   ExpectCutOffFor(rogue, before, 1);
 }
@@ -470,7 +475,7 @@ TEST_F(ViolationTest, SendWithInvalidateUnderTheLocalFallbackEndsTheConnection) 
         rogue.Connect(port_, "e2e", control::BULK_SERVER_EXPOSES, /*remote_invalidation=*/false)
             .ok());
     ASSERT_EQ(rogue.negotiated().invalidation(), control::INVALIDATION_LOCAL);
-    const control::ServerStats before = Stats();
+    const ServerCounters before = Stats();
     if (upload) {
       auto grants = rogue.RequestWindows(4096, 1);
       ASSERT_TRUE(grants.ok()) << grants.status();

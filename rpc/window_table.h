@@ -22,9 +22,9 @@
 #include "absl/functional/function_ref.h"
 #include "absl/random/bit_gen_ref.h"
 #include "absl/time/time.h"
-#include "rpc/bulk.h"
 #include "rpc/gate.h"
 #include "rpc/wire.h"
+#include "swirl/bulk.h"
 #include "transport/verbs/verbs.h"
 
 namespace swirl::internal {

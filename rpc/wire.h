@@ -12,6 +12,7 @@
 #include <string_view>
 
 #include "absl/status/status.h"
+#include "swirl/method_id.h"
 
 namespace swirl::rpc_wire {
 
@@ -101,17 +102,8 @@ inline absl::Status ValidateHeader(const MessageHeader& h, size_t received_bytes
   return ValidateHeaderSlow(h, received_bytes, limits);
 }
 
-// Stable 32-bit id of a method's full name ("/package.Service/Method"): FNV-1a. Both sides
-// compute it, so no method table is exchanged. Never 0. constexpr: generated stubs carry their
-// ids as constants.
-constexpr uint32_t MethodId(std::string_view full_name) {
-  uint32_t hash = 2166136261u;
-  for (char c : full_name) {
-    hash ^= static_cast<unsigned char>(c);
-    hash *= 16777619u;
-  }
-  return hash == 0 ? 1 : hash;
-}
+// Stable 32-bit id of a method's full name (swirl/method_id.h, public: generated stubs use it).
+using ::swirl::MethodId;
 
 }  // namespace swirl::rpc_wire
 

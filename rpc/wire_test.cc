@@ -13,7 +13,11 @@ constexpr Limits kLimits{/*max_payload=*/4064, /*max_credits=*/32};
 constexpr size_t kHeader = sizeof(MessageHeader);
 
 MessageHeader Request(uint32_t payload_len) {
-  return MessageHeader{kProtocolVersion, kRequest, 0, MethodId("/a.B/C"), 7, 0, payload_len, 0, 0};
+  return MessageHeader{.version = kProtocolVersion,
+                       .type = kRequest,
+                       .method_id = MethodId("/a.B/C"),
+                       .request_id = 7,
+                       .payload_len = payload_len};
 }
 
 absl::StatusCode Check(const MessageHeader& h) {
@@ -22,7 +26,12 @@ absl::StatusCode Check(const MessageHeader& h) {
 
 TEST(ValidateHeader, AcceptsWellFormedMessages) {
   EXPECT_EQ(Check(Request(10)), absl::StatusCode::kOk);
-  MessageHeader response{kProtocolVersion, kResponse, 0, 0, 7, 5, 3, 2, 0};
+  MessageHeader response{.version = kProtocolVersion,
+                         .type = kResponse,
+                         .request_id = 7,
+                         .status = 5,
+                         .payload_len = 3,
+                         .credits = 2};
   EXPECT_EQ(Check(response), absl::StatusCode::kOk);
   MessageHeader bulk = Request(sizeof(BulkDescriptor) + 4);
   bulk.flags = kFlagBulk;
@@ -30,10 +39,11 @@ TEST(ValidateHeader, AcceptsWellFormedMessages) {
   MessageHeader mirror = Request(2 * sizeof(BulkDescriptor));
   mirror.flags = kFlagBulk | kFlagReplyChunk;
   EXPECT_EQ(Check(mirror), absl::StatusCode::kOk);
-  MessageHeader credit{kProtocolVersion, kCredit, 0, 0, 0, 0, 0, 32, 0};
+  MessageHeader credit{.version = kProtocolVersion, .type = kCredit, .credits = 32};
   EXPECT_EQ(Check(credit), absl::StatusCode::kOk);
   // A bulk acknowledgement names its window's rkey in aux: any 32-bit value.
-  MessageHeader ack{kProtocolVersion, kBulkAck, 0, 0, 7, 0, 0, 0, 0xdeadbe07};
+  MessageHeader ack{
+      .version = kProtocolVersion, .type = kBulkAck, .request_id = 7, .aux = 0xdeadbe07};
   EXPECT_EQ(Check(ack), absl::StatusCode::kOk);
 }
 
@@ -73,12 +83,13 @@ TEST(ValidateHeader, RejectsBadFields) {
   h = Request(0);
   h.status = 3;  // only responses carry a status
   ExpectRefusedFor(h, "status set on a non-response");
-  MessageHeader response{kProtocolVersion, kResponse, 0, 0, 7, 17, 0, 0, 0};
+  MessageHeader response{
+      .version = kProtocolVersion, .type = kResponse, .request_id = 7, .status = 17};
   ExpectRefusedFor(response, "status code 17");  // no such status code
   h = Request(0);
   h.credits = kLimits.max_credits + 1;
   ExpectRefusedFor(h, "credits, more than");
-  MessageHeader ping{kProtocolVersion, kPing, 0, 0, 0, 0, 4, 0, 0};
+  MessageHeader ping{.version = kProtocolVersion, .type = kPing, .payload_len = 4};
   ExpectRefusedFor(ping, "control message with a payload");
   h = Request(0);
   h.aux = 1 << 5;
@@ -98,8 +109,11 @@ TEST(ValidateHeader, RejectsBulkLayoutsThatDoNotAddUp) {
   h.flags = kFlagReplyChunk;
   EXPECT_EQ(Check(h), absl::StatusCode::kInvalidArgument);
   // Reply chunks belong to requests only.
-  MessageHeader response{kProtocolVersion, kResponse, kFlagBulk | kFlagReplyChunk, 0, 7, 0,
-                         2 * sizeof(BulkDescriptor), 0, 0};
+  MessageHeader response{.version = kProtocolVersion,
+                         .type = kResponse,
+                         .flags = kFlagBulk | kFlagReplyChunk,
+                         .request_id = 7,
+                         .payload_len = 2 * sizeof(BulkDescriptor)};
   EXPECT_EQ(Check(response), absl::StatusCode::kInvalidArgument);
   // A message carried in bulk has no eager bytes next to its descriptor.
   h = Request(sizeof(BulkDescriptor) + 1);
@@ -109,7 +123,8 @@ TEST(ValidateHeader, RejectsBulkLayoutsThatDoNotAddUp) {
   h = Request(0);
   h.aux = kAuxBulkIsMessage;
   EXPECT_EQ(Check(h), absl::StatusCode::kInvalidArgument);
-  MessageHeader ack{kProtocolVersion, kBulkAck, kFlagBulk, 0, 7, 0, 0, 0, 0};
+  MessageHeader ack{
+      .version = kProtocolVersion, .type = kBulkAck, .flags = kFlagBulk, .request_id = 7};
   EXPECT_EQ(Check(ack), absl::StatusCode::kInvalidArgument);
 }
 

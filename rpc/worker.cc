@@ -15,6 +15,7 @@
 #include "absl/strings/str_format.h"
 #include "base/check.h"
 #include "base/log.h"
+#include "base/notifier.h"
 #include "transport/verbs/status.h"
 
 namespace swirl::internal {
@@ -269,7 +270,7 @@ void Worker::StartCall(uint64_t connection_id, ClientCall* call) {
   call->connection_id_ = connection_id;
   call->status_ = absl::OkStatus();
   call->cancel_requested_.store(false, std::memory_order_relaxed);
-  call->notifier_.Reset();
+  NotifierWord::Reset(call->completion_);
   // Release: a Cancel() that sees this round's state also sees its cleared cancel request.
   call->state_.store(ClientCall::kQueued, std::memory_order_release);
   if (t_driving == this) {
@@ -309,7 +310,7 @@ void Worker::CancelCall(ClientCall* call) {
 
 void Worker::FailUnstarted(ClientCall* call, absl::Status status) {
   call->worker_ = nullptr;
-  call->notifier_.Reset();
+  NotifierWord::Reset(call->completion_);
   call->Complete(std::move(status));
 }
 

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/check.h"
+#include "rpc/server_context_access.h"
 #include "rpc/worker.h"
 #include "rpc/writer.h"
 
@@ -100,12 +101,12 @@ void Worker::DispatchCall(Connection* c, Incoming& in) {
   // A message carried in bulk is parsed straight out of registered memory.
   BulkBuffer message_holder;
   absl::string_view message = in.eager;
-  ServerContext ctx(c, nullptr);
+  ServerContext ctx = ServerContextAccess::Make(c, nullptr);
   if (h.aux & rpc_wire::kAuxBulkIsMessage) {
     message_holder = std::move(in.bulk);
     message = message_holder.view();
   } else if (in.bulk) {
-    ctx.mutable_request_bulk() = std::move(in.bulk);
+    ServerContextAccess::request_bulk(ctx) = std::move(in.bulk);
   }
   MessageWriter writer(&outbox_, bulk_pool_.get(), c);
   absl::Status status = invoker->Invoke(ctx, message, writer);
@@ -113,7 +114,7 @@ void Worker::DispatchCall(Connection* c, Incoming& in) {
     writer.Abandon();
     return;
   }
-  SendHandlerResult(c, in, std::move(status), &writer, ctx.mutable_response_bulk());
+  SendHandlerResult(c, in, std::move(status), &writer, ServerContextAccess::response_bulk(ctx));
 }
 
 void Worker::SendHandlerResult(Connection* c, Incoming& in, absl::Status status,
@@ -195,13 +196,13 @@ void Worker::RunPoolJob(PoolJob job) {
   std::unique_ptr<Service::Invoker>& invoker = invokers[job.method];
   if (invoker == nullptr) invoker = const_cast<Service::Method*>(job.method)->new_invoker();
   Connection* c = job.connection.get();
-  ServerContext ctx(c, job.cancelled.get());
-  ctx.mutable_request_bulk() = std::move(job.attachment);
+  ServerContext ctx = ServerContextAccess::Make(c, job.cancelled.get());
+  ServerContextAccess::request_bulk(ctx) = std::move(job.attachment);
   StringWriter writer(c->negotiated().max_bulk_size() > 0 ? c->negotiated().max_bulk_size()
                                                           : c->max_payload());
   absl::Status status = invoker->Invoke(ctx, job.request, writer);
   RunInLoop([this, job = std::move(job), status = std::move(status), response = writer.Take(),
-             bulk = std::move(ctx.mutable_response_bulk())]() mutable {
+             bulk = std::move(ServerContextAccess::response_bulk(ctx))]() mutable {
     FinishPoolJob(job, std::move(status), response, bulk);
   });
 }

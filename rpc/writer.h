@@ -11,7 +11,7 @@
 #include "rpc/bulk_pool.h"
 #include "rpc/connection.h"
 #include "rpc/outbox.h"
-#include "rpc/service.h"
+#include "swirl/service.h"
 
 namespace swirl::internal {
 

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Embedding check: swirl used from outside its own workspace, the two supported ways.
 #
-#   embedding:make   `./swirl install --prefix TMP`; every installed header compiled with only
-#                    pkg-config's flags; the installed libswirl_soft_verbs.so gives ibv_devices
-#                    soft0; then a copy of examples/embed_make built with its
+#   embedding:make   `./swirl install --prefix TMP`; the installed headers are exactly the public
+#                    ones (rpc/public_headers.bzl, under include/swirl/) and each compiles
+#                    alone with only pkg-config's flags; the installed libswirl_soft_verbs.so
+#                    gives ibv_devices soft0; then a copy of examples/embed_make built with its
 #                    Makefile against TMP (pkg-config, protoc + the installed plugin) and run,
 #                    linked with libswirl.a (make run) and with libswirl.so (make run-shared)
 #   embedding:bazel  examples/embed_bazel, a separate Bazel workspace that has swirl as
@@ -39,7 +40,7 @@ record() {  # record NAME RC LOG
   local name="$1" rc="$2" log="$3" status=PASSED
   if [ "$rc" -eq 0 ]; then
     echo "$name: PASSED"
-    grep -h -e '^embed_[a-z]*: ' -e '^\./counter' -e 'installed headers compile' \
+    grep -h -e '^embed_[a-z]*: ' -e '^\./counter' -e 'installed headers' -e 'compiles alone' \
       -e 'libswirl_soft_verbs' "$log" |
       sed 's/^/  /'
   else
@@ -57,12 +58,31 @@ echo "embedding check: ./swirl install + examples/embed_make, examples/embed_baz
 (
   set -e
   ./swirl install --prefix "$work/prefix"
-  # Every installed header compiles against the installed tree and pkg-config's flags alone.
-  (cd "$work/prefix/include" && find . -name '*.h' | sort | sed 's|^\./\(.*\)|#include "\1"|') \
-    >"$work/all_headers.cc"
-  g++ -std=c++20 -fsyntax-only \
-    $(PKG_CONFIG_PATH="$work/prefix/lib/pkgconfig" pkg-config --cflags swirl) "$work/all_headers.cc"
-  echo "all $(grep -c . "$work/all_headers.cc") installed headers compile"
+  # Only the public API is installed: include/swirl/ holds exactly rpc/public_headers.bzl's
+  # list, and nothing else is there but the generated option header and its .proto (no base/,
+  # transport/, no internal rpc header such as worker.h or wire.h).
+  expected="$(sed -n 's/^ *"\([a-z_]*\.h\)",$/swirl\/\1/p' rpc/public_headers.bzl | sort)"
+  [ -n "$expected" ] || { echo "no public headers listed in rpc/public_headers.bzl" >&2; exit 1; }
+  installed="$(cd "$work/prefix/include" && find . -type f | sed 's|^\./||' | sort)"
+  unexpected="$(comm -13 <(printf '%s\nproto/options.pb.h\nproto/options.proto\n' "$expected" | sort) \
+    <(echo "$installed"))"
+  missing="$(comm -23 <(echo "$expected") <(echo "$installed"))"
+  if [ -n "$unexpected" ] || [ -n "$missing" ]; then
+    echo "installed headers differ from the public API:" >&2
+    [ -z "$unexpected" ] || echo "  not public, installed:$(printf ' %s' $unexpected)" >&2
+    [ -z "$missing" ] || echo "  public, not installed:$(printf ' %s' $missing)" >&2
+    exit 1
+  fi
+  echo "installed headers: the $(echo "$expected" | wc -l) public ones under swirl/, no internal header"
+  # Each public header compiles alone (a translation unit that includes just it) against the
+  # installed tree with pkg-config's flags only: none leans on another's includes.
+  cflags="$(PKG_CONFIG_PATH="$work/prefix/lib/pkgconfig" pkg-config --cflags swirl)"
+  for h in $expected; do
+    printf '#include "%s"\n' "$h" >"$work/alone.cc"
+    g++ -std=c++20 -fsyntax-only $cflags "$work/alone.cc" ||
+      { echo "$h does not compile on its own" >&2; exit 1; }
+  done
+  echo "each of the $(echo "$expected" | wc -l) public headers compiles alone"
   # The installed interposer gives an unmodified verbs program soft0.
   LD_PRELOAD="$work/prefix/lib/libswirl_soft_verbs.so" ibv_devices | grep -q '^ *soft0 ' ||
     { echo "the installed libswirl_soft_verbs.so does not give ibv_devices soft0" >&2; exit 1; }

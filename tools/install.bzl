@@ -14,7 +14,10 @@ became the default, so it would come out empty):
   * lib/libswirl.so: the same archives linked with --whole-archive by the C++ toolchain's
     compiler, with -Wl,--no-undefined and the @system link flags (as needed), so the shared
     object records its own dependencies and a missing one fails the build, not the user.
-  * include/: the listed headers (source or generated) at their workspace paths.
+  * include/swirl/: the public headers (`public_hdrs`, swirl's API in rpc/), as users include
+    them: "swirl/channel.h". include/: the few other listed files (`hdrs`: the generated
+    option header that users' generated code includes, and the .proto files) at their
+    workspace paths. Nothing else: the engine's internal headers are never installed.
   * bin/protoc-gen-swirl: the protoc plugin.
 
 Everything is an ordinary declared output under bazel-bin/<package>/<name>/, so the install step
@@ -115,6 +118,10 @@ rm -f "$out"
         dest = ctx.actions.declare_file(out + "include/" + _install_path(hdr))
         outputs.append(dest)
         copies.append((hdr, dest))
+    for hdr in ctx.files.public_hdrs:
+        dest = ctx.actions.declare_file(out + "include/swirl/" + hdr.basename)
+        outputs.append(dest)
+        copies.append((hdr, dest))
     plugin = ctx.executable.plugin
     plugin_dest = ctx.actions.declare_file(out + "bin/" + plugin.basename)
     outputs.append(plugin_dest)
@@ -148,7 +155,7 @@ done)"
 if [ -n "$missing" ]; then
   echo "swirl_dist: installed headers include headers that are not installed:" >&2
   echo "$missing" >&2
-  echo "add them to hdrs of //:swirl_dist (BUILD)" >&2
+  echo "public headers include only the standard library, Abseil and swirl/ headers" >&2
   exit 1
 fi
 """,
@@ -168,6 +175,10 @@ swirl_dist = rule(
         "hdrs": attr.label_list(
             allow_files = True,
             doc = "installed under include/ at their workspace paths",
+        ),
+        "public_hdrs": attr.label_list(
+            allow_files = [".h"],
+            doc = "swirl's public headers, installed as include/swirl/<file name>",
         ),
         "plugin": attr.label(executable = True, cfg = "target", mandatory = True),
         "preload_libs": attr.label_list(

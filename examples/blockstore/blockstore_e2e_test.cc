@@ -31,8 +31,8 @@
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
-#include "rpc/channel.h"
 #include "rpc/testing/process.h"
+#include "swirl/channel.h"
 
 extern char** environ;
 
@@ -257,8 +257,8 @@ TEST_F(BlockstoreE2ETest, WritesAreReadBackByAnotherConnection) {
         EXPECT_TRUE(in->view() == beyond) << "the write changed the next 4 KiB";
       }
     }
-    EXPECT_EQ(writer->channel().LocalStats().invalidation_violations(), 0u);
-    EXPECT_EQ(reader->channel().LocalStats().invalidation_violations(), 0u);
+    EXPECT_EQ(writer->channel().LocalStats().invalidation_violations, 0u);
+    EXPECT_EQ(reader->channel().LocalStats().invalidation_violations, 0u);
   }
   // The file holds what was written through the server (fdatasync is only at shutdown, but
   // pwrite has put it in the page cache every reader of the file sees).
@@ -358,7 +358,7 @@ TEST_F(BlockstoreE2ETest, BadRequestsAreRejectedWithTheRightCodes) {
   auto mem = client->Stat("mem", Bounded());
   ASSERT_TRUE(mem.ok());
   EXPECT_GE(mem->errors(), 10u);
-  EXPECT_EQ(client->channel().LocalStats().invalidation_violations(), 0u);
+  EXPECT_EQ(client->channel().LocalStats().invalidation_violations, 0u);
   EXPECT_TRUE(client->channel().connected());
 }
 

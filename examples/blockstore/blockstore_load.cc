@@ -46,7 +46,7 @@
 #include "examples/blockstore/histogram.h"
 #include "examples/blockstore/pattern.h"
 #include "examples/blockstore/volume.h"
-#include "rpc/channel.h"
+#include "swirl/channel.h"
 
 ABSL_FLAG(std::string, server, "localhost:7200", "server control-plane address");
 ABSL_FLAG(std::string, token, "", "authentication token");
@@ -548,17 +548,17 @@ int main(int argc, char** argv) {
   }
 
   if (absl::GetFlag(FLAGS_json)) g_text = stderr;
-  const swirl::control::Negotiated& negotiated = (*channel)->negotiated();
+  const swirl::NegotiatedSettings& negotiated = (*channel)->negotiated();
   // A request keeps one credit back for returning credits: credits - 1 calls can be in flight.
   // Beyond that they would wait in the client's queue with their latency clocks running.
-  if (static_cast<uint32_t>(config.iodepth) + 1 > negotiated.client_credits()) {
+  if (static_cast<uint32_t>(config.iodepth) + 1 > negotiated.client_credits) {
     return Usage(absl::StrFormat(
         "--iodepth=%d needs %d credits; the server grants %u per connection (start "
         "blockstore_server with --credits=%d or more)",
-        config.iodepth, config.iodepth + 1, negotiated.client_credits(), config.iodepth + 1));
+        config.iodepth, config.iodepth + 1, negotiated.client_credits, config.iodepth + 1));
   }
-  const std::string invalidation = swirl::control::InvalidationMode_Name(negotiated.invalidation());
-  const std::string bulk_mode = swirl::control::BulkMode_Name(negotiated.bulk_mode());
+  const std::string invalidation = swirl::ControlPlaneName(negotiated.invalidation);
+  const std::string bulk_mode = swirl::ControlPlaneName(negotiated.bulk_mode);
   std::fprintf(g_text,
                "blockstore_load: %s%s bs=%s iodepth=%d volume=%s (%s, %s, %s) region=%s %s%s\n"
                "  channel: connection %llu, invalidation %s, bulk mode %s, %u credits, "
@@ -573,8 +573,8 @@ int main(int argc, char** argv) {
                config.runtime > 0 ? absl::StrFormat("runtime=%gs", config.runtime).c_str() : "",
                config.number_ios > 0 ? absl::StrCat(" number_ios=", config.number_ios).c_str() : "",
                static_cast<unsigned long long>((*channel)->connection_id()), invalidation.c_str(),
-               bulk_mode.c_str(), negotiated.client_credits(), negotiated.window_credits(),
-               negotiated.eager_threshold());
+               bulk_mode.c_str(), negotiated.client_credits, negotiated.window_credits,
+               negotiated.eager_threshold);
 
   Load load(config, client.stub(), info->blocking(), blocks);
   if (absl::Status s = load.Setup(**channel); !s.ok()) {
@@ -583,25 +583,24 @@ int main(int argc, char** argv) {
   }
   load.Run();
   load.ReadBack();
-  const swirl::control::ConnectionStats mine = (*channel)->LocalStats();
+  const swirl::ConnectionStats mine = (*channel)->LocalStats();
   // The server's view of this connection (its windows: downloads it exposed, grants it made).
   // Windows of the last I/Os may still be being revoked (the fallback's LOCAL_INV completes
   // after our call did): read until two readings agree, within a second.
-  swirl::control::ConnectionStats theirs;
+  swirl::ConnectionStats theirs;
   bool have_theirs = false;
   const absl::Time settle_deadline = absl::Now() + absl::Seconds(1);
-  for (std::string previous;;) {
+  for (swirl::ConnectionStats previous;;) {
     if (auto server_stats = (*channel)->ServerStats(); server_stats.ok()) {
-      for (const auto& c : server_stats->connections()) {
-        if (c.connection_id() == (*channel)->connection_id()) {
+      for (const auto& c : server_stats->connections) {
+        if (c.connection_id == (*channel)->connection_id()) {
           theirs = c;
           have_theirs = true;
         }
       }
     }
-    std::string now = theirs.SerializeAsString();
-    if (now == previous || absl::Now() > settle_deadline) break;
-    previous = std::move(now);
+    if (theirs == previous || absl::Now() > settle_deadline) break;
+    previous = theirs;
     absl::SleepFor(absl::Milliseconds(20));
   }
 
@@ -628,25 +627,25 @@ int main(int argc, char** argv) {
                                      load.sectors_consistent(), load.sectors_unverifiable())
                          .c_str()
                    : " (not verifying)");
-  auto windows = [](const swirl::control::ConnectionStats& s) {
+  auto windows = [](const swirl::ConnectionStats& s) {
     return absl::StrFormat(
         "granted=%u remote_invalidated=%u locally_invalidated=%u lease_expired=%u "
         "invalidation_violations=%u",
-        s.windows_granted(), s.windows_remote_invalidated(), s.windows_locally_invalidated(),
-        s.windows_lease_expired(), s.invalidation_violations());
+        s.windows_granted, s.windows_remote_invalidated, s.windows_locally_invalidated,
+        s.windows_lease_expired, s.invalidation_violations);
   };
   std::fprintf(g_text, "  client windows: %s\n", windows(mine).c_str());
   if (have_theirs) std::fprintf(g_text, "  server windows: %s\n", windows(theirs).c_str());
 
   if (absl::GetFlag(FLAGS_json)) {
-    auto json_windows = [](const swirl::control::ConnectionStats& s) {
+    auto json_windows = [](const swirl::ConnectionStats& s) {
       return absl::StrFormat(
           "{\"granted\": %u, \"remote_invalidated\": %u, \"locally_invalidated\": %u, "
           "\"lease_expired\": %u, \"invalidation_violations\": %u, \"requests_sent\": %u, "
           "\"responses_received\": %u, \"requests_received\": %u, \"responses_sent\": %u}",
-          s.windows_granted(), s.windows_remote_invalidated(), s.windows_locally_invalidated(),
-          s.windows_lease_expired(), s.invalidation_violations(), s.requests_sent(),
-          s.responses_received(), s.requests_received(), s.responses_sent());
+          s.windows_granted, s.windows_remote_invalidated, s.windows_locally_invalidated,
+          s.windows_lease_expired, s.invalidation_violations, s.requests_sent,
+          s.responses_received, s.requests_received, s.responses_sent);
     };
     absl::PrintF(
         "{\"config\": {\"volume\": \"%s\", \"rw\": \"%s\", \"rwmixread\": %d, \"bs\": %u, "
@@ -664,8 +663,8 @@ int main(int argc, char** argv) {
         config.number_ios, config.size, config.verify ? "true" : "false", config.bulk_mode,
         config.local_invalidation_only ? "true" : "false", config.core, config.seed,
         info->blocking() ? "true" : "false", (*channel)->connection_id(), invalidation, bulk_mode,
-        negotiated.client_credits(), negotiated.window_credits(), negotiated.eager_threshold(),
-        negotiated.max_bulk_size(), seconds, JsonTotals(load.reads(), seconds),
+        negotiated.client_credits, negotiated.window_credits, negotiated.eager_threshold,
+        negotiated.max_bulk_size, seconds, JsonTotals(load.reads(), seconds),
         JsonTotals(load.writes(), seconds), JsonTotals(total, seconds), load.errors(),
         load.verify_failures(), load.verified_reads(), load.read_back(), load.sectors_matched(),
         load.sectors_consistent(), load.sectors_unverifiable(), json_windows(mine),

@@ -30,7 +30,7 @@
 #include "examples/blockstore/checksum.h"
 #include "examples/blockstore/service.h"
 #include "examples/blockstore/volume.h"
-#include "rpc/server.h"
+#include "swirl/server.h"
 
 ABSL_FLAG(std::string, address, "127.0.0.1:7200",
           "control-plane listen address (port 0: pick); beyond loopback it needs --token (or "
@@ -169,8 +169,8 @@ int main(int argc, char** argv) {
   std::printf(
       "blockstore_server: listening on port %d, device %s (%s), remote invalidation %s, "
       "%zu worker(s), CRC32C %s\n",
-      server.port(), caps.device.c_str(), swirl::verbs::DeviceKindName(caps.kind),
-      caps.remote_invalidation() ? "yes" : "no", options.worker_cores.size(),
+      server.port(), caps.device.c_str(), caps.kind.c_str(),
+      caps.remote_invalidation ? "yes" : "no", options.worker_cores.size(),
       swirl::blockstore::Crc32cIsHardware() ? "sse4.2" : "portable");
   for (swirl::blockstore::Volume* v : volumes.volumes()) {
     std::printf("  volume %-12s %8s  %s\n", v->name().c_str(), FormatSize(v->size()).c_str(),
@@ -193,7 +193,7 @@ int main(int argc, char** argv) {
 
   // The engine's totals go with its workers at shutdown, so they are read first; the volumes'
   // counters below are read after the drain and include the calls it let finish.
-  swirl::control::StatsResponse stats = server.Stats();
+  swirl::StatsReport stats = server.Stats();
   server.Shutdown(absl::Milliseconds(absl::GetFlag(FLAGS_shutdown_ms)));
   int rc = 0;
   uint64_t reads = 0, writes = 0, bytes_read = 0, bytes_written = 0, errors = 0;
@@ -215,31 +215,31 @@ int main(int argc, char** argv) {
       rc = 1;
     }
   }
-  const auto& s = stats.server();
+  const auto& s = stats.server;
   uint64_t granted = 0;
-  for (const auto& c : stats.connections()) granted += c.windows_granted();
+  for (const auto& c : stats.connections) granted += c.windows_granted;
   std::printf(
       "blockstore_server: served %llu requests (before the drain) on %llu connections (%llu "
       "refused): "
       "%llu reads (%llu bytes), %llu writes (%llu bytes), %llu errors, %llu protocol "
       "errors\n",
-      static_cast<unsigned long long>(s.requests()),
-      static_cast<unsigned long long>(s.connections_accepted()),
-      static_cast<unsigned long long>(s.connections_refused()),
+      static_cast<unsigned long long>(s.requests),
+      static_cast<unsigned long long>(s.connections_accepted),
+      static_cast<unsigned long long>(s.connections_refused),
       static_cast<unsigned long long>(reads), static_cast<unsigned long long>(bytes_read),
       static_cast<unsigned long long>(writes), static_cast<unsigned long long>(bytes_written),
       static_cast<unsigned long long>(errors),
-      static_cast<unsigned long long>(s.protocol_errors()));
+      static_cast<unsigned long long>(s.protocol_errors));
   std::printf(
       "blockstore_server: windows: %llu remotely invalidated, %llu locally invalidated, "
       "%llu lease expired, %llu invalidation violations, %llu outstanding, %llu upload "
       "windows granted to connections still open, %llu bulk bytes in use\n",
-      static_cast<unsigned long long>(s.windows_remote_invalidated()),
-      static_cast<unsigned long long>(s.windows_locally_invalidated()),
-      static_cast<unsigned long long>(s.windows_lease_expired()),
-      static_cast<unsigned long long>(s.invalidation_violations()),
-      static_cast<unsigned long long>(s.windows_outstanding()),
+      static_cast<unsigned long long>(s.windows_remote_invalidated),
+      static_cast<unsigned long long>(s.windows_locally_invalidated),
+      static_cast<unsigned long long>(s.windows_lease_expired),
+      static_cast<unsigned long long>(s.invalidation_violations),
+      static_cast<unsigned long long>(s.windows_outstanding),
       static_cast<unsigned long long>(granted),
-      static_cast<unsigned long long>(s.bulk_bytes_in_use()));
+      static_cast<unsigned long long>(s.bulk_bytes_in_use));
   return rc;
 }

@@ -27,7 +27,7 @@
 #include "base/mutex.h"
 #include "examples/blockstore/blockstore.pb.h"
 #include "examples/blockstore/blockstore.swirl.h"
-#include "rpc/channel.h"
+#include "swirl/channel.h"
 
 namespace swirl::blockstore {
 

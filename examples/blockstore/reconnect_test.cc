@@ -19,7 +19,7 @@
 #include "absl/time/clock.h"
 #include "examples/blockstore/client.h"
 #include "gtest/gtest.h"
-#include "rpc/channel.h"
+#include "swirl/channel.h"
 #include "rpc/testing/process.h"
 
 namespace swirl::blockstore {

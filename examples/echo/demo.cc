@@ -45,8 +45,7 @@
 #include "examples/echo/blob.swirl.h"
 #include "examples/echo/blob_service.h"
 #include "examples/echo/echo.swirl.h"
-#include "proto/control.pb.h"
-#include "rpc/channel.h"
+#include "swirl/channel.h"
 
 ABSL_FLAG(int, calls, 20000, "64-byte echo calls timed over swirl (after 500 untimed)");
 ABSL_FLAG(int, grpc_calls, 5000, "64-byte echo calls timed over gRPC (after 500 untimed)");
@@ -146,8 +145,8 @@ void Say(const char* format, ...) {
 
 // What the server's control plane (Control.Stats) says about our connection.
 struct ServerView {
-  swirl::control::ConnectionStats connection;
-  swirl::control::ServerStats server;
+  swirl::ConnectionStats connection;
+  swirl::ServerCounters server;
 };
 
 std::optional<ServerView> ServerSees(swirl::Channel& channel) {
@@ -156,8 +155,8 @@ std::optional<ServerView> ServerSees(swirl::Channel& channel) {
     std::fprintf(stderr, "demo: Control.Stats: %s\n", stats.status().ToString().c_str());
     return std::nullopt;
   }
-  for (const auto& c : stats->connections()) {
-    if (c.connection_id() == channel.connection_id()) return ServerView{c, stats->server()};
+  for (const auto& c : stats->connections) {
+    if (c.connection_id == channel.connection_id()) return ServerView{c, stats->server};
   }
   std::fprintf(stderr, "demo: the server does not list our connection\n");
   return std::nullopt;
@@ -209,15 +208,15 @@ bool EchoCalls(swirl::examples::EchoStub& stub, int timed, Latency* latency) {
   return true;
 }
 
-using Counters = swirl::control::ConnectionStats;
+using Counters = swirl::ConnectionStats;
 
 std::string Deltas(const Counters& before, const Counters& after) {
   auto d = [](uint64_t a, uint64_t b) { return static_cast<long long>(b - a); };
   return absl::StrFormat(
       "windows_granted +%d, windows_remote_invalidated +%d, windows_locally_invalidated +%d",
-      d(before.windows_granted(), after.windows_granted()),
-      d(before.windows_remote_invalidated(), after.windows_remote_invalidated()),
-      d(before.windows_locally_invalidated(), after.windows_locally_invalidated()));
+      d(before.windows_granted, after.windows_granted),
+      d(before.windows_remote_invalidated, after.windows_remote_invalidated),
+      d(before.windows_locally_invalidated, after.windows_locally_invalidated));
 }
 
 class Demo {
@@ -283,15 +282,15 @@ bool Demo::StartServer() {
   blob_ = std::make_unique<swirl::examples::BlobStub>(*channel_);
   const auto& n = channel_->negotiated();
   Say("   connected: one RC queue pair each side, %u credits, invalidation mode %s\n",
-      n.client_credits(), swirl::control::InvalidationMode_Name(n.invalidation()).c_str());
+      n.client_credits, swirl::ControlPlaneName(n.invalidation));
   // What carries swirl's calls, for the latency table's label.
   auto stats = channel_->ServerStats();
   if (!stats.ok()) {
     std::fprintf(stderr, "demo: Control.Stats: %s\n", stats.status().ToString().c_str());
     return false;
   }
-  if (stats->capabilities().device_kind() != "soft") {
-    transport_ = absl::StrCat("device ", stats->device());
+  if (stats->capabilities.device_kind != "soft") {
+    transport_ = absl::StrCat("device ", stats->device);
   } else if (std::getenv("SWIRL_SOFT_TCP") != nullptr) {
     transport_ = "soft device on its TCP fabric";
   } else {
@@ -357,10 +356,10 @@ bool Demo::Bulk() {
       "    rkey, so the receiving device revokes the window as it delivers the message\n");
   std::optional<ServerView> start = ServerSees(*channel_);
   if (!start.has_value()) return false;
-  const auto mode = start->connection.negotiated().invalidation();
+  const auto mode = start->connection.negotiated.invalidation;
   Say("   the server's side of our connection: invalidation mode %s\n",
-      swirl::control::InvalidationMode_Name(mode).c_str());
-  if (mode != swirl::control::INVALIDATION_REMOTE) {
+      swirl::ControlPlaneName(mode));
+  if (mode != swirl::InvalidationMode::kRemote) {
     std::fprintf(stderr, "demo: this device pair negotiated no remote invalidation; the demo "
                          "shows SEND_WITH_INV\n");
     return false;
@@ -399,9 +398,9 @@ bool Demo::Bulk() {
   Say("             server: %s\n", Deltas(c0, c1).c_str());
   Say("             (grants come ahead of need: the spare ones stay bound for later uploads and\n"
       "             are revoked by the server's own LOCAL_INV when the connection closes)\n");
-  if (c1.windows_granted() <= c0.windows_granted() ||
-      c1.windows_remote_invalidated() != c0.windows_remote_invalidated() + 1 ||
-      c1.windows_locally_invalidated() != c0.windows_locally_invalidated()) {
+  if (c1.windows_granted <= c0.windows_granted ||
+      c1.windows_remote_invalidated != c0.windows_remote_invalidated + 1 ||
+      c1.windows_locally_invalidated != c0.windows_locally_invalidated) {
     std::fprintf(stderr, "demo: the upload's window was not granted and revoked by our "
                          "SEND_WITH_INV\n");
     return false;
@@ -416,20 +415,20 @@ bool Demo::Bulk() {
   }
   if (!GetBlob(*down, blob_fnv_)) return false;
   std::optional<ServerView> downloaded = ServerSeesWhen(*channel_, [&](const ServerView& v) {
-    return v.connection.windows_remote_invalidated() > c1.windows_remote_invalidated();
+    return v.connection.windows_remote_invalidated > c1.windows_remote_invalidated;
   });
   if (!downloaded.has_value()) return false;
   const Counters& c2 = downloaded->connection;
   Say("   download: 1 MiB, fnv1a %016" PRIx64 " (the same bytes came back)\n", blob_fnv_);
   Say("             server: %s\n", Deltas(c1, c2).c_str());
-  if (c2.windows_remote_invalidated() != c1.windows_remote_invalidated() + 1 ||
-      c2.windows_locally_invalidated() != c1.windows_locally_invalidated() ||
-      c2.invalidation_violations() != 0) {
+  if (c2.windows_remote_invalidated != c1.windows_remote_invalidated + 1 ||
+      c2.windows_locally_invalidated != c1.windows_locally_invalidated ||
+      c2.invalidation_violations != 0) {
     std::fprintf(stderr, "demo: the download's window was not revoked by our SEND_WITH_INV\n");
     return false;
   }
   Say("ok [2] bulk: 1 MiB each way, checksums match, each window revoked by SEND_WITH_INV "
-      "(mode %s)\n", swirl::control::InvalidationMode_Name(mode).c_str());
+      "(mode %s)\n", swirl::ControlPlaneName(mode));
   done_.push_back("1 MiB up and down through per-request windows");
   return true;
 }
@@ -449,10 +448,10 @@ bool Demo::Hostile() {
   }
   // The server's QP that refused the READ says so on the device's asynchronous events.
   std::optional<ServerView> after = ServerSeesWhen(*channel_, [&](const ServerView& v) {
-    return v.server.async_qp_errors() > before->server.async_qp_errors();
+    return v.server.async_qp_errors > before->server.async_qp_errors;
   });
   if (!after.has_value()) return false;
-  if (after->server.async_qp_errors() != before->server.async_qp_errors() + 1) {
+  if (after->server.async_qp_errors != before->server.async_qp_errors + 1) {
     std::fprintf(stderr, "demo: the server's device did not report the refused access\n");
     return false;
   }

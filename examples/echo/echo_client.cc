@@ -14,7 +14,7 @@
 #include "absl/flags/parse.h"
 #include "absl/time/clock.h"
 #include "examples/echo/echo.swirl.h"
-#include "rpc/channel.h"
+#include "swirl/channel.h"
 
 ABSL_FLAG(std::string, server, "localhost:7100", "server control-plane address");
 ABSL_FLAG(std::string, token, "", "authentication token");
@@ -47,10 +47,9 @@ int main(int argc, char** argv) {
   std::printf("echo_client: connected (connection %llu, %u credits, max message %u, "
               "invalidation %s)\n",
               static_cast<unsigned long long>((*channel)->connection_id()),
-              (*channel)->negotiated().client_credits(),
-              (*channel)->negotiated().max_message_size(),
-              swirl::control::InvalidationMode_Name((*channel)->negotiated().invalidation())
-                  .c_str());
+              (*channel)->negotiated().client_credits,
+              (*channel)->negotiated().max_message_size,
+              swirl::ControlPlaneName((*channel)->negotiated().invalidation));
   swirl::examples::EchoStub stub(**channel);
   swirl::examples::EchoRequest request;
   request.set_payload(std::string(absl::GetFlag(FLAGS_size), 'x'));

@@ -17,7 +17,7 @@
 #include "examples/echo/blob_service.h"
 #include "examples/echo/echo.swirl.h"
 #include "examples/echo/echo_service.h"
-#include "rpc/server.h"
+#include "swirl/server.h"
 
 ABSL_FLAG(std::string, address, "0.0.0.0:7100", "control-plane listen address (port 0: pick)");
 ABSL_FLAG(std::string, token, "", "clients must present this token (empty: no auth)");
@@ -69,8 +69,8 @@ int main(int argc, char** argv) {
   }
   const auto& caps = server.capabilities();
   std::printf("echo_server: listening on port %d, device %s (%s), remote invalidation %s\n",
-              server.port(), caps.device.c_str(), swirl::verbs::DeviceKindName(caps.kind),
-              caps.remote_invalidation() ? "yes" : "no");
+              server.port(), caps.device.c_str(), caps.kind.c_str(),
+              caps.remote_invalidation ? "yes" : "no");
   std::fflush(stdout);
   if (!absl::GetFlag(FLAGS_port_file).empty()) {
     // Written aside and renamed: whoever waits for the file never reads half of it.
@@ -81,18 +81,17 @@ int main(int argc, char** argv) {
   stop_signals.Wait();
 
   // Taken before the drain: Shutdown ends the workers, and their counters with them.
-  const swirl::control::StatsResponse stats = server.Stats();
+  const swirl::StatsReport stats = server.Stats();
   server.Shutdown(absl::Seconds(5));
-  const swirl::control::ServerStats& s = stats.server();
+  const swirl::ServerCounters& s = stats.server;
   auto n = [](uint64_t v) { return static_cast<unsigned long long>(v); };
   std::printf("echo_server: served %llu requests on %llu connections (%llu refused), "
               "%llu protocol errors\n",
-              n(s.requests()), n(s.connections_accepted()), n(s.connections_refused()),
-              n(s.protocol_errors()));
+              n(s.requests), n(s.connections_accepted), n(s.connections_refused),
+              n(s.protocol_errors));
   std::printf("echo_server: windows revoked by the peer's SEND_WITH_INV %llu, by LOCAL_INV %llu, "
               "at lease expiry %llu; invalidation violations %llu, refused remote accesses %llu\n",
-              n(s.windows_remote_invalidated()), n(s.windows_locally_invalidated()),
-              n(s.windows_lease_expired()), n(s.invalidation_violations()),
-              n(s.async_qp_errors()));
+              n(s.windows_remote_invalidated), n(s.windows_locally_invalidated),
+              n(s.windows_lease_expired), n(s.invalidation_violations), n(s.async_qp_errors));
   return 0;
 }

@@ -8,8 +8,8 @@
 #include <string>
 
 #include "greeter.swirl.h"
-#include "rpc/channel.h"
-#include "rpc/server.h"
+#include "swirl/channel.h"
+#include "swirl/server.h"
 
 namespace {
 
@@ -70,8 +70,7 @@ int main(int argc, char** argv) {
     if (rc == 0) {
       std::printf("embed_bazel: 100 typed calls over %s OK (invalidation %s)\n",
                   server.capabilities().device.c_str(),
-                  swirl::control::InvalidationMode_Name((*channel)->negotiated().invalidation())
-                      .c_str());
+                  swirl::ControlPlaneName((*channel)->negotiated().invalidation));
     }
   }  // the channel closes before the server shuts down
   server.Shutdown();

@@ -10,8 +10,8 @@
 #include <string>
 
 #include "counter.swirl.h"
-#include "rpc/channel.h"
-#include "rpc/server.h"
+#include "swirl/channel.h"
+#include "swirl/server.h"
 
 namespace {
 
@@ -90,8 +90,7 @@ int main(int argc, char** argv) {
     if (rc == 0) {
       std::printf("embed_make: 101 typed calls over %s OK (total %lld, invalidation %s)\n",
                   server.capabilities().device.c_str(), static_cast<long long>(got.total()),
-                  swirl::control::InvalidationMode_Name((*channel)->negotiated().invalidation())
-                      .c_str());
+                  swirl::ControlPlaneName((*channel)->negotiated().invalidation));
     }
   }  // the channel closes before the server shuts down
   server.Shutdown();

@@ -182,15 +182,12 @@ absl::Status RoguePeer::Call(const char* method, absl::string_view payload, uint
                              uint32_t invalidate_rkey, uint64_t* request_id) {
   const uint64_t id = next_request_++;
   if (request_id != nullptr) *request_id = id;
-  rpc_wire::MessageHeader h{rpc_wire::kProtocolVersion,
-                            rpc_wire::kRequest,
-                            flags,
-                            rpc_wire::MethodId(method),
-                            id,
-                            0,
-                            static_cast<uint32_t>(payload.size()),
-                            0,
-                            0};
+  rpc_wire::MessageHeader h{.version = rpc_wire::kProtocolVersion,
+                            .type = rpc_wire::kRequest,
+                            .flags = flags,
+                            .method_id = rpc_wire::MethodId(method),
+                            .request_id = id,
+                            .payload_len = static_cast<uint32_t>(payload.size())};
   return Send(h, payload, invalidate_rkey);
 }
 
@@ -271,8 +268,10 @@ absl::StatusOr<rpc_wire::BulkDescriptor> RogueConnection::CallForDownload(
 
 absl::StatusOr<std::vector<rpc_wire::BulkDescriptor>> RogueConnection::RequestWindows(
     uint32_t size, uint32_t count) {
-  const rpc_wire::MessageHeader request{
-      rpc_wire::kProtocolVersion, rpc_wire::kWindowGrant, 0, 0, size, 0, 0, 0, count};
+  const rpc_wire::MessageHeader request{.version = rpc_wire::kProtocolVersion,
+                                        .type = rpc_wire::kWindowGrant,
+                                        .request_id = size,
+                                        .aux = count};
   if (auto s = Send(request); !s.ok()) return s;
   auto grant = Receive(rpc_wire::kWindowGrant);
   if (!grant.ok()) return grant.status();
@@ -282,8 +281,8 @@ absl::StatusOr<std::vector<rpc_wire::BulkDescriptor>> RogueConnection::RequestWi
   return out;
 }
 
-absl::StatusOr<ibv_wc_status> RoguePeer::Read(uint64_t addr, uint32_t rkey,
-                                              uint32_t length, std::string* out) {
+absl::StatusOr<ibv_wc_status> RoguePeer::Read(uint64_t addr, uint32_t rkey, uint32_t length,
+                                              std::string* out) {
   auto status = Rdma(IBV_WR_RDMA_READ, addr, rkey, length);
   if (status.ok() && *status == IBV_WC_SUCCESS && out != nullptr) {
     out->assign(scratch_.data(), length);
@@ -386,7 +385,7 @@ bool RoguePeer::CutOff(absl::Duration timeout) {
     // within 100 ms is no proof of anything, so then poke again.
     if (!ping_out || absl::Now() - ping_sent > absl::Milliseconds(100)) {
       rpc_wire::MessageHeader ping{
-          rpc_wire::kProtocolVersion, rpc_wire::kPing, 0, 0, 0, 0, 0, credits_owed_, 0};
+          .version = rpc_wire::kProtocolVersion, .type = rpc_wire::kPing, .credits = credits_owed_};
       std::string bytes(reinterpret_cast<const char*>(&ping), sizeof(ping));
       if (SendRaw(bytes).ok()) credits_owed_ = 0;
       ping_out = true;

@@ -6,19 +6,18 @@
 #include "absl/status/statusor.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "proto/control.pb.h"
-#include "rpc/channel.h"
+#include "swirl/channel.h"
 
 namespace swirl::testing {
 
 // The server's control-plane stats (fetched through `channel`) once `done(stats)` holds, or as
 // they stand after 10 s; a failed fetch ends the wait with its error.
 template <typename Done>
-absl::StatusOr<control::StatsResponse> ServerStatsWhen(Channel& channel, Done done) {
+absl::StatusOr<StatsReport> ServerStatsWhen(Channel& channel, Done done) {
   const absl::Time deadline = absl::Now() + absl::Seconds(10);
   for (;;) {
     absl::SleepFor(absl::Milliseconds(5));  // leave the server the CPU
-    absl::StatusOr<control::StatsResponse> now = channel.ServerStats();
+    absl::StatusOr<StatsReport> now = channel.ServerStats();
     if (!now.ok() || done(*now) || absl::Now() >= deadline) return now;
   }
 }

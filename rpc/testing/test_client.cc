@@ -2,7 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
-#include "rpc/call.h"
+#include "swirl/call.h"
 
 namespace swirl::testing {
 

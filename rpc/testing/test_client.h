@@ -9,8 +9,8 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "rpc/channel.h"
 #include "rpc/wire.h"
+#include "swirl/channel.h"
 
 namespace swirl::testing {
 

@@ -36,11 +36,11 @@
 #include "base/mutex.h"
 #include "base/stop_signals.h"
 #include "proto/control.pb.h"
-#include "rpc/call.h"
-#include "rpc/server.h"
-#include "rpc/service.h"
 #include "rpc/testing/test_data.h"
 #include "rpc/wire.h"
+#include "swirl/call.h"
+#include "swirl/server.h"
+#include "swirl/service.h"
 
 ABSL_FLAG(std::string, port_file, "", "where to write the control-plane port");
 ABSL_FLAG(int, port, 0, "control-plane port (0: any free one; a restarted server reuses one)");
@@ -266,10 +266,10 @@ class E2E : public swirl::Service {
     });
     AddRawMethod("Stats", [](swirl::ServerContext&, absl::string_view,
                              swirl::ResponseWriter& out) {
-      const auto s = g_server->Stats().server();
-      out.Append(absl::StrCat(s.windows_outstanding(), " ", s.windows_remote_invalidated(), " ",
-                              s.windows_locally_invalidated(), " ", s.windows_lease_expired(),
-                              " ", s.invalidation_violations()));
+      const auto s = g_server->Stats().server;
+      out.Append(absl::StrCat(s.windows_outstanding, " ", s.windows_remote_invalidated, " ",
+                              s.windows_locally_invalidated, " ", s.windows_lease_expired,
+                              " ", s.invalidation_violations));
       return absl::OkStatus();
     });
   }

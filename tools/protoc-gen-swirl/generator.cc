@@ -356,7 +356,7 @@ std::string Header(const FileDescriptor* file, const std::vector<Service>& servi
     return out;
   }
   std::vector<std::string> includes = {"absl/functional/any_invocable.h", "absl/status/status.h",
-                                       base + ".pb.h", "rpc/call.h", "rpc/service.h"};
+                                       base + ".pb.h", "swirl/call.h", "swirl/service.h"};
   std::sort(includes.begin(), includes.end());
   absl::StrAppend(&out, "#include <memory>\n\n");
   for (const std::string& include : includes) absl::StrAppend(&out, "#include \"", include, "\"\n");
@@ -418,14 +418,14 @@ void EmitStubDefinition(const Service& service, std::string* out) {
   const std::string& cls = service.stub_class;
   Vars vars = {{"class", cls}};
   Emit(out, vars,
-       "// Method ids (rpc_wire::MethodId of \"/<service>/<method>\"), computed by the compiler.\n"
+       "// Method ids (swirl::MethodId of \"/<service>/<method>\"), computed by the compiler.\n"
        "struct $class$::MethodIds {\n");
   for (const Method& method : service.methods) {
     const std::string wire_name =
         absl::StrCat("/", service.descriptor->full_name(), "/", method.descriptor->name());
     absl::StrAppend(out, "  static constexpr ::std::uint32_t ", method.name,
                     "() {\n"
-                    "    constexpr ::std::uint32_t id = ::swirl::rpc_wire::MethodId(\"",
+                    "    constexpr ::std::uint32_t id = ::swirl::MethodId(\"",
                     wire_name,
                     "\");\n"
                     "    return id;\n"
@@ -535,9 +535,9 @@ std::string Source(const FileDescriptor* file, const std::vector<Service>& servi
                   "\n"
                   "#include \"absl/functional/any_invocable.h\"\n"
                   "#include \"absl/status/status.h\"\n"
-                  "#include \"rpc/call.h\"\n"
-                  "#include \"rpc/service.h\"\n"
-                  "#include \"rpc/wire.h\"\n"
+                  "#include \"swirl/call.h\"\n"
+                  "#include \"swirl/method_id.h\"\n"
+                  "#include \"swirl/service.h\"\n"
                   "\n");
   if (!ns.empty()) absl::StrAppend(&out, "namespace ", ns, " {\n\n");
   for (size_t i = 0; i < services.size(); ++i) {

@@ -16,10 +16,11 @@
 #include "gmock/gmock.h"
 #include "google/protobuf/empty.pb.h"
 #include "gtest/gtest.h"
-#include "rpc/call.h"
-#include "rpc/channel.h"
-#include "rpc/service.h"
-#include "rpc/wire.h"
+#include "rpc/server_context_access.h"
+#include "swirl/call.h"
+#include "swirl/channel.h"
+#include "swirl/method_id.h"
+#include "swirl/service.h"
 #include "tools/protoc-gen-swirl/testdata/common.pb.h"
 #include "tools/protoc-gen-swirl/testdata/nopkg.swirl.h"
 #include "tools/protoc-gen-swirl/testdata/store.pb.h"
@@ -65,7 +66,7 @@ class StringWriter : public swirl::ResponseWriter {
 // A handler's context without a connection (the handlers under test never ask for one).
 struct TestContext {
   std::atomic<bool> cancelled{false};
-  swirl::ServerContext context{nullptr, &cancelled};
+  swirl::ServerContext context = swirl::internal::ServerContextAccess::Make(nullptr, &cancelled);
 };
 
 swirl::Service::Method* FindMethod(const swirl::Service& service, const std::string& full_name) {
@@ -105,7 +106,7 @@ void ExpectMethods(const swirl::Service& service, const std::vector<ExpectedMeth
     SCOPED_TRACE(expected[i].full_name);
     const swirl::Service::Method& method = *service.methods()[i];
     EXPECT_EQ(method.full_name, expected[i].full_name);
-    EXPECT_EQ(method.id, swirl::rpc_wire::MethodId(expected[i].full_name.c_str()));
+    EXPECT_EQ(method.id, swirl::MethodId(expected[i].full_name.c_str()));
     EXPECT_EQ(method.options.execution, expected[i].execution);
     EXPECT_EQ(method.options.one_way, expected[i].one_way);
     EXPECT_TRUE(static_cast<bool>(method.new_invoker));
