@@ -163,6 +163,17 @@ fi
         progress_message = "Collecting swirl's public headers",
     )
 
+    # What include/ holds, one path a line: the install copies these, never what a directory
+    # listing finds (bazel-out keeps files an older version of this rule declared).
+    manifest = ctx.actions.declare_file(out + "include.list")
+    include_prefix = out + "include/"
+    ctx.actions.write(manifest, "".join([
+        dest.short_path.split(include_prefix, 1)[1] + "\n"
+        for _, dest in copies
+        if include_prefix in dest.short_path
+    ]))
+    outputs.append(manifest)
+
     return [DefaultInfo(files = depset(outputs))]
 
 swirl_dist = rule(
