@@ -31,6 +31,9 @@ def swirl_fuzzer(name, deps, env = {}, exclusive = False):
             "//fuzz:fuzzing": ["-fsanitize=fuzzer"],
             "//conditions:default": [],
         }),
+        # Not built by //...: the libFuzzer binary needs --config=fuzz (clang-16). It is not
+        # skipped: tools/fuzz_check.sh builds and runs it in ./swirl test, and the cc_test
+        # below replays its corpus with GCC in //....
         tags = ["manual"],
         deps = deps + ["//fuzz:fuzz_support"] + select({
             "//fuzz:fuzzing": [],

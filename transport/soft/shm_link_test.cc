@@ -251,26 +251,9 @@ void Connect(Side& victim, const ibv_gid& peer, const LinkKey* key) {
   ASSERT_TRUE(victim.qp->Connect({peer, 0, kPeerQpn, kPeerPsn}, kVictimPsn, {}).ok());
 }
 
-void PostRecv(Side& s, uint64_t wr_id) {
-  ibv_sge sge{reinterpret_cast<uint64_t>(s.buf.data()), 4096, s.mr->lkey()};
-  ibv_recv_wr wr{};
-  wr.wr_id = wr_id;
-  wr.sg_list = &sge;
-  wr.num_sge = 1;
-  ibv_recv_wr* bad;
-  ASSERT_EQ(ibv_post_recv(s.qp->get(), &wr, &bad), 0);
-}
-
+void PostRecv(Side& s, uint64_t wr_id) { ASSERT_TRUE(PostBufferRecv(s, wr_id).ok()); }
 void PostSend(Side& s, uint64_t wr_id, const char* text) {
-  ibv_sge sge{reinterpret_cast<uint64_t>(text), static_cast<uint32_t>(std::strlen(text) + 1), 0};
-  ibv_send_wr wr{};
-  wr.wr_id = wr_id;
-  wr.opcode = IBV_WR_SEND;
-  wr.send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
-  wr.sg_list = &sge;
-  wr.num_sge = 1;
-  ibv_send_wr* bad;
-  ASSERT_EQ(ibv_post_send(s.qp->get(), &wr, &bad), 0);
+  ASSERT_TRUE(PostInlineSend(s, wr_id, text).ok());
 }
 
 // The first completion of `side`'s CQ within 10 s, polling `other` meanwhile.

@@ -103,26 +103,9 @@ void FirstSendFrame(uint32_t msn, uint32_t ack, const char* text, char (&frame)[
   std::memcpy(frame + sizeof(header), text, length);
 }
 
-void PostRecv(Side& s, uint64_t wr_id) {
-  ibv_sge sge{reinterpret_cast<uint64_t>(s.buf.data()), 4096, s.mr->lkey()};
-  ibv_recv_wr wr{};
-  wr.wr_id = wr_id;
-  wr.sg_list = &sge;
-  wr.num_sge = 1;
-  ibv_recv_wr* bad;
-  ASSERT_EQ(ibv_post_recv(s.qp->get(), &wr, &bad), 0);
-}
-
+void PostRecv(Side& s, uint64_t wr_id) { ASSERT_TRUE(PostBufferRecv(s, wr_id).ok()); }
 void PostSend(Side& s, uint64_t wr_id, const char* text) {
-  ibv_sge sge{reinterpret_cast<uint64_t>(text), static_cast<uint32_t>(std::strlen(text) + 1), 0};
-  ibv_send_wr wr{};
-  wr.wr_id = wr_id;
-  wr.opcode = IBV_WR_SEND;
-  wr.send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
-  wr.sg_list = &sge;
-  wr.num_sge = 1;
-  ibv_send_wr* bad;
-  ASSERT_EQ(ibv_post_send(s.qp->get(), &wr, &bad), 0);
+  ASSERT_TRUE(PostInlineSend(s, wr_id, text).ok());
 }
 
 // Polls `cqs` until the first yields a completion (10 s at most).

@@ -43,6 +43,11 @@ Side MakeSide(const char* name, const SideOptions& options = {});
 // Connects a (send PSN 100) and b (send PSN 200) to each other: the first failure, or OK.
 absl::Status ConnectSides(Side& a, Side& b, const verbs::ConnectOptions& options = {});
 
+// Posts a receive of the first 4096 bytes of `s.buf` with `wr_id`.
+absl::Status PostBufferRecv(Side& s, uint64_t wr_id);
+// Posts a signaled inline SEND of `text` and its NUL with `wr_id`.
+absl::Status PostInlineSend(Side& s, uint64_t wr_id, const char* text);
+
 }  // namespace swirl::soft
 
 #endif  // SWIRL_TRANSPORT_SOFT_TEST_SIDE_H_
