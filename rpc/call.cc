@@ -25,6 +25,11 @@ ClientCall::~ClientCall() {
 
 void ClientCall::Complete(absl::Status status) {
   status_ = std::move(status);
+  if (!callback_) {  // a blocking call or one that is polled: the waiter takes it from here
+    state_.store(kDone, std::memory_order_release);
+    NotifierWord::Notify(completion_);  // the owner may reuse or free this call from here on
+    return;
+  }
   auto callback = std::move(callback_);
   callback_ = nullptr;
   state_.store(kDone, std::memory_order_release);

@@ -22,20 +22,7 @@ namespace swirl::internal {
 namespace {
 
 constexpr int kPollBatch = 16;
-// The worker whose loop this thread is running right now (it holds that worker's driver_), so
-// that calls started from callbacks and handlers go straight to the connection and leave with
-// the iteration's doorbell instead of taking a trip through the submission queue.
-thread_local Worker* t_driving = nullptr;
 constexpr uint64_t kRecvTag = uint64_t{1} << 63;  // wr_id of receives; sends use plain seqs
-// Marks this thread as the one driving `worker` for the scope (it holds the driver lock).
-class DrivingScope {
- public:
-  explicit DrivingScope(Worker* worker) : previous_(std::exchange(t_driving, worker)) {}
-  ~DrivingScope() { t_driving = previous_; }
-
- private:
-  Worker* previous_;
-};
 
 }  // namespace
 
@@ -265,41 +252,6 @@ void Worker::RunInLoop(absl::AnyInvocable<void()> fn) {
   Submit(std::move(item));
 }
 
-void Worker::StartCall(uint64_t connection_id, ClientCall* call) {
-  call->worker_ = this;
-  call->connection_id_ = connection_id;
-  call->status_ = absl::OkStatus();
-  call->cancel_requested_.store(false, std::memory_order_relaxed);
-  NotifierWord::Reset(call->completion_);
-  // Release: a Cancel() that sees this round's state also sees its cleared cancel request.
-  call->state_.store(ClientCall::kQueued, std::memory_order_release);
-  if (t_driving == this) {
-    // From a callback or handler on this loop: queue it behind this iteration's doorbell.
-    // A connection that is not active goes through the queue, so a callback that restarts a
-    // failed call cannot recurse.
-    Connection* c = FindById(connection_id);
-    if (c != nullptr && c->active()) {
-      StartCallOnLoop(c, call);
-      return;
-    }
-  } else if (!options_.own_thread && driver_.try_lock()) {
-    // Caller-driven and nobody else is driving: post it ourselves, no hand-off.
-    {
-      DrivingScope driving(this);
-      DrainSubmissions();
-      StartCallOnLoop(FindById(connection_id), call);
-      outbox_.FlushAll();
-    }
-    driver_.unlock();
-    return;
-  }
-  WorkItem item;
-  item.kind = WorkItem::kStartCall;
-  item.connection_id = connection_id;
-  item.call = call;
-  Submit(std::move(item));
-}
-
 void Worker::CancelCall(ClientCall* call) {
   WorkItem item;
   item.kind = WorkItem::kCancelCall;
@@ -432,8 +384,7 @@ bool Worker::RunOnce() {
   return did;
 }
 
-bool Worker::DrainSubmissions() {
-  if (submissions_.MaybeEmpty()) return false;
+bool Worker::DrainSubmissionsSlow() {
   bool did = false;
   WorkItem item;
   for (int i = 0; i < 256 && submissions_.TryPop(&item); ++i) {

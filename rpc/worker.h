@@ -37,11 +37,13 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -50,6 +52,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "base/check.h"
 #include "base/mpsc_queue.h"
 #include "base/mutex.h"
 #include "base/spinlock.h"
@@ -118,6 +121,26 @@ struct WorkerStats {
   uint64_t protocol_errors = 0;
   uint64_t requests = 0;
   uint64_t stray_completions = 0;
+};
+
+class Worker;
+
+// The worker whose loop this thread is running right now (it holds that worker's driver_), so
+// that calls started from callbacks and handlers go straight to the connection and leave with
+// the iteration's doorbell instead of taking a trip through the submission queue. constinit:
+// read directly, without a TLS wrapper call (the caller-driven call path reads it each call).
+inline constinit thread_local Worker* t_driving = nullptr;
+
+// Marks this thread as the one driving `worker` for the scope (it holds the driver lock).
+class DrivingScope {
+ public:
+  explicit DrivingScope(Worker* worker) : previous_(std::exchange(t_driving, worker)) {}
+  ~DrivingScope() { t_driving = previous_; }
+  DrivingScope(const DrivingScope&) = delete;
+  DrivingScope& operator=(const DrivingScope&) = delete;
+
+ private:
+  Worker* previous_;
 };
 
 class Worker {
@@ -223,7 +246,10 @@ class Worker {
   void Loop();
   bool RunOnce();
   void SleepUntilWork();
-  bool DrainSubmissions();
+  // Takes what other threads submitted. Inline: nearly always there is nothing, and the loop
+  // and every caller-driven call look (the slow half has a WorkItem's frame to set up).
+  bool DrainSubmissions() { return !submissions_.MaybeEmpty() && DrainSubmissionsSlow(); }
+  bool DrainSubmissionsSlow();
   void HandleItem(WorkItem& item);
   void ActivateOnLoop(std::shared_ptr<Connection> connection);
   void CancelOnLoop(Connection* c, ClientCall* call);
@@ -263,6 +289,9 @@ class Worker {
 
   // ---- Serving (worker_serve.cc) ----
   void DispatchCall(Connection* c, Incoming& in);
+  // An eager request or one-way call straight from its receive buffer: DispatchCall in one
+  // pass for the common case (the connection's last method again, inline).
+  void ServeEager(Connection* c, const rpc_wire::MessageHeader& h, const char* payload);
   // The method a request names (the last one's, most often), or nullptr after answering why.
   const Service::Method* ResolveMethod(Connection* c, const rpc_wire::MessageHeader& h);
   Service::Invoker* InvokerFor(Connection* c, const Service::Method* method);
@@ -299,6 +328,7 @@ class Worker {
 
   // ---- Calling (worker_calls.cc) ----
   void StartCallOnLoop(Connection* c, ClientCall* call);
+  void AdmitAndSend(Connection* c, ClientCall* call);
   // Sends `s` now if credits, a slot and buffers allow: false to leave it in the backlog. True
   // also when it completed instead (refused, or one-way).
   bool TrySendCall(Connection* c, CallState& s);
@@ -315,8 +345,14 @@ class Worker {
       if (!call->response_->ParseFromArray(message.data(), static_cast<int>(message.size()))) {
         return absl::DataLossError("response does not parse");
       }
-    } else if (call->response_bytes_ != nullptr) {
-      call->response_bytes_->assign(message.data(), message.size());
+    } else if (std::string* out = call->response_bytes_; out != nullptr) {
+      // A reused string of the same length (a steady stream of echoes) is overwritten in
+      // place: assign() goes through its general replace path.
+      if (out->size() == message.size() && !message.empty()) {
+        std::memcpy(out->data(), message.data(), message.size());
+      } else {
+        out->assign(message.data(), message.size());
+      }
     }
     return absl::OkStatus();
   }
@@ -324,7 +360,17 @@ class Worker {
   void FinishCall(Connection* c, CallState& s, absl::Status status);
   // Completes `s` now: its state is retired, the call told (with the abandoned status, if it
   // gave up earlier).
-  void CompleteLocally(Connection* c, CallState& s, absl::Status status);
+  // Inline: the last step of every call.
+  void CompleteLocally(Connection* c, CallState& s, absl::Status status) {
+    SWIRL_DCHECK(OnLoopThread());
+    if (!s.abandoned.ok()) [[unlikely]] {
+      status = std::move(s.abandoned);  // the caller gave up: that stands
+    }
+    ClientCall* call = s.call;
+    c->calls().Release(s);
+    c->calls().Retire(s);  // before the callback, which may start the call again
+    call->Complete(std::move(status));
+  }
   // A pending call given up on (cancel, deadline): completes it with `status`, or once the
   // device and the server are done with its buffers (the Defer* below), telling the server
   // either way.

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/check.h"
+#include "base/notifier.h"
 #include "google/protobuf/message_lite.h"
 #include "rpc/worker.h"
 
@@ -18,7 +19,8 @@ using rpc_wire::MessageHeader;
 
 }  // namespace
 
-void Worker::StartCallOnLoop(Connection* c, ClientCall* call) {
+// Inlined into StartCall: the caller's half of a call is one function.
+[[gnu::always_inline]] inline void Worker::AdmitAndSend(Connection* c, ClientCall* call) {
   SWIRL_DCHECK(OnLoopThread());
   if (c == nullptr || !c->active()) {
     call->Complete(absl::UnavailableError(
@@ -126,6 +128,43 @@ bool Worker::TrySendCall(Connection* c, CallState& s) {
 }
 
 
+void Worker::StartCallOnLoop(Connection* c, ClientCall* call) { AdmitAndSend(c, call); }
+
+void Worker::StartCall(uint64_t connection_id, ClientCall* call) {
+  call->worker_ = this;
+  call->connection_id_ = connection_id;
+  call->status_ = absl::OkStatus();
+  call->cancel_requested_.store(false, std::memory_order_relaxed);
+  NotifierWord::Reset(call->completion_);
+  // Release: a Cancel() that sees this round's state also sees its cleared cancel request.
+  call->state_.store(ClientCall::kQueued, std::memory_order_release);
+  if (t_driving == this) {
+    // From a callback or handler on this loop: queue it behind this iteration's doorbell.
+    // A connection that is not active goes through the queue, so a callback that restarts a
+    // failed call cannot recurse.
+    Connection* c = FindById(connection_id);
+    if (c != nullptr && c->active()) {
+      AdmitAndSend(c, call);
+      return;
+    }
+  } else if (!options_.own_thread && driver_.try_lock()) {
+    // Caller-driven and nobody else is driving: post it ourselves, no hand-off.
+    {
+      DrivingScope driving(this);
+      DrainSubmissions();
+      AdmitAndSend(FindById(connection_id), call);
+      outbox_.FlushAll();
+    }
+    driver_.unlock();
+    return;
+  }
+  WorkItem item;
+  item.kind = WorkItem::kStartCall;
+  item.connection_id = connection_id;
+  item.call = call;
+  Submit(std::move(item));
+}
+
 void Worker::PumpBacklog(Connection* c) {
   // What waited for credits first (responses, acks, grants), in order; then new calls.
   if (!outbox_.Unpark(c)) return;
@@ -142,20 +181,6 @@ void Worker::PumpBacklog(Connection* c) {
   }
 }
 
-
-void Worker::CompleteCall(Connection* c, const MessageHeader& h, const char* payload) {
-  SWIRL_DCHECK(OnLoopThread());
-  CallState* s = c->calls().Find(h.request_id);
-  if (s == nullptr) return;  // cancelled or timed out already; the late response is dropped
-  if (s->read_op >= 0) return SecondResponse(c, h.request_id);
-  c->calls().Release(*s);
-  Bump(c->counters().responses_received);
-  const absl::string_view body(payload, h.payload_len);
-  absl::Status status =
-      h.status == 0 ? ParseResponse(s->call, body)
-                    : absl::Status(static_cast<absl::StatusCode>(h.status), body);
-  FinishCall(c, *s, std::move(status));
-}
 
 void Worker::FinishCall(Connection* c, CallState& s, absl::Status status) {
   if ((s.request_window & s.reply_window & s.write_op) < 0) {  // all -1: nothing to wait for
@@ -201,15 +226,6 @@ void Worker::FinishCall(Connection* c, CallState& s, absl::Status status) {
     }
   }
   if (!revoking) CompleteLocally(c, s, std::move(status));
-}
-
-void Worker::CompleteLocally(Connection* c, CallState& s, absl::Status status) {
-  SWIRL_DCHECK(OnLoopThread());
-  if (!s.abandoned.ok()) status = std::move(s.abandoned);  // the caller gave up: that stands
-  ClientCall* call = s.call;
-  c->calls().Release(s);
-  c->calls().Retire(s);  // before the callback, which may start the call again
-  call->Complete(std::move(status));
 }
 
 void Worker::GiveUp(Connection* c, CallState& s, absl::Status status) {

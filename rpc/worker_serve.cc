@@ -117,6 +117,40 @@ void Worker::DispatchCall(Connection* c, Incoming& in) {
   SendHandlerResult(c, in, std::move(status), &writer, ServerContextAccess::response_bulk(ctx));
 }
 
+void Worker::ServeEager(Connection* c, const MessageHeader& h, const char* payload) {
+  SWIRL_DCHECK(OnLoopThread());
+  const ServeState& serving = c->serving;
+  const Service::Method* method = serving.last_method;
+  // The common case in one pass: a request (not one-way) for the method this connection called
+  // last, run inline, while serving. Anything else (a first call, another method, one-way, a
+  // blocking method, a drain) takes DispatchCall's full path.
+  if (h.type != rpc_wire::kRequest || h.method_id != serving.last_method_id ||
+      serving.last_invoker == nullptr || method->options.one_way ||
+      (method->options.execution == Execution::kThreadPool && pool_ != nullptr) || draining_ ||
+      !c->active()) [[unlikely]] {
+    Incoming in;
+    in.header = h;
+    in.eager = absl::string_view(payload, h.payload_len);
+    DispatchCall(c, in);
+    return;
+  }
+  Bump(c->counters().requests_received);
+  Bump(requests_);
+  ServerContext ctx = ServerContextAccess::Make(c, nullptr);
+  MessageWriter writer(&outbox_, bulk_pool_.get(), c);
+  absl::Status status =
+      serving.last_invoker->Invoke(ctx, absl::string_view(payload, h.payload_len), writer);
+  BulkBuffer& attachment = ServerContextAccess::response_bulk(ctx);
+  if (status.ok() && !writer.in_bulk() && !attachment && writer.data() != nullptr) [[likely]] {
+    EmitResponse(c, &writer, h.request_id, 0);
+    return;
+  }
+  Incoming in;
+  in.header = h;
+  in.eager = absl::string_view(payload, h.payload_len);
+  SendHandlerResult(c, in, std::move(status), &writer, attachment);
+}
+
 void Worker::SendHandlerResult(Connection* c, Incoming& in, absl::Status status,
                                MessageWriter* writer, BulkBuffer& attachment) {
   if (attachment && attachment.size() == 0) attachment.Release();  // empty: no attachment
