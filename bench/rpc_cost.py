@@ -12,8 +12,8 @@ receives, send completions). Each side is one run; the cost per call is the diff
 a long and a short run, divided by the difference in calls, so setup and warm-up cancel out.
 
 Each side's instructions are split by where the code lives:
-  rpc        swirl's RPC layer: rpc/, the generated code, the handler's invocation (examples/)
-  protobuf   libprotobuf (serialize and parse)
+  rpc        swirl's RPC layer: rpc/, swirl's generated code, the handler's invocation (examples/)
+  protobuf   libprotobuf and protoc's generated message code (serialize, parse, Clear)
   device     the soft device: transport/, and libibverbs' inline dispatch (infiniband/verbs.h)
   other      libc, libstdc++, Abseil
 "rpc" counts both the caller's and the loop's RPC work, since the client's worker is driven by
@@ -40,7 +40,9 @@ GROUPS = ("rpc", "protobuf", "device", "other")
 def classify(file_name, obj):
     f = file_name or ""
     o = obj or ""
-    if "protobuf" in o or "/google/protobuf/" in f:
+    # protoc's generated message code (*.pb.cc, *.pb.h: parse, serialize, Clear) is protobuf's
+    # work, wherever the .proto lives; swirl's generated stubs and services (*.swirl.*) are not.
+    if "protobuf" in o or "/google/protobuf/" in f or f.endswith((".pb.cc", ".pb.h")):
         return "protobuf"
     if f.startswith(("rpc/", "examples/", "tools/")) or "/examples/" in f or "/rpc/" in f:
         return "rpc"
@@ -49,12 +51,12 @@ def classify(file_name, obj):
     return "other"
 
 
-def run(encoding, size, calls, side, work):
+def run(binary, encoding, size, calls, side, work):
     out = os.path.join(work, "cg.%s.%s.%d" % (encoding, side, calls))
     toggles = ["--toggle-collect=*%s*" % fn for fn in SIDES[side]]
     cmd = ["valgrind", "--tool=callgrind", "--collect-atstart=no",
            "--callgrind-out-file=" + out] + toggles + [
-               BIN, "--encoding", encoding, "--size", str(size), "--calls", str(calls)]
+               binary, "--encoding", encoding, "--size", str(size), "--calls", str(calls)]
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode != 0:
         sys.exit("%s failed:\n%s" % (" ".join(cmd), p.stderr[-2000:]))
@@ -105,15 +107,17 @@ def main():
     p.add_argument("--short", type=int, default=5000, help="calls in the short run")
     p.add_argument("--long", type=int, default=20000, help="calls in the long run")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--bin", default=BIN,
+                   help="the rpc_path_bench binary (a copy of an older build, to compare)")
     args = p.parse_args()
-    if not os.path.exists(BIN):
-        sys.exit("%s is missing: bazel build -c opt //bench:rpc_path_bench" % BIN)
+    if not os.path.exists(args.bin):
+        sys.exit("%s is missing: bazel build -c opt //bench:rpc_path_bench" % args.bin)
     work = tempfile.mkdtemp(prefix="rpc_cost-")
     report = {}
     for encoding in ("raw", "proto"):
         for side in SIDES:
-            short = run(encoding, args.size, args.short, side, work)
-            long_ = run(encoding, args.size, args.long, side, work)
+            short = run(args.bin, encoding, args.size, args.short, side, work)
+            long_ = run(args.bin, encoding, args.size, args.long, side, work)
             n = args.long - args.short
             per = {g: (long_[g] - short[g]) / n for g in GROUPS}
             per["total"] = sum(per[g] for g in GROUPS)
