@@ -374,6 +374,10 @@ class Server::Impl final : public control::Control::Service {
       principals_.push_back(Principal{.name = "default", .token = options_.auth_token,
                                       .admin = true});
     }
+    if (!options_.tls_client_ca_file.empty() && options_.tls_cert_file.empty()) {
+      // Else the server would listen in plaintext and no client certificate would ever be seen.
+      return absl::InvalidArgumentError("tls_client_ca_file needs tls_cert_file and tls_key_file");
+    }
     absl::flat_hash_set<std::string> names, tokens, identities;
     for (const Principal& p : principals_) {
       // Errors name the principal, never its token.
