@@ -16,6 +16,7 @@
 #include "rpc/testing/test_client.h"
 #include "swirl/call.h"
 #include "swirl/channel.h"
+#include "swirl/server.h"
 
 namespace swirl {
 namespace {
@@ -188,6 +189,53 @@ TEST(Principals, APrincipalsOwnCapIsItsLimit) {
     bobs.push_back(*bob);
   }
   EXPECT_FALSE(ConnectAs("127.0.0.1", port, "bob-token").ok());
+}
+
+// Principals the server could not tell apart, or that no credential could name, are a
+// configuration error at Start, not a server that picks one by order. (In-process: Start fails
+// before it listens.)
+TEST(Principals, StartRefusesPrincipalsThatDoNotEachNameOneClient) {
+  auto start = [](ServerOptions options) {
+    options.address = "127.0.0.1:0";
+    Server server(options);
+    absl::Status s = server.Start();
+    server.Shutdown(absl::ZeroDuration());
+    return s;
+  };
+  const Principal alice{.name = "alice", .token = "alice-token"};
+  struct Case {
+    const char* why;
+    ServerOptions options;
+  };
+  std::vector<Case> cases;
+  cases.push_back({"two principals named alice", {}});
+  cases.back().options.principals = {alice, Principal{.name = "alice", .token = "other"}};
+  cases.push_back({"two principals with one token", {}});
+  cases.back().options.principals = {alice, Principal{.name = "bob", .token = "alice-token"}};
+  cases.push_back({"auth_token's principal 'default' given again", {}});
+  cases.back().options.auth_token = "t";
+  cases.back().options.principals = {Principal{.name = "default", .token = "u"}};
+  cases.push_back({"a principal without a name", {}});
+  cases.back().options.principals = {Principal{.token = "t"}};
+  cases.push_back({"a principal without credentials", {}});
+  cases.back().options.principals = {Principal{.name = "nobody"}};
+  cases.push_back({"a certificate identity with no CA to verify it", {}});
+  cases.back().options.principals = {Principal{.name = "carol", .tls_identity = "carol"}};
+  cases.push_back({"a client CA without TLS", {}});
+  cases.back().options.tls_client_ca_file = "/nonexistent/ca.pem";
+  for (Case& c : cases) {
+    const absl::Status s = start(std::move(c.options));
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.why << ": " << s;
+    // Errors name principals, never their tokens.
+    EXPECT_EQ(s.message().find("alice-token"), absl::string_view::npos) << s;
+  }
+  // Principals are authentication: beyond loopback they let a server start.
+  ServerOptions beyond;
+  beyond.principals = {alice};
+  beyond.address = "0.0.0.0:0";
+  Server server(beyond);
+  EXPECT_TRUE(server.Start().ok());
+  server.Shutdown(absl::ZeroDuration());
 }
 
 }  // namespace
