@@ -190,7 +190,8 @@ TEST_F(TlsExamplesTest, BlockstoreOverTlsAndAClientTrustingAnotherCaIsRefused) {
 
 // Mutual TLS: alice and carol are named by their client certificates (no tokens); alice owns
 // volume "a". carol, with a good certificate of her own, is refused alice's volume; a client
-// without a certificate, or with one in alice's name from another CA, is refused altogether.
+// without a certificate, with one in alice's name from another CA, or with a certificate and
+// a token that name two principals, is refused altogether.
 TEST_F(TlsExamplesTest, AClientCertificateNamesItsPrincipal) {
   const std::string principals = TempPath("tls_principals");
   WriteFile(principals,
@@ -219,6 +220,11 @@ TEST_F(TlsExamplesTest, AClientCertificateNamesItsPrincipal) {
   // is looked at; mallory, with alice's name on a certificate from another CA, likewise.
   EXPECT_EQ(cli({"--token=bob-token"}), 3);
   EXPECT_EQ(cli({"--tls_cert=" + pki_->mallory_cert, "--tls_key=" + pki_->mallory_key}), 3);
+  // Credentials that name two principals (carol's certificate, bob's token) are refused, not
+  // taken as whichever comes first: 3 as well, not 7.
+  EXPECT_EQ(cli({"--tls_cert=" + pki_->carol_cert, "--tls_key=" + pki_->carol_key,
+                 "--token=bob-token"}),
+            3);
   server->first.Signal(SIGTERM);
   auto rc = server->first.Wait(kTimeout);
   ASSERT_TRUE(rc.ok()) << rc.status();
