@@ -215,6 +215,12 @@ TEST(Principals, StartRefusesPrincipalsThatDoNotEachNameOneClient) {
   cases.push_back({"auth_token's principal 'default' given again", {}});
   cases.back().options.auth_token = "t";
   cases.back().options.principals = {Principal{.name = "default", .token = "u"}};
+  cases.push_back({"two principals with one certificate identity", {}});
+  cases.back().options.tls_cert_file = "/nonexistent/server.pem";
+  cases.back().options.tls_client_ca_file = "/nonexistent/ca.pem";
+  cases.back().options.principals = {
+      Principal{.name = "carol", .token = "carol-token", .tls_identity = "carol"},
+      Principal{.name = "dave", .tls_identity = "carol"}};
   cases.push_back({"a principal without a name", {}});
   cases.back().options.principals = {Principal{.token = "t"}};
   cases.push_back({"a principal without credentials", {}});

@@ -400,9 +400,9 @@ class Server::Impl final : public control::Control::Service {
         return absl::InvalidArgumentError(
             absl::StrCat("principal '", p.name, "' has another principal's token"));
       }
-      if (!p.tls_identity.empty() && p.token.empty() && !identities.insert(p.tls_identity).second) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "principal '", p.name, "' has another principal's tls_identity (and no token)"));
+      if (!p.tls_identity.empty() && !identities.insert(p.tls_identity).second) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("principal '", p.name, "' has another principal's tls_identity"));
       }
     }
     return absl::OkStatus();

@@ -53,7 +53,9 @@ struct Principal {
   std::string token;
   // A client certificate's identity (its subject alternative names, else its common name, as
   // verified against ServerOptions::tls_client_ca_file) that names this principal. Empty: not
-  // named by a certificate. A principal with both is named only when both match.
+  // named by a certificate. A principal with both is named only when both match. No two
+  // principals share a token or an identity, and credentials that match two principals (one's
+  // certificate, another's token) are refused.
   std::string tls_identity;
   // Stats shows an admin every connection; anyone else only the connections of its own
   // principal (the server's totals, counts without ids or names, go to everyone).
