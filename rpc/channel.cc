@@ -133,6 +133,14 @@ class Channel::Impl {
       if (!root.ok()) return root.status();
       grpc::SslCredentialsOptions ssl;
       ssl.pem_root_certs = *root;
+      if (!options.tls_cert_file.empty() || !options.tls_key_file.empty()) {
+        auto cert = internal::ReadFile(options.tls_cert_file);
+        if (!cert.ok()) return cert.status();
+        auto key = internal::ReadFile(options.tls_key_file);
+        if (!key.ok()) return key.status();
+        ssl.pem_cert_chain = *cert;
+        ssl.pem_private_key = *key;
+      }
       credentials = grpc::SslCredentials(ssl);
       if (!options.tls_target_name.empty()) {
         args.SetSslTargetNameOverride(options.tls_target_name);

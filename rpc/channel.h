@@ -75,6 +75,10 @@ struct ChannelOptions {
   // TLS for the control plane: the PEM root certificate file; empty: plaintext.
   std::string tls_root_cert_file;
   std::string tls_target_name;  // override the name checked in the server certificate
+  // Mutual TLS (with tls_root_cert_file): this channel's certificate and key (PEM files), for a
+  // server that asks for one (ServerOptions::tls_client_ca_file). Both empty: none.
+  std::string tls_cert_file;
+  std::string tls_key_file;
   // Create refuses to send auth_token in plaintext (no TLS) to a server beyond loopback, where
   // anyone on the path could read it and use it. True accepts that.
   bool allow_plaintext_token = false;

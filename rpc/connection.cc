@@ -85,11 +85,13 @@ Connection::Connection(Worker* worker, uint64_t id, std::unique_ptr<verbs::Queue
 Connection::~Connection() = default;
 
 void Connection::Configure(const control::Negotiated& negotiated, bool is_server,
-                           std::string peer, std::string client_name) {
+                           std::string peer, std::string client_name, std::string principal) {
   negotiated_ = negotiated;
   is_server_ = is_server;
   peer_ = std::move(peer);
-  client_key_ = ClientKey(peer_);
+  principal_ = std::move(principal);
+  // Once here, not per message: the per-client budgets look it up by this key.
+  client_key_ = LimitKey(principal_, peer_);
   client_name_ = std::move(client_name);
   remote_invalidation_ = negotiated.invalidation() == control::INVALIDATION_REMOTE;
   max_payload_ = negotiated.max_message_size();

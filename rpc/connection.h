@@ -146,6 +146,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   Worker* worker() const { return worker_; }
   State state() const { return state_.load(std::memory_order_acquire); }
   const std::string& peer() const { return peer_; }
+  // Server side: the principal the client authenticated as at Connect ("" if none).
+  const std::string& principal() const { return principal_; }
   const std::string& client_name() const { return client_name_; }
   const control::Negotiated& negotiated() const { return negotiated_; }
   ConnectionCounters& counters() { return counters_; }
@@ -154,9 +156,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // A handle for calling the other side over this connection.
   std::shared_ptr<CallTarget> AsCallTarget();
 
-  // Control path, before the connection is activated: what the handshake settled.
+  // Control path, before the connection is activated: what the handshake settled, and on a
+  // server who the client authenticated as (its principal, "" for none).
   void Configure(const control::Negotiated& negotiated, bool is_server, std::string peer,
-                 std::string client_name);
+                 std::string client_name, std::string principal = "");
   // Control path, before the connection is activated: called once on the loop thread when the
   // connection starts closing (its QP in ERR, before its pending calls fail), with why. It
   // must not block (a channel only marks itself down and wakes its reconnector).
@@ -176,7 +179,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   bool is_server() const { return is_server_; }
   const MethodTable* methods() const { return methods_; }
-  // internal::ClientKey(peer()): what per-client limits count by.
+  // internal::LimitKey(principal(), peer()): what per-client limits count by.
   const std::string& client_key() const { return client_key_; }
   uint32_t max_payload() const { return max_payload_; }
   // The peer revokes our windows with SEND_WITH_INV (else: our own LOCAL_INV).
@@ -209,6 +212,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   // Set by Configure, before activation.
   std::string peer_;
+  std::string principal_;
   std::string client_key_;
   std::string client_name_;
   control::Negotiated negotiated_;

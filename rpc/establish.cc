@@ -155,7 +155,8 @@ absl::StatusOr<std::shared_ptr<Connection>> EstablishConnection(const Connection
     setup.worker->Abandon(c);
     return s;
   }
-  c->Configure(answer->negotiated, setup.is_server, setup.peer, setup.client_name);
+  c->Configure(answer->negotiated, setup.is_server, setup.peer, setup.client_name,
+               setup.principal);
   if (setup.on_lost) c->set_on_lost(setup.on_lost);
   setup.worker->Activate(c);
   LogEstablished(setup, *answer);

@@ -86,6 +86,7 @@ struct ConnectionSetup {
   bool is_server = false;
   std::string peer;         // the other side's address, for logs and Stats
   std::string client_name;  // as the client gave it (untrusted on a server: logged escaped)
+  std::string principal;    // server side: who the client authenticated as ("" if no one)
   // Connection::set_on_lost's observer, set before the connection is activated (a channel's
   // reconnector).
   std::function<void(const absl::Status&)> on_lost;

@@ -244,11 +244,38 @@ bool SecretMatches(absl::string_view presented, absl::string_view secret) {
 }
 
 std::string ClientKey(absl::string_view peer) {
-  if (peer.rfind("ipv4:", 0) == 0 || peer.rfind("ipv6:", 0) == 0) {
+  if (peer.rfind("ipv4:", 0) == 0) {
     size_t colon = peer.rfind(':');
     if (colon != absl::string_view::npos && colon > 5) return std::string(peer.substr(0, colon));
+    return std::string(peer);
   }
-  return std::string(peer);
+  // gRPC may write the brackets percent-encoded.
+  std::string p = absl::StrReplaceAll(peer, {{"%5B", "["}, {"%5D", "]"}});
+  absl::string_view rest = p;
+  if (!absl::ConsumePrefix(&rest, "ipv6:")) return std::string(peer);
+  absl::string_view host = rest;
+  if (size_t close = host.rfind(']'); host.size() >= 2 && host.front() == '[' &&
+                                      close != absl::string_view::npos) {
+    host = host.substr(1, close - 1);
+  }
+  host = host.substr(0, host.find('%'));  // a link-local address's zone
+  in6_addr a;
+  if (inet_pton(AF_INET6, std::string(host).c_str(), &a) != 1) return std::string(peer);
+  char text[INET6_ADDRSTRLEN];
+  if (IN6_IS_ADDR_V4MAPPED(&a)) {
+    inet_ntop(AF_INET, &a.s6_addr[12], text, sizeof(text));
+    return absl::StrCat("ipv4:", text);
+  }
+  // One key for the /64: a client varying the low 64 bits (its interface identifier, which
+  // SLAAC privacy addresses change anyway) is still one client.
+  std::memset(&a.s6_addr[8], 0, 8);
+  inet_ntop(AF_INET6, &a, text, sizeof(text));
+  return absl::StrCat("ipv6:[", text, "]/64");
+}
+
+std::string LimitKey(absl::string_view principal, absl::string_view grpc_peer) {
+  if (!principal.empty()) return absl::StrCat("principal:", principal);
+  return ClientKey(grpc_peer);
 }
 
 std::string DialableAddress(absl::string_view listen_address, int port) {

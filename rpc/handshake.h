@@ -88,8 +88,13 @@ std::string NewLinkKey();
 // the length presented. TokenMatches is this with "Bearer <token>".
 bool SecretMatches(absl::string_view presented, absl::string_view secret);
 
-// The client identity limits are counted by: the peer address without its port.
+// The client identity address-keyed limits are counted by: the peer address without its port;
+// an IPv6 address by its /64 ("ipv6:[2001:db8:1:2::]/64"), since a host is commonly given a
+// whole /64 and can take any address in it (an IPv4-mapped one counts as its IPv4 address).
 std::string ClientKey(absl::string_view grpc_peer);
+// What per-client limits count by: the principal where the client authenticated as one, else
+// ClientKey(grpc_peer). The two never collide ("principal:<name>" is no address).
+std::string LimitKey(absl::string_view principal, absl::string_view grpc_peer);
 
 // What Server::address() returns for a server listening on `listen_address` ("host:port",
 // "[v6]:port") that got `port`: that host with `port`, or for a wildcard host (empty, 0.0.0.0,

@@ -26,8 +26,42 @@ TEST(DialableAddress, AWildcardBindIsDialledOnLoopbackNeverByName) {
 
 TEST(ClientKey, IsThePeerAddressWithoutItsPort) {
   EXPECT_EQ(ClientKey("ipv4:127.0.0.1:5555"), "ipv4:127.0.0.1");
-  EXPECT_EQ(ClientKey("ipv6:[::1]:5555"), "ipv6:[::1]");
+  EXPECT_EQ(ClientKey("ipv4:127.0.0.1:6666"), "ipv4:127.0.0.1");
+  EXPECT_NE(ClientKey("ipv4:127.0.0.1:5555"), ClientKey("ipv4:127.0.0.2:5555"));
   EXPECT_EQ(ClientKey("unix:/tmp/socket"), "unix:/tmp/socket");
+}
+
+// The attacker: one host with a /64 to itself, connecting from a fresh address in it each time
+// to get a fresh share of the per-address limits. Its addresses are one client.
+TEST(ClientKey, AnIpv6ClientVaryingItsLow64BitsIsOneClient) {
+  const std::string key = ClientKey("ipv6:[2001:db8:1:2::1]:5555");
+  EXPECT_EQ(key, "ipv6:[2001:db8:1:2::]/64");
+  for (const char* peer : {"ipv6:[2001:db8:1:2::2]:5555", "ipv6:[2001:db8:1:2:ffff:ffff:ffff:ffff]:1",
+                           "ipv6:[2001:db8:1:2:1234:5678:9abc:def0]:40000",
+                           "ipv6:%5B2001:db8:1:2:a::b%5D:7"}) {
+    EXPECT_EQ(ClientKey(peer), key) << peer;
+  }
+  // Another /64 is another client, however close.
+  EXPECT_NE(ClientKey("ipv6:[2001:db8:1:3::1]:5555"), key);
+  EXPECT_NE(ClientKey("ipv6:[2001:db8:1:1:ffff:ffff:ffff:ffff]:5555"), key);
+  // Loopback is a /64 of its own.
+  EXPECT_EQ(ClientKey("ipv6:[::1]:5555"), "ipv6:[::]/64");
+  // A link-local address's zone does not make it another client.
+  EXPECT_EQ(ClientKey("ipv6:[fe80::1%eth0]:5555"), ClientKey("ipv6:[fe80::2%eth1]:5555"));
+}
+
+TEST(ClientKey, AnIpv4MappedAddressIsItsIpv4Address) {
+  EXPECT_EQ(ClientKey("ipv6:[::ffff:10.1.2.3]:5555"), "ipv4:10.1.2.3");
+  EXPECT_EQ(ClientKey("ipv6:[::ffff:10.1.2.3]:5555"), ClientKey("ipv4:10.1.2.3:1"));
+  EXPECT_NE(ClientKey("ipv6:[::ffff:10.1.2.3]:5555"), ClientKey("ipv6:[::ffff:10.1.2.4]:5555"));
+}
+
+TEST(LimitKey, IsThePrincipalWhereThereIsOneElseTheAddress) {
+  EXPECT_EQ(LimitKey("alice", "ipv4:127.0.0.1:5555"), LimitKey("alice", "ipv6:[::1]:6"));
+  EXPECT_NE(LimitKey("alice", "ipv4:127.0.0.1:5555"), LimitKey("bob", "ipv4:127.0.0.1:5555"));
+  EXPECT_EQ(LimitKey("", "ipv4:127.0.0.1:5555"), "ipv4:127.0.0.1");
+  // No principal name can pass for an address.
+  EXPECT_NE(LimitKey("ipv4:127.0.0.1", "ipv4:10.0.0.1:1"), ClientKey("ipv4:127.0.0.1:1"));
 }
 
 

@@ -90,8 +90,9 @@ TEST(ConnectionLimits, TheServerWideCapRefusesTheConnectionBeyondIt) {
 }
 
 TEST(ConnectionLimits, ThePerClientCapRefusesTheClientsConnectionBeyondIt) {
-  // Far below the server-wide cap (256): only the per-address count can refuse the third.
-  auto server = testing::SpawnServer(testing::kTestServer, {"--max_per_client=2"});
+  // Far below the server-wide cap (256): only the per-address count can refuse the third. No
+  // token: with one, clients are counted by principal (principals_test), not by address.
+  auto server = testing::SpawnServer(testing::kTestServer, {"--max_per_client=2", "--token="});
   ASSERT_TRUE(server.ok()) << server.status();
   ExpectCapHolds(server->second, 2, "connection limit for ipv4:127.0.0.1 reached");
 }

@@ -6,6 +6,7 @@
 #include <bit>
 #include <thread>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
@@ -85,8 +86,9 @@ class Server::Impl final : public control::Control::Service {
 
   absl::Status Start() {
     if (started_) return absl::FailedPreconditionError("already started");
+    if (absl::Status s = ResolvePrincipals(); !s.ok()) return s;
     // Secure by default: beyond loopback, someone must be asked for something.
-    if (options_.auth_token.empty() && options_.tls_cert_file.empty() &&
+    if (principals_.empty() && options_.tls_cert_file.empty() &&
         !options_.allow_insecure_non_loopback && !internal::IsLoopbackOnly(options_.address)) {
       return absl::FailedPreconditionError(absl::StrCat(
           "refusing to listen on ", options_.address,
@@ -145,6 +147,13 @@ class Server::Impl final : public control::Control::Service {
       if (!key.ok()) return key.status();
       grpc::SslServerCredentialsOptions ssl;
       ssl.pem_key_cert_pairs.push_back({*key, *cert});
+      if (!options_.tls_client_ca_file.empty()) {
+        auto ca = internal::ReadFile(options_.tls_client_ca_file);
+        if (!ca.ok()) return ca.status();
+        ssl.pem_root_certs = *ca;
+        ssl.client_certificate_request =
+            GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+      }
       credentials = grpc::SslServerCredentials(ssl);
     }
     builder.AddListeningPort(options_.address, credentials, &port_);
@@ -280,7 +289,10 @@ class Server::Impl final : public control::Control::Service {
                          control::ConnectResponse* response, bool* established) {
     // Everything is checked before any QP or buffer is committed to this client.
     if (!accepting_.load()) return absl::UnavailableError("server is shutting down");
-    if (!Authenticated(context)) return absl::UnauthenticatedError("missing or wrong token");
+    const Principal* principal = Authenticate(context);
+    if (principal == nullptr) {
+      return absl::UnauthenticatedError("missing or wrong token or client certificate");
+    }
     // The version first: an incompatible client is told so before anything else is parsed.
     internal::LocalConfig local = LocalConfig();
     auto negotiated = internal::Negotiate(request, declared_, local, [this](const ibv_gid& client) {
@@ -296,14 +308,19 @@ class Server::Impl final : public control::Control::Service {
         !s.ok()) {
       return s;
     }
-    const std::string client_key = internal::ClientKey(context->peer());
+    // A tenant is one client however many addresses it connects from; without principals, an
+    // address (an IPv6 /64) is.
+    const std::string client_key = internal::LimitKey(principal->name, context->peer());
+    const uint32_t per_client_cap = principal->max_connections != 0
+                                        ? principal->max_connections
+                                        : options_.max_connections_per_client;
     uint64_t id;
     {
       swirl::MutexLock lock(&mu_);
       if (active_ >= options_.max_connections) {
         return absl::ResourceExhaustedError("server connection limit reached");
       }
-      if (per_client_[client_key] >= options_.max_connections_per_client) {
+      if (per_client_[client_key] >= per_client_cap) {
         return absl::ResourceExhaustedError(
             absl::StrCat("connection limit for ", client_key, " reached"));
       }
@@ -315,7 +332,8 @@ class Server::Impl final : public control::Control::Service {
       owners_[id] = Owner{client_key, internal::NewDisconnectSecret()};
       response->set_disconnect_secret(owners_[id].disconnect_secret);
     }
-    absl::Status s = Establish(id, request, *client_address, *negotiated, context->peer(), response);
+    absl::Status s = Establish(id, request, *client_address, *negotiated, context->peer(),
+                               principal->name, response);
     if (!s.ok()) {
       OnClosed(id, /*was_accepted=*/false);
       return s;
@@ -348,19 +366,85 @@ class Server::Impl final : public control::Control::Service {
     return false;
   }
 
-  bool Authenticated(const grpc::ServerContext* context) const {
-    if (options_.auth_token.empty()) return true;
+  // principals_ from the options (auth_token as "default"), checked: every principal named,
+  // once, by a credential no other principal has.
+  absl::Status ResolvePrincipals() {
+    principals_ = options_.principals;
+    if (!options_.auth_token.empty()) {
+      principals_.push_back(Principal{.name = "default", .token = options_.auth_token,
+                                      .admin = true});
+    }
+    if (!options_.tls_client_ca_file.empty() && options_.tls_cert_file.empty()) {
+      // Else the server would listen in plaintext and no client certificate would ever be seen.
+      return absl::InvalidArgumentError("tls_client_ca_file needs tls_cert_file and tls_key_file");
+    }
+    absl::flat_hash_set<std::string> names, tokens, identities;
+    for (const Principal& p : principals_) {
+      // Errors name the principal, never its token.
+      if (p.name.empty()) return absl::InvalidArgumentError("a principal without a name");
+      if (!names.insert(p.name).second) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "principal '", p.name, "' given twice (auth_token is principal 'default')"));
+      }
+      if (p.token.empty() && p.tls_identity.empty()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("principal '", p.name, "' has neither token nor tls_identity"));
+      }
+      if (!p.tls_identity.empty() && options_.tls_client_ca_file.empty()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "principal '", p.name, "' is named by a client certificate, but there is no "
+            "tls_client_ca_file to verify one"));
+      }
+      // One credential, one principal: else which one a client is would be a matter of order.
+      if (!p.token.empty() && !tokens.insert(p.token).second) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("principal '", p.name, "' has another principal's token"));
+      }
+      if (!p.tls_identity.empty() && !identities.insert(p.tls_identity).second) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("principal '", p.name, "' has another principal's tls_identity"));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // Who the caller is: the one principal whose credentials it presented, the anonymous one
+  // when the server authenticates no one, or nullptr (refused: no match, or credentials that
+  // name two principals).
+  const Principal* Authenticate(const grpc::ServerContext* context) const {
+    if (principals_.empty()) return &anonymous_;
     auto it = context->client_metadata().find("authorization");
     absl::string_view presented = it == context->client_metadata().end()
                                       ? absl::string_view()
                                       : absl::string_view(it->second.data(), it->second.size());
-    return internal::TokenMatches(presented, options_.auth_token);
+    std::vector<grpc::string_ref> identities;
+    if (!options_.tls_client_ca_file.empty()) {
+      std::shared_ptr<const grpc::AuthContext> auth = context->auth_context();
+      // gRPC verified the certificate against tls_client_ca_file before the call got here.
+      if (auth != nullptr && auth->IsPeerAuthenticated()) identities = auth->GetPeerIdentity();
+    }
+    const Principal* found = nullptr;
+    bool ambiguous = false;
+    for (const Principal& p : principals_) {
+      // Every token is compared (in constant time), whichever matches: the time taken tells
+      // nothing about which principal's token it was, or how close it came.
+      const bool token_ok = p.token.empty() || internal::TokenMatches(presented, p.token);
+      bool identity_ok = p.tls_identity.empty();
+      for (const grpc::string_ref& id : identities) {
+        if (absl::string_view(id.data(), id.size()) == p.tls_identity) identity_ok = true;
+      }
+      if (token_ok && identity_ok) {
+        ambiguous = ambiguous || found != nullptr;
+        found = &p;
+      }
+    }
+    return ambiguous ? nullptr : found;
   }
 
   absl::Status Establish(uint64_t id, const control::ConnectRequest& request,
                          const verbs::PeerAddress& client_address,
                          const control::Negotiated& negotiated, const std::string& peer,
-                         control::ConnectResponse* response) {
+                         const std::string& principal, control::ConnectResponse* response) {
     swirl::ReaderMutexLock lock(&workers_mu_);
     internal::Worker* worker = nullptr;
     uint32_t best = 0;
@@ -377,7 +461,8 @@ class Server::Impl final : public control::Control::Service {
                                     .transport = &options_.transport,
                                     .is_server = true,
                                     .peer = peer,
-                                    .client_name = request.client_name()};
+                                    .client_name = request.client_name(),
+                                    .principal = principal};
     bool link_keys = false;
     auto connection = internal::EstablishConnection(
         setup, [&](const internal::LocalQp& local) -> absl::StatusOr<internal::PeerAnswer> {
@@ -403,11 +488,14 @@ class Server::Impl final : public control::Control::Service {
 
   grpc::Status Disconnect(grpc::ServerContext* context, const control::DisconnectRequest* request,
                           control::DisconnectResponse*) override {
-    // Connection ids are no secret (Stats lists them to every token holder): ending a
-    // connection takes the token, the address that connection was made from, and the secret
-    // only its Connect's caller was given. Every mismatch reads the same.
-    if (!Authenticated(context)) {
-      return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "missing or wrong token");
+    // Connection ids are no secret (Stats lists them to admins, and to the principal that made
+    // them): ending a connection takes that principal's credentials (or without principals, the
+    // address the connection was made from) and the secret only its Connect's caller was
+    // given. Every mismatch reads the same.
+    const Principal* principal = Authenticate(context);
+    if (principal == nullptr) {
+      return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                          "missing or wrong token or client certificate");
     }
     {
       swirl::MutexLock lock(&mu_);
@@ -415,7 +503,8 @@ class Server::Impl final : public control::Control::Service {
       const bool secret_ok =
           it != owners_.end() &&
           internal::SecretMatches(request->disconnect_secret(), it->second.disconnect_secret);
-      if (!secret_ok || it->second.client_key != internal::ClientKey(context->peer())) {
+      if (!secret_ok ||
+          it->second.client_key != internal::LimitKey(principal->name, context->peer())) {
         return grpc::Status(grpc::StatusCode::NOT_FOUND, "no such connection");
       }
     }
@@ -431,16 +520,22 @@ class Server::Impl final : public control::Control::Service {
 
   grpc::Status Stats(grpc::ServerContext* context, const control::StatsRequest* request,
                      control::StatsResponse* response) override {
-    // Connection ids, client names and traffic are the server's business: the token, as for
+    // Connection ids, client names and traffic are the server's business: credentials, as for
     // Connect. (The gRPC health service stays open for probes.)
-    if (!Authenticated(context)) {
-      return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "missing or wrong token");
+    const Principal* principal = Authenticate(context);
+    if (principal == nullptr) {
+      return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                          "missing or wrong token or client certificate");
     }
-    *response = CollectStats(request->connection_id());
+    *response = CollectStats(request->connection_id(), principal);
     return grpc::Status::OK;
   }
 
-  control::StatsResponse CollectStats(uint64_t only) const {
+  // The server's totals, and its connections: all of them for `viewer` null (the application's
+  // own Server::Stats) or an admin, else only those of the viewer's principal (a tenant does
+  // not learn another's connection ids, client names, addresses or traffic).
+  control::StatsResponse CollectStats(uint64_t only, const Principal* viewer) const {
+    const bool sees_all = viewer == nullptr || viewer->admin;
     control::StatsResponse out;
     out.set_device(caps_.device);
     *out.mutable_capabilities() = internal::DescribeLocal(declared_, LocalConfig());
@@ -477,6 +572,7 @@ class Server::Impl final : public control::Control::Service {
         if (c->state() == internal::Connection::State::kNew) continue;
         ++live;
         if (only != 0 && c->id() != only) continue;
+        if (!sees_all && c->principal() != viewer->name) continue;
         control::ConnectionStats* cs = out.add_connections();
         cs->set_connection_id(c->id());
         cs->set_client_name(c->client_name());
@@ -484,6 +580,7 @@ class Server::Impl final : public control::Control::Service {
         *cs->mutable_negotiated() = c->negotiated();
         internal::CopyCounters(c->counters(), cs);
         cs->set_state(StateName(c->state()));
+        cs->set_principal(c->principal());
       }
     }
     s->set_queue_pairs_live(live);
@@ -538,6 +635,11 @@ class Server::Impl final : public control::Control::Service {
   std::shared_ptr<verbs::ProtectionDomain> pd_;
   verbs::Capabilities caps_;
   std::vector<internal::Ipv4Network> fabric_networks_;  // options_.fabric_networks
+  // options_.principals and auth_token's "default" (set at Start, then read-only); empty:
+  // no authentication, every client is anonymous_ (who sees every connection, as the
+  // application does: there are no tenants to keep apart).
+  std::vector<Principal> principals_;
+  const Principal anonymous_{.admin = true};
   // caps_ as this server negotiates with and tells clients (InvalidationPolicy::kLocalOnly).
   verbs::Capabilities declared_;
   std::unique_ptr<internal::ThreadPool> pool_;
@@ -567,7 +669,7 @@ class Server::Impl final : public control::Control::Service {
   uint64_t active_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<std::string, uint32_t> per_client_ ABSL_GUARDED_BY(mu_);
   struct Owner {
-    std::string client_key;         // ClientKey() of the address it connected from
+    std::string client_key;         // LimitKey() of its principal and address
     std::string disconnect_secret;  // NewDisconnectSecret(), told only to its Connect's caller
   };
   absl::flat_hash_map<uint64_t, Owner> owners_ ABSL_GUARDED_BY(mu_);
@@ -583,7 +685,9 @@ std::string Server::address() const {
   return internal::DialableAddress(impl_->listen_address(), impl_->port());
 }
 void Server::Shutdown(absl::Duration deadline) { impl_->Shutdown(deadline); }
-StatsReport Server::Stats() const { return internal::FromProto(impl_->CollectStats(0)); }
+StatsReport Server::Stats() const {
+  return internal::FromProto(impl_->CollectStats(0, /*viewer=*/nullptr));
+}
 DeviceInfo Server::capabilities() const { return internal::DescribeDevice(impl_->caps()); }
 
 }  // namespace swirl

@@ -41,17 +41,48 @@ inline TransportOptions DefaultServerTransport() {
   return transport;
 }
 
+// A tenant of a Server: who a credential names. Handlers see it (ServerContext::principal()),
+// the per-client limits count by it, and Stats shows it only its own connections unless it is
+// an admin.
+struct Principal {
+  // Non-empty and unique among a server's principals ("default" is taken when auth_token is
+  // set: that token names it).
+  std::string name;
+  // Clients present it as "authorization: Bearer <token>" (compared in constant time; never
+  // logged). Empty: the principal is not named by a token.
+  std::string token;
+  // A client certificate's identity (its subject alternative names, else its common name, as
+  // verified against ServerOptions::tls_client_ca_file) that names this principal. Empty: not
+  // named by a certificate. A principal with both is named only when both match. No two
+  // principals share a token or an identity, and credentials that match two principals (one's
+  // certificate, another's token) are refused.
+  std::string tls_identity;
+  // Stats shows an admin every connection; anyone else only the connections of its own
+  // principal (the server's totals, counts without ids or names, go to everyone).
+  bool admin = false;
+  // Its connections at most (0: ServerOptions::max_connections_per_client).
+  uint32_t max_connections = 0;
+};
+
 struct ServerOptions {
   // gRPC listen address for the control plane ("host:port"; port 0 picks one, see port()).
   std::string address = "0.0.0.0:0";
-  // Clients must send "authorization: Bearer <token>" metadata. Empty: no authentication.
+  // Clients must send "authorization: Bearer <token>" metadata. Empty: no authentication
+  // (unless `principals` are given). The same as a principal {"default", auth_token, admin}.
   std::string auth_token;
+  // Tenants, each named by its credentials: a client must present those of exactly one of them
+  // (or auth_token). Neither principals nor auth_token: no authentication, every client is the
+  // anonymous principal "" (sees every connection; limits count by client address).
+  std::vector<Principal> principals;
   // TLS for the control plane (PEM file paths). Both empty: plaintext.
   std::string tls_cert_file;
   std::string tls_key_file;
+  // Mutual TLS (with tls_cert_file): clients must present a certificate signed by this CA (PEM
+  // file). Its identity can name a principal (Principal::tls_identity).
+  std::string tls_client_ca_file;
   // Start refuses to listen beyond loopback (any address but a literal loopback one, a Unix
-  // socket or "localhost"; 0.0.0.0 and [::] included) with neither auth_token nor TLS: anyone
-  // who could reach the port could use every service. True accepts that.
+  // socket or "localhost"; 0.0.0.0 and [::] included) with neither auth_token, principals nor
+  // TLS: anyone who could reach the port could use every service. True accepts that.
   bool allow_insecure_non_loopback = false;
   // Where clients' QPs may be besides the address each calls from ("10.1.0.0/16", IPv4): a
   // client whose GID names another address (the soft TCP fabric's, RoCE v2's IPv4-mapped
@@ -68,7 +99,9 @@ struct ServerOptions {
   int handler_threads = 4;  // pool for Execution::kThreadPool methods
 
   uint32_t max_connections = 256;             // in total
-  uint32_t max_connections_per_client = 64;   // per client address
+  // Per client: per principal where clients authenticate (from however many addresses), else
+  // per client address (IPv6 addresses by their /64: one host has a whole /64 to choose from).
+  uint32_t max_connections_per_client = 64;
   // A connection whose client sends nothing this long after Connect answered fails, keepalive
   // or not: a client that never completes its side (or gave up on Connect before learning the
   // connection's id) does not hold a connection slot for longer. swirl's channels send a ping
@@ -84,7 +117,8 @@ struct ServerOptions {
   // ... and in downloads it has not acknowledged yet (beyond: RESOURCE_EXHAUSTED responses).
   size_t download_bytes_per_connection = 64 << 20;
   // Both of those together (and what its queued blocking handlers hold) for all of one client's
-  // connections on a worker (clients counted by address, as max_connections_per_client does).
+  // connections on a worker (clients counted by principal or address, as
+  // max_connections_per_client does).
   // 0: half of transport.bulk_pool_bytes, so that no one client can take every other client's
   // bulk memory, or what one connection may hold if that is more (a single connection is
   // limited by the two caps above alone).

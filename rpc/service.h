@@ -56,6 +56,12 @@ class ServerContext {
   bool IsCancelled() const;
   uint64_t connection_id() const;
   const std::string& peer() const;
+  // Who the caller authenticated as: the name of the ServerOptions::principals entry its
+  // credentials matched when it connected ("default" for ServerOptions::auth_token), or "" when
+  // the server authenticates no one, and on a Channel's side of a connection (a server is not a
+  // principal). Fixed for the connection's life: settled at Connect, not per call, so a handler
+  // can authorise with it (compare it; never parse it for rights).
+  const std::string& principal() const;
   // The other end of this call's connection, to call it back over the same connection.
   // Calls fail with UNAVAILABLE once the connection is gone.
   std::shared_ptr<CallTarget> caller() const;

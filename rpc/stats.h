@@ -66,6 +66,7 @@ struct ConnectionStats {
   uint64_t invalidation_violations = 0;
   uint32_t worker = 0;  // server side: the worker serving it
   std::string state;    // server side: "active", "closing", ...
+  std::string principal;  // server side: who the client authenticated as ("" for no one)
 
   bool operator==(const ConnectionStats&) const = default;
 };

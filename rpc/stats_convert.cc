@@ -124,6 +124,7 @@ ConnectionStats FromProto(const control::ConnectionStats& c) {
       .invalidation_violations = c.invalidation_violations(),
       .worker = c.worker(),
       .state = c.state(),
+      .principal = c.principal(),
   };
 }
 

@@ -336,6 +336,10 @@ bool ServerContext::IsCancelled() const {
 }
 uint64_t ServerContext::connection_id() const { return connection_->id(); }
 const std::string& ServerContext::peer() const { return connection_->peer(); }
+const std::string& ServerContext::principal() const {
+  static const std::string* const kNone = new std::string();
+  return connection_ == nullptr ? *kNone : connection_->principal();
+}
 std::shared_ptr<CallTarget> ServerContext::caller() const { return connection_->AsCallTarget(); }
 
 absl::StatusOr<BulkBuffer*> ServerContext::AllocateResponseBulk(size_t size) {

@@ -4,6 +4,7 @@
 //   blockstore_cli --server=host:7200 --token=t read  --volume=v --offset=0 --length=64k > out
 //   blockstore_cli --server=host:7200 --token=t write --volume=v --offset=0 < in
 //   blockstore_cli --server=host:7200 --token=t write --volume=v --offset=1m --input=file --pad
+//   blockstore_cli --server=host:7200 --token=t --tls_ca=ca.pem stat  (examples/common/tls_flags.h)
 //
 // Data goes through registered memory both ways (zero-copy bulk attachments). Ranges larger than
 // 1 MiB are split into 1 MiB requests. Offsets and lengths take k/m/g suffixes and must be
@@ -19,6 +20,7 @@
 //   4  no such volume (NOT_FOUND)
 //   5  request refused by the server: INVALID_ARGUMENT, OUT_OF_RANGE, FAILED_PRECONDITION
 //   6  data corrupted: a CRC32C mismatch (DATA_LOSS)
+//   7  the volume belongs to another principal (PERMISSION_DENIED)
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -40,6 +42,7 @@
 #include "absl/strings/str_format.h"
 #include "examples/blockstore/client.h"
 #include "examples/blockstore/volume.h"
+#include "examples/common/tls_flags.h"
 
 ABSL_FLAG(std::string, server, "localhost:7200", "server control-plane address");
 ABSL_FLAG(std::string, token, "", "authentication token");
@@ -65,6 +68,7 @@ enum Exit {
   kNotFound = 4,
   kRefused = 5,
   kCorrupt = 6,
+  kDenied = 7,
 };
 
 int ExitFor(const absl::Status& s) {
@@ -79,6 +83,8 @@ int ExitFor(const absl::Status& s) {
       return kRefused;
     case absl::StatusCode::kDataLoss:
       return kCorrupt;
+    case absl::StatusCode::kPermissionDenied:
+      return kDenied;
     default:
       return kFailed;
   }
@@ -139,6 +145,7 @@ int main(int argc, char** argv) {
   swirl::ChannelOptions options;
   options.auth_token = absl::GetFlag(FLAGS_token);
   options.client_name = "blockstore_cli";
+  swirl::examples::ApplyTlsFlags(options);
   options.transport.device = absl::GetFlag(FLAGS_device);
   options.driver = swirl::ChannelOptions::Driver::kCaller;
   const std::string mode = absl::GetFlag(FLAGS_bulk_mode);

@@ -545,6 +545,132 @@ TEST(BlockstoreServerFlags, RefusesToListenBeyondLoopbackWithoutAToken) {
             2);
 }
 
+// Tenants: alice owns volume "a" and bob volume "b" (--principals_file, --owner), "shared" has
+// no owner. The attacker is alice, with her own token, going for bob's volume through every
+// method (the raw stub, so that each handler itself is asked, in memory and in a file), and
+// through blockstore_cli in its own process.
+TEST(BlockstoreTenants, AVolumeIsRefusedToEveryPrincipalButItsOwner) {
+  const std::string principals = TempPath("principals");
+  WriteFile(principals, "# tenants\nalice token=alice-token\nbob   token=bob-token  # b\n");
+  const std::string disk = TempPath("bob_disk.img");
+  std::remove(disk.c_str());
+  auto server = testing::SpawnServer(
+      kServer, {"--address=127.0.0.1:0", "--principals_file=" + principals, "--cores=1",
+                "--volume=a:1m,b:1m,shared:1m", "--volume", "bdisk:1m:" + disk,
+                "--owner=a=alice,b=bob", "--owner=bdisk=bob"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string address = absl::StrCat("127.0.0.1:", server->second);
+  auto as = [&](const std::string& token) {
+    ChannelOptions options = Options(BulkMode::kServerExposes);
+    options.auth_token = token;
+    auto client = BlockStoreClient::Connect(address, options);
+    EXPECT_TRUE(client.ok()) << client.status();
+    return client.ok() ? std::move(*client) : nullptr;
+  };
+  auto alice = as("alice-token");
+  auto bob = as("bob-token");
+  ASSERT_NE(alice, nullptr);
+  ASSERT_NE(bob, nullptr);
+
+  // bob's data, which alice must neither read nor change.
+  const std::string secret = Bytes(8192, 17);
+  auto bobs = bob->AllocateBuffer(8192);
+  ASSERT_TRUE(bobs.ok());
+  for (const char* volume : {"b", "bdisk"}) {
+    std::memcpy(bobs->data(), secret.data(), secret.size());
+    bobs->resize(secret.size());
+    ASSERT_TRUE(bob->Write(volume, 0, *bobs, nullptr, Bounded()).ok()) << volume;
+  }
+
+  auto buffer = alice->AllocateBuffer(8192);
+  ASSERT_TRUE(buffer.ok());
+  BlockStoreStub& stub = alice->stub();
+  for (const char* volume : {"b", "bdisk"}) {
+    SCOPED_TRACE(volume);
+    ReadRequest read;
+    read.set_volume(volume);
+    read.set_offset(0);
+    read.set_length(8192);
+    ReadResponse read_response;
+    CallOptions into = Bounded();
+    into.response_bulk = &*buffer;
+    EXPECT_EQ(stub.Read(read, &read_response, into).code(), StatusCode::kPermissionDenied);
+    EXPECT_EQ(stub.ReadBlocking(read, &read_response, into).code(),
+              StatusCode::kPermissionDenied);
+    std::memset(buffer->data(), 0x5a, 8192);
+    buffer->resize(8192);
+    WriteRequest write;
+    write.set_volume(volume);
+    write.set_offset(0);
+    write.set_length(8192);
+    WriteResponse write_response;
+    CallOptions from = Bounded();
+    from.request_bulk = &*buffer;
+    EXPECT_EQ(stub.Write(write, &write_response, from).code(), StatusCode::kPermissionDenied);
+    EXPECT_EQ(stub.WriteBlocking(write, &write_response, from).code(),
+              StatusCode::kPermissionDenied);
+    EXPECT_EQ(alice->Stat(volume, Bounded()).status().code(), StatusCode::kPermissionDenied);
+  }
+  // She is not shown bob's volumes; hers and the shared one she uses.
+  auto listed = alice->ListVolumes(Bounded());
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  std::vector<std::string> names;
+  for (const VolumeInfo& v : *listed) names.push_back(v.name());
+  EXPECT_EQ(names, (std::vector<std::string>{"a", "shared"}));
+  for (const char* volume : {"a", "shared"}) {
+    std::memset(buffer->data(), 0x5a, 8192);
+    buffer->resize(8192);
+    EXPECT_TRUE(alice->Write(volume, 0, *buffer, nullptr, Bounded()).ok()) << volume;
+    EXPECT_TRUE(alice->Read(volume, 0, 8192, &*buffer, nullptr, Bounded()).ok()) << volume;
+  }
+  // bob is refused alice's volume the same way.
+  EXPECT_EQ(bob->Stat("a", Bounded()).status().code(), StatusCode::kPermissionDenied);
+
+  // blockstore_cli as alice, a process of its own: exit 7 (PERMISSION_DENIED) for bob's volume.
+  const std::string output = TempPath("tenant_out");
+  const std::string input = TempPath("tenant_in");
+  WriteFile(input, std::string(4096, 'x'));
+  const absl::Duration timeout = absl::Seconds(20);
+  const std::string server_flag = "--server=" + address;
+  EXPECT_EQ(RunBinary({kCli, server_flag, "--token=alice-token", "read", "--volume=b",
+                       "--length=4k", "--output=" + output},
+                      "", timeout),
+            7);
+  EXPECT_EQ(RunBinary({kCli, server_flag, "--token=alice-token", "write", "--volume=b",
+                       "--input=" + input},
+                      "", timeout),
+            7);
+  EXPECT_EQ(RunBinary({kCli, server_flag, "--token=alice-token", "write", "--volume=a",
+                       "--input=" + input},
+                      "", timeout),
+            0);
+
+  // And bob's data is as he wrote it.
+  for (const char* volume : {"b", "bdisk"}) {
+    ASSERT_TRUE(bob->Read(volume, 0, 8192, &*bobs, nullptr, Bounded()).ok()) << volume;
+    EXPECT_TRUE(bobs->view() == secret) << volume << " changed";
+  }
+  alice.reset();
+  bob.reset();
+  server->first.Signal(SIGTERM);
+  auto rc = server->first.Wait(absl::Seconds(15));
+  ASSERT_TRUE(rc.ok()) << rc.status();
+  EXPECT_EQ(*rc, 0);
+}
+
+// A volume's owner must be a principal the server has, and the volume one it serves.
+TEST(BlockstoreServerFlags, RefusesAnOwnerThatIsNoPrincipalOrNoVolume) {
+  const std::string principals = TempPath("principals_flags");
+  WriteFile(principals, "alice token=alice-token\n");
+  const std::string file = "--principals_file=" + principals;
+  EXPECT_EQ(RunBinary({kServer, "--address=127.0.0.1:0", file, "--volume=a:1m", "--owner=a=carol"},
+                      "", absl::Seconds(30)),
+            2);
+  EXPECT_EQ(RunBinary({kServer, "--address=127.0.0.1:0", file, "--volume=a:1m", "--owner=z=alice"},
+                      "", absl::Seconds(30)),
+            2);
+}
+
 TEST(BlockstoreRestartTest, FileVolumePersistsAcrossAGracefulRestart) {
   const std::string path = TempPath("persist.img");
   std::remove(path.c_str());

@@ -46,6 +46,7 @@
 #include "examples/blockstore/histogram.h"
 #include "examples/blockstore/pattern.h"
 #include "examples/blockstore/volume.h"
+#include "examples/common/tls_flags.h"
 #include "swirl/channel.h"
 
 ABSL_FLAG(std::string, server, "localhost:7200", "server control-plane address");
@@ -512,6 +513,7 @@ int main(int argc, char** argv) {
   }
   options.auth_token = absl::GetFlag(FLAGS_token);
   options.client_name = "blockstore_load";
+  swirl::examples::ApplyTlsFlags(options);
   options.transport.device = absl::GetFlag(FLAGS_device);
   options.driver = swirl::ChannelOptions::Driver::kCaller;
   if (config.local_invalidation_only) {

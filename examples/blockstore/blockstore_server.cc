@@ -10,12 +10,24 @@
 // written with pread/pwrite on the handler thread pool (ReadBlocking/WriteBlocking), since file
 // I/O may block; it is fdatasync'ed at shutdown.
 //
+// Tenants: --principals_file names them, a line each (# starts a comment):
+//   alice token=alice-secret
+//   bob   identity=bob.clients.example        (a client certificate's SAN or CN; --tls_client_ca)
+//   ops   token=ops-secret admin              (Stats shows an admin every connection)
+// and --owner=volume=principal (repeatable, or comma separated) gives a volume to one of them:
+// anyone else is refused it (PERMISSION_DENIED) and does not see it listed. --token is the
+// principal "default".
+//
+// TLS: --tls_cert and --tls_key (PEM) for the control plane; with --tls_client_ca clients must
+// present a certificate that CA signed (examples/common/tls_flags.h).
+//
 // Exit: 0 after a graceful shutdown, 1 if the server cannot start, 2 for bad flags.
 
 #include <arpa/inet.h>
 #include <pthread.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -28,6 +40,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "examples/blockstore/checksum.h"
+#include "examples/common/tls_flags.h"
 #include "examples/blockstore/service.h"
 #include "examples/blockstore/volume.h"
 #include "swirl/server.h"
@@ -36,6 +49,11 @@ ABSL_FLAG(std::string, address, "127.0.0.1:7200",
           "control-plane listen address (port 0: pick); beyond loopback it needs --token (or "
           "--insecure)");
 ABSL_FLAG(std::string, token, "", "clients must present this token (empty: no auth)");
+ABSL_FLAG(std::string, principals_file, "",
+          "tenants, a line each: name [token=T] [identity=I] [admin] (see above)");
+ABSL_FLAG(std::vector<std::string>, owner, {},
+          "volume=principal: only that principal may use the volume (repeatable, or comma "
+          "separated)");
 ABSL_FLAG(bool, insecure, false,
           "listen beyond loopback without a token: anyone who can reach the address may read and "
           "write every volume");
@@ -74,18 +92,48 @@ bool LoopbackOnly(const std::string& address) {
   return inet_pton(AF_INET6, host.c_str(), &v6) == 1 && IN6_IS_ADDR_LOOPBACK(&v6);
 }
 
-// absl keeps only the last occurrence of a flag; --volume is repeatable, so collect them all.
-std::vector<std::string> VolumeFlagValues(int argc, char** argv) {
+// absl keeps only the last occurrence of a flag; --volume and --owner are repeatable, so collect
+// them all.
+std::vector<std::string> RepeatedFlagValues(int argc, char** argv, const std::string& name) {
   std::vector<std::string> values;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--") break;
-    for (const char* prefix : {"--volume=", "-volume="}) {
-      if (absl::StartsWith(arg, prefix)) values.push_back(arg.substr(std::strlen(prefix)));
+    for (const std::string& prefix : {"--" + name + "=", "-" + name + "="}) {
+      if (absl::StartsWith(arg, prefix)) values.push_back(arg.substr(prefix.size()));
     }
-    if ((arg == "--volume" || arg == "-volume") && i + 1 < argc) values.push_back(argv[++i]);
+    if ((arg == "--" + name || arg == "-" + name) && i + 1 < argc) values.push_back(argv[++i]);
   }
   return values;
+}
+
+// --principals_file's tenants. Errors name the line, never a token.
+absl::StatusOr<std::vector<swirl::Principal>> ReadPrincipals(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
+  std::vector<swirl::Principal> out;
+  std::string line;
+  for (int number = 1; std::getline(in, line); ++number) {
+    line = line.substr(0, line.find('#'));
+    std::vector<std::string> words =
+        absl::StrSplit(line, absl::ByAnyChar(" \t"), absl::SkipEmpty());
+    if (words.empty()) continue;
+    swirl::Principal p{.name = words[0]};
+    for (size_t i = 1; i < words.size(); ++i) {
+      if (absl::StartsWith(words[i], "token=")) {
+        p.token = words[i].substr(6);
+      } else if (absl::StartsWith(words[i], "identity=")) {
+        p.tls_identity = words[i].substr(9);
+      } else if (words[i] == "admin") {
+        p.admin = true;
+      } else {
+        return absl::InvalidArgumentError(absl::StrCat(
+            path, ":", number, ": expected token=, identity= or admin after the name"));
+      }
+    }
+    out.push_back(std::move(p));
+  }
+  return out;
 }
 
 }  // namespace
@@ -99,7 +147,8 @@ int main(int argc, char** argv) {
   sigaddset(&stop_signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
-  const std::vector<std::string> volume_values = VolumeFlagValues(argc, argv);
+  const std::vector<std::string> volume_values = RepeatedFlagValues(argc, argv, "volume");
+  const std::vector<std::string> owner_values = RepeatedFlagValues(argc, argv, "owner");
   absl::ParseCommandLine(argc, argv);
   auto specs = swirl::blockstore::ParseVolumeSpecs(volume_values);
   if (!specs.ok()) {
@@ -110,20 +159,59 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "blockstore_server: no volumes: give --volume=name:size[:path]\n");
     return 2;
   }
-  if (absl::GetFlag(FLAGS_token).empty() && !absl::GetFlag(FLAGS_insecure) &&
-      !LoopbackOnly(absl::GetFlag(FLAGS_address))) {
-    std::fprintf(stderr,
-                 "blockstore_server: %s is reachable beyond this host and there is no --token: "
-                 "anyone could read and write every volume. Give --token, or --insecure to "
-                 "accept that\n",
-                 absl::GetFlag(FLAGS_address).c_str());
-    return 2;
+  std::vector<swirl::Principal> principals;
+  if (!absl::GetFlag(FLAGS_principals_file).empty()) {
+    auto read = ReadPrincipals(absl::GetFlag(FLAGS_principals_file));
+    if (!read.ok()) {
+      std::fprintf(stderr, "blockstore_server: %s\n", read.status().ToString().c_str());
+      return 2;
+    }
+    principals = *std::move(read);
+  }
+  swirl::blockstore::BlockStoreServer::Owners owners;
+  for (const std::string& value : owner_values) {
+    for (absl::string_view entry : absl::StrSplit(value, ',', absl::SkipEmpty())) {
+      std::pair<std::string, std::string> pair = absl::StrSplit(entry, absl::MaxSplits('=', 1));
+      if (pair.first.empty() || pair.second.empty()) {
+        std::fprintf(stderr, "blockstore_server: --owner wants volume=principal, not '%s'\n",
+                     std::string(entry).c_str());
+        return 2;
+      }
+      owners[pair.first] = pair.second;
+    }
+  }
+  for (const auto& [volume, principal] : owners) {
+    const bool known =
+        principal == "default" ? !absl::GetFlag(FLAGS_token).empty()
+                               : std::any_of(principals.begin(), principals.end(),
+                                             [&](const swirl::Principal& p) {
+                                               return p.name == principal;
+                                             });
+    const bool exists = std::any_of(specs->begin(), specs->end(),
+                                    [&](const auto& spec) { return spec.name == volume; });
+    if (!known || !exists) {
+      std::fprintf(stderr, "blockstore_server: --owner=%s=%s: no such %s\n", volume.c_str(),
+                   principal.c_str(), exists ? "principal" : "volume");
+      return 2;
+    }
   }
   swirl::ServerOptions options;
   options.address = absl::GetFlag(FLAGS_address);
   options.auth_token = absl::GetFlag(FLAGS_token);
+  options.principals = std::move(principals);
+  swirl::examples::ApplyTlsFlags(options);
   options.allow_insecure_non_loopback = absl::GetFlag(FLAGS_insecure);
   options.transport.device = absl::GetFlag(FLAGS_device);
+  if (options.auth_token.empty() && options.principals.empty() &&
+      options.tls_cert_file.empty() && !absl::GetFlag(FLAGS_insecure) &&
+      !LoopbackOnly(absl::GetFlag(FLAGS_address))) {
+    std::fprintf(stderr,
+                 "blockstore_server: %s is reachable beyond this host and there is no --token, "
+                 "--principals_file or TLS: anyone could read and write every volume. Give "
+                 "--token, or --insecure to accept that\n",
+                 absl::GetFlag(FLAGS_address).c_str());
+    return 2;
+  }
   options.handler_threads = absl::GetFlag(FLAGS_handler_threads);
   options.transport.credits = static_cast<uint32_t>(absl::GetFlag(FLAGS_credits));
   options.transport.bulk_pool_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_bulk_pool_mb)) << 20;
@@ -155,7 +243,7 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
-  swirl::blockstore::BlockStoreServer service(&volumes);
+  swirl::blockstore::BlockStoreServer service(&volumes, std::move(owners));
   swirl::Server server(options);
   if (absl::Status s = server.RegisterService(&service); !s.ok()) {
     std::fprintf(stderr, "blockstore_server: %s\n", s.ToString().c_str());

@@ -19,10 +19,29 @@ absl::Status Failed(Volume* volume, absl::Status status) {
 
 }  // namespace
 
-absl::StatusOr<Volume*> BlockStoreServer::Lookup(const std::string& name, bool on_worker,
-                                                 const char* method) {
+bool BlockStoreServer::MayUse(const ServerContext& ctx, const std::string& name) const {
+  auto it = owners_.find(name);
+  return it == owners_.end() || it->second == ctx.principal();
+}
+
+absl::StatusOr<Volume*> BlockStoreServer::Authorized(const ServerContext& ctx,
+                                                     const std::string& name) const {
   Volume* volume = volumes_->Find(name);
   if (volume == nullptr) return absl::NotFoundError(absl::StrCat("no volume '", name, "'"));
+  if (!MayUse(ctx, name)) {
+    // Not counted against the volume: its owner's error count is not another tenant's to raise.
+    return absl::PermissionDeniedError(
+        absl::StrCat("volume '", name, "' belongs to another principal"));
+  }
+  return volume;
+}
+
+absl::StatusOr<Volume*> BlockStoreServer::Lookup(const ServerContext& ctx,
+                                                 const std::string& name, bool on_worker,
+                                                 const char* method) {
+  auto authorized = Authorized(ctx, name);
+  if (!authorized.ok()) return authorized.status();
+  Volume* volume = *authorized;
   if (on_worker && volume->blocking()) {
     // Never block a polling worker: file I/O belongs on the handler pool.
     return Failed(volume, absl::FailedPreconditionError(absl::StrFormat(
@@ -42,7 +61,7 @@ absl::StatusOr<Volume*> BlockStoreServer::Lookup(const std::string& name, bool o
 
 absl::Status BlockStoreServer::DoRead(ServerContext& ctx, const ReadRequest& request,
                                       ReadResponse* response, bool on_worker) {
-  auto volume = Lookup(request.volume(), on_worker, "Read");
+  auto volume = Lookup(ctx, request.volume(), on_worker, "Read");
   if (!volume.ok()) return volume.status();
   Volume* v = *volume;
   if (absl::Status s = ValidateIo(v->size(), request.offset(), request.length()); !s.ok()) {
@@ -67,7 +86,7 @@ absl::Status BlockStoreServer::DoRead(ServerContext& ctx, const ReadRequest& req
 
 absl::Status BlockStoreServer::DoWrite(ServerContext& ctx, const WriteRequest& request,
                                        WriteResponse* response, bool on_worker) {
-  auto volume = Lookup(request.volume(), on_worker, "Write");
+  auto volume = Lookup(ctx, request.volume(), on_worker, "Write");
   if (!volume.ok()) return volume.status();
   Volume* v = *volume;
   if (absl::Status s = ValidateIo(v->size(), request.offset(), request.length()); !s.ok()) {
@@ -138,19 +157,19 @@ void BlockStoreServer::Describe(Volume& volume, VolumeInfo* info) {
   info->set_errors(c.errors.load(std::memory_order_relaxed));
 }
 
-absl::Status BlockStoreServer::Stat(ServerContext&, const StatRequest& request,
+absl::Status BlockStoreServer::Stat(ServerContext& ctx, const StatRequest& request,
                                     StatResponse* response) {
-  Volume* volume = volumes_->Find(request.volume());
-  if (volume == nullptr) {
-    return absl::NotFoundError(absl::StrCat("no volume '", request.volume(), "'"));
-  }
-  Describe(*volume, response->mutable_volume());
+  auto volume = Authorized(ctx, request.volume());
+  if (!volume.ok()) return volume.status();
+  Describe(**volume, response->mutable_volume());
   return absl::OkStatus();
 }
 
-absl::Status BlockStoreServer::ListVolumes(ServerContext&, const ListVolumesRequest&,
+absl::Status BlockStoreServer::ListVolumes(ServerContext& ctx, const ListVolumesRequest&,
                                            ListVolumesResponse* response) {
-  for (Volume* volume : volumes_->volumes()) Describe(*volume, response->add_volumes());
+  for (Volume* volume : volumes_->volumes()) {
+    if (MayUse(ctx, volume->name())) Describe(*volume, response->add_volumes());
+  }
   return absl::OkStatus();
 }
 

@@ -2,6 +2,8 @@
 // and prints latency percentiles.
 //
 //   echo_client --server=localhost:7100 --token=secret --iterations=100000 --size=64
+//   echo_client --server=127.0.0.1:7100 --token=secret --tls_ca=ca.pem
+//       (TLS flags: examples/common/tls_flags.h)
 
 #include <sched.h>
 
@@ -13,6 +15,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/time/clock.h"
+#include "examples/common/tls_flags.h"
 #include "examples/echo/echo.swirl.h"
 #include "swirl/channel.h"
 
@@ -36,6 +39,7 @@ int main(int argc, char** argv) {
   swirl::ChannelOptions options;
   options.auth_token = absl::GetFlag(FLAGS_token);
   options.client_name = "echo_client";
+  swirl::examples::ApplyTlsFlags(options);
   options.transport.device = absl::GetFlag(FLAGS_device);
   options.driver = absl::GetFlag(FLAGS_caller_driven) ? swirl::ChannelOptions::Driver::kCaller
                                                       : swirl::ChannelOptions::Driver::kBackgroundThread;

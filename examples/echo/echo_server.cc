@@ -2,6 +2,7 @@
 // SIGINT or SIGTERM, then shuts down gracefully and prints what it served.
 //
 //   echo_server --address=0.0.0.0:7100 --token=secret --cores=1
+//   echo_server ... --tls_cert=server.pem --tls_key=server.key  (examples/common/tls_flags.h)
 
 #include <signal.h>
 
@@ -14,6 +15,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "base/stop_signals.h"
+#include "examples/common/tls_flags.h"
 #include "examples/echo/blob_service.h"
 #include "examples/echo/echo.swirl.h"
 #include "examples/echo/echo_service.h"
@@ -41,6 +43,7 @@ int main(int argc, char** argv) {
   options.address = absl::GetFlag(FLAGS_address);
   options.auth_token = absl::GetFlag(FLAGS_token);
   options.allow_insecure_non_loopback = absl::GetFlag(FLAGS_insecure);
+  swirl::examples::ApplyTlsFlags(options);
   options.transport.device = absl::GetFlag(FLAGS_device);
   options.worker_cores.clear();
   for (absl::string_view core : absl::StrSplit(absl::GetFlag(FLAGS_cores), ',')) {

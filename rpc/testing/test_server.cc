@@ -18,6 +18,7 @@
 //   LastSum   returns what the last Sum computed
 //   BulkEcho  returns the request's bulk attachment as the response's, and the eager part
 //   Stats     returns "<exposed> <remote> <local> <lease_expired> <violations>" for this server
+//   Whoami    returns the caller's principal (ServerContext::principal())
 // Prints nothing; writes its port to --port_file. SIGTERM: graceful shutdown, exit 0.
 
 #include <signal.h>
@@ -33,6 +34,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "base/mutex.h"
 #include "base/stop_signals.h"
 #include "proto/control.pb.h"
@@ -44,7 +46,10 @@
 
 ABSL_FLAG(std::string, port_file, "", "where to write the control-plane port");
 ABSL_FLAG(int, port, 0, "control-plane port (0: any free one; a restarted server reuses one)");
-ABSL_FLAG(std::string, token, "e2e", "authentication token");
+ABSL_FLAG(std::string, host, "127.0.0.1", "control-plane listen host (\"[::]\": both families)");
+ABSL_FLAG(std::string, token, "e2e", "authentication token (principal \"default\", an admin)");
+ABSL_FLAG(std::vector<std::string>, principals, {},
+          "ServerOptions::principals, comma-separated name:token[:admin][:max_connections]");
 ABSL_FLAG(int, max_connections, 256, "ServerOptions::max_connections (in total)");
 ABSL_FLAG(int, max_per_client, 64, "connections per client address");
 ABSL_FLAG(int, workers, 1, "worker threads (ServerOptions::worker_cores, none pinned)");
@@ -264,6 +269,11 @@ class E2E : public swirl::Service {
       out.Append(eager);
       return absl::OkStatus();
     });
+    AddRawMethod("Whoami", [](swirl::ServerContext& ctx, absl::string_view,
+                              swirl::ResponseWriter& out) {
+      out.Append(ctx.principal());
+      return absl::OkStatus();
+    });
     AddRawMethod("Stats", [](swirl::ServerContext&, absl::string_view,
                              swirl::ResponseWriter& out) {
       const auto s = g_server->Stats().server;
@@ -281,8 +291,21 @@ int main(int argc, char** argv) {
   swirl::StopSignals stop_signals;  // before any thread starts: none is lost, none kills us
   absl::ParseCommandLine(argc, argv);
   swirl::ServerOptions options;
-  options.address = absl::StrCat("127.0.0.1:", absl::GetFlag(FLAGS_port));
+  options.address = absl::StrCat(absl::GetFlag(FLAGS_host), ":", absl::GetFlag(FLAGS_port));
   options.auth_token = absl::GetFlag(FLAGS_token);
+  for (const std::string& entry : absl::GetFlag(FLAGS_principals)) {
+    std::vector<std::string> parts = absl::StrSplit(entry, ':');
+    if (parts.size() < 2) return 2;
+    swirl::Principal p{.name = parts[0], .token = parts[1]};
+    for (size_t i = 2; i < parts.size(); ++i) {
+      if (parts[i] == "admin") {
+        p.admin = true;
+      } else if (!absl::SimpleAtoi(parts[i], &p.max_connections)) {
+        return 2;
+      }
+    }
+    options.principals.push_back(std::move(p));
+  }
   options.max_connections = static_cast<uint32_t>(absl::GetFlag(FLAGS_max_connections));
   options.max_connections_per_client = absl::GetFlag(FLAGS_max_per_client);
   options.worker_cores.assign(static_cast<size_t>(absl::GetFlag(FLAGS_workers)), -1);
