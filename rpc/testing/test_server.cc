@@ -43,6 +43,9 @@
 #include "swirl/service.h"
 
 ABSL_FLAG(std::string, port_file, "", "where to write the control-plane port");
+ABSL_FLAG(std::string, host, "127.0.0.1",
+          "control-plane address to listen on (beyond loopback: plaintext allowed, for tests in "
+          "network namespaces)");
 ABSL_FLAG(int, port, 0, "control-plane port (0: any free one; a restarted server reuses one)");
 ABSL_FLAG(std::string, token, "e2e", "authentication token");
 ABSL_FLAG(int, max_connections, 256, "ServerOptions::max_connections (in total)");
@@ -281,7 +284,9 @@ int main(int argc, char** argv) {
   swirl::StopSignals stop_signals;  // before any thread starts: none is lost, none kills us
   absl::ParseCommandLine(argc, argv);
   swirl::ServerOptions options;
-  options.address = absl::StrCat("127.0.0.1:", absl::GetFlag(FLAGS_port));
+  options.address = absl::StrCat(absl::GetFlag(FLAGS_host), ":", absl::GetFlag(FLAGS_port));
+  // Only netns_test asks for another address: its private veth link between two namespaces.
+  options.allow_insecure_non_loopback = absl::GetFlag(FLAGS_host) != "127.0.0.1";
   options.auth_token = absl::GetFlag(FLAGS_token);
   options.max_connections = static_cast<uint32_t>(absl::GetFlag(FLAGS_max_connections));
   options.max_connections_per_client = absl::GetFlag(FLAGS_max_per_client);
