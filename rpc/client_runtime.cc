@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "base/mutex.h"
+#include "rpc/bulk_pool.h"
 #include "rpc/establish.h"
 #include "rpc/stats_convert.h"
 #include "rpc/worker.h"
@@ -66,6 +67,19 @@ ClientRuntime::~ClientRuntime() { state_->worker->Stop(); }
 DeviceInfo ClientRuntime::capabilities() const {
   return internal::DescribeDevice(state_->device.caps);
 }
+RuntimeCounters ClientRuntime::Counters() const {
+  // As Server::Stats() computes its totals (rpc/server.cc), for this one worker.
+  const internal::Worker& w = *state_->worker;
+  const internal::WorkerStats ws = w.Stats();
+  RuntimeCounters out;
+  out.queue_pairs_live = ws.connections;
+  out.recv_buffers_total = ws.recv_buffers_total;
+  out.recv_buffers_free = ws.recv_buffers_total - ws.recv_buffers_posted;
+  out.windows_outstanding = w.windows_exposed();
+  if (w.bulk_pool() != nullptr) out.bulk_bytes_in_use = w.bulk_pool()->bytes_in_use();
+  return out;
+}
+
 const verbs::Capabilities& ClientRuntime::device_capabilities() const {
   return state_->device.caps;
 }

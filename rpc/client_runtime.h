@@ -75,6 +75,8 @@ class ClientRuntime {
   const ClientRuntimeOptions& options() const { return options_; }
   // What the device can do (probed, self-test included).
   DeviceInfo capabilities() const;
+  // What its worker holds right now (QPs, receive buffers, exposed windows, bulk memory).
+  RuntimeCounters Counters() const;
 
   struct State;  // internal (client_runtime.cc)
 

@@ -98,6 +98,19 @@ struct ServerCounters {
   bool operator==(const ServerCounters&) const = default;
 };
 
+// What a ClientRuntime's worker holds right now (ClientRuntime::Counters()), the fields of
+// ServerCounters a client needs to see that a lost connection left nothing behind: its QPs,
+// its receive buffers, the windows it exposes and the bulk pool memory in use.
+struct RuntimeCounters {
+  uint64_t queue_pairs_live = 0;  // connections on the worker, set up or being torn down
+  uint64_t recv_buffers_free = 0;
+  uint64_t recv_buffers_total = 0;
+  uint64_t windows_outstanding = 0;  // exposed right now
+  uint64_t bulk_bytes_in_use = 0;
+
+  bool operator==(const RuntimeCounters&) const = default;
+};
+
 // What a side declares to its peers at connect about its device and configuration.
 struct DeclaredCapabilities {
   std::string device_name;

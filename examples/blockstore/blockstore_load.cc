@@ -215,8 +215,13 @@ class Load {
       while (!s.done.load(std::memory_order_acquire)) channel_->Poll();
       s.in_flight = false;
       if (!s.call.status().ok()) {
-        VerifyFailure(absl::StrFormat("read-back of offset %u: %s", block * config_.bs,
-                                      s.call.status().ToString()));
+        // An I/O error, not a verification failure: nothing was found wrong with the data (a
+        // read-back cut short by a lost connection must not read as data that was not written).
+        if (errors_++ < 5) {
+          std::fprintf(stderr, "blockstore_load: read-back of offset %llu: %s\n",
+                       static_cast<unsigned long long>(block * config_.bs),
+                       s.call.status().ToString().c_str());
+        }
         if (!channel_->connected()) connection_lost_ = true;
         continue;
       }

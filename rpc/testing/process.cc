@@ -12,6 +12,7 @@
 
 #include "gtest/gtest.h"
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 
@@ -19,12 +20,24 @@ extern char** environ;
 
 namespace swirl::testing {
 
-absl::StatusOr<ChildProcess> ChildProcess::Spawn(const std::vector<std::string>& args) {
+absl::StatusOr<ChildProcess> ChildProcess::Spawn(const std::vector<std::string>& args,
+                                                 const std::vector<std::string>& env) {
   std::vector<char*> argv;
   for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
+  std::vector<char*> envp;
+  for (const auto& e : env) envp.push_back(const_cast<char*>(e.c_str()));
+  for (char** e = environ; *e != nullptr; ++e) {
+    const absl::string_view var(*e);
+    const absl::string_view name = var.substr(0, var.find('='));
+    bool replaced = false;
+    for (const auto& mine : env) replaced |= absl::StartsWith(mine, absl::StrCat(name, "="));
+    if (!replaced) envp.push_back(*e);
+  }
+  envp.push_back(nullptr);
   pid_t pid;
-  if (int err = posix_spawn(&pid, argv[0], nullptr, nullptr, argv.data(), environ); err != 0) {
+  if (int err = posix_spawn(&pid, argv[0], nullptr, nullptr, argv.data(), envp.data());
+      err != 0) {
     return absl::InternalError(absl::StrCat("posix_spawn ", args[0], ": errno ", err));
   }
   return ChildProcess(pid, args[0]);
@@ -138,13 +151,22 @@ int ChildProcess::OpenFds() const {
 
 absl::StatusOr<std::pair<ChildProcess, int>> SpawnServer(const std::string& binary,
                                                         std::vector<std::string> args,
-                                                        absl::Duration timeout) {
+                                                        absl::Duration timeout,
+                                                        const std::vector<std::string>& env) {
+  return SpawnServerVia({}, binary, std::move(args), timeout, env);
+}
+
+absl::StatusOr<std::pair<ChildProcess, int>> SpawnServerVia(
+    const std::vector<std::string>& launcher, const std::string& binary,
+    std::vector<std::string> args, absl::Duration timeout, const std::vector<std::string>& env) {
   const char* tmp = std::getenv("TEST_TMPDIR");
   const std::string port_file =
       absl::StrCat(tmp ? tmp : "/tmp", "/port-", getpid(), "-", absl::ToUnixNanos(absl::Now()));
-  std::vector<std::string> argv = {binary, "--port_file=" + port_file};
+  std::vector<std::string> argv = launcher;
+  argv.push_back(binary);
+  argv.push_back("--port_file=" + port_file);
   argv.insert(argv.end(), args.begin(), args.end());
-  auto child = ChildProcess::Spawn(argv);
+  auto child = ChildProcess::Spawn(argv, env);
   if (!child.ok()) return child.status();
   const absl::Time deadline = absl::Now() + timeout;
   while (absl::Now() < deadline) {

@@ -23,7 +23,10 @@ class ChildProcess {
   // builds check for leaks at exit, which takes a while).
   static constexpr absl::Duration kStopTimeout = absl::Seconds(60);
 
-  static absl::StatusOr<ChildProcess> Spawn(const std::vector<std::string>& argv);
+  // `env`: "NAME=VALUE" entries added to this process's environment for the child (replacing
+  // a variable of the same name), e.g. SWIRL_SOFT_FAULTS for a child that misbehaves.
+  static absl::StatusOr<ChildProcess> Spawn(const std::vector<std::string>& argv,
+                                            const std::vector<std::string>& env = {});
   ChildProcess(ChildProcess&& other) noexcept
       : pid_(other.pid_), name_(std::move(other.name_)), stop_timeout_(other.stop_timeout_) {
     other.pid_ = -1;
@@ -60,10 +63,19 @@ class ChildProcess {
   absl::Duration stop_timeout_ = kStopTimeout;
 };
 
-// Starts `binary` with `args` plus --port_file, and waits (bounded) for the port.
+// Starts `binary` with `args` plus --port_file, and waits (bounded) for the port; `env` as
+// ChildProcess::Spawn's.
 absl::StatusOr<std::pair<ChildProcess, int>> SpawnServer(const std::string& binary,
                                                         std::vector<std::string> args,
-                                                        absl::Duration timeout = absl::Seconds(30));
+                                                        absl::Duration timeout = absl::Seconds(30),
+                                                        const std::vector<std::string>& env = {});
+// The same, run through `launcher` (a command that runs the rest of its arguments, e.g.
+// {"/usr/sbin/ip", "netns", "exec", NAME}: the server in a network namespace). The launcher
+// must exec the server, so that the child is the server.
+absl::StatusOr<std::pair<ChildProcess, int>> SpawnServerVia(
+    const std::vector<std::string>& launcher, const std::string& binary,
+    std::vector<std::string> args, absl::Duration timeout = absl::Seconds(30),
+    const std::vector<std::string>& env = {});
 
 }  // namespace swirl::testing
 

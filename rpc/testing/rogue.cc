@@ -87,7 +87,7 @@ absl::Status RogueConnection::Connect(int port, const std::string& token,
   if (auto s = Open(); !s.ok()) return s;
   auto local = LocalAddress();
   if (!local.ok()) return local.status();
-  auto channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", port),
+  auto channel = grpc::CreateChannel(absl::StrCat(host_, ":", port),
                                      grpc::InsecureChannelCredentials());
   auto stub = control::Control::NewStub(channel);
   grpc::ClientContext gctx;

@@ -134,6 +134,8 @@ class RogueConnection : public RoguePeer {
   void TamperRequest(std::function<void(control::ConnectRequest&)> tamper) {
     tamper_request_ = std::move(tamper);
   }
+  // The server's host for Connect (a literal IPv4 address; default 127.0.0.1).
+  void UseHost(std::string host) { host_ = std::move(host); }
   // The key the server sent (empty if none).
   const std::string& link_key() const { return link_key_; }
   // Completes Control.Connect with `token` and moves our QP to RTS.
@@ -157,6 +159,7 @@ class RogueConnection : public RoguePeer {
   uint32_t offered_credits_ = 0;  // 0: as many as we post receives
   LinkKeyUse link_key_use_ = LinkKeyUse::kUndeclared;
   std::function<void(control::ConnectRequest&)> tamper_request_;
+  std::string host_ = "127.0.0.1";
   std::string link_key_;
   control::Negotiated negotiated_;
 };

@@ -45,8 +45,10 @@
 #include "swirl/service.h"
 
 ABSL_FLAG(std::string, port_file, "", "where to write the control-plane port");
+ABSL_FLAG(std::string, host, "127.0.0.1",
+          "control-plane address to listen on (\"[::]\": both families; beyond loopback, "
+          "plaintext is allowed: for tests in network namespaces and over IPv6)");
 ABSL_FLAG(int, port, 0, "control-plane port (0: any free one; a restarted server reuses one)");
-ABSL_FLAG(std::string, host, "127.0.0.1", "control-plane listen host (\"[::]\": both families)");
 ABSL_FLAG(std::string, token, "e2e", "authentication token (principal \"default\", an admin)");
 ABSL_FLAG(std::vector<std::string>, principals, {},
           "ServerOptions::principals, comma-separated name:token[:admin][:max_connections]");
@@ -292,6 +294,9 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   swirl::ServerOptions options;
   options.address = absl::StrCat(absl::GetFlag(FLAGS_host), ":", absl::GetFlag(FLAGS_port));
+  // Tests that ask for another address (netns_test's private veth link between two
+  // namespaces, principals_test's "[::]") are tests: plaintext is allowed there.
+  options.allow_insecure_non_loopback = absl::GetFlag(FLAGS_host) != "127.0.0.1";
   options.auth_token = absl::GetFlag(FLAGS_token);
   for (const std::string& entry : absl::GetFlag(FLAGS_principals)) {
     std::vector<std::string> parts = absl::StrSplit(entry, ':');
