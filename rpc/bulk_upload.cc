@@ -6,6 +6,8 @@
 //     its own; the server RDMA READs the request, and its ack is the SEND_WITH_INV.
 // The invalidation check itself, and the local-invalidation fallback, are CheckSeal's.
 
+#include <algorithm>
+#include <bit>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -247,11 +249,29 @@ void Worker::ReceiveMirroredUpload(Connection* c, Incoming& in, const BulkDescri
   if (wc.wc_flags & IBV_WC_WITH_INV) {
     return BulkViolation(c, "SEND_WITH_INV on a mirror-mode request");
   }
+  // The READ's buffer is the connection's to hold until the READ completes, which is the client's
+  // to delay (it may stop progressing its QP): it counts against the connection's mirror budget
+  // and its client's, and so does the number of READs under way. Beyond them the request is
+  // refused, not queued: a queue would be memory of ours the same client fills, and refusing
+  // gives the caller's window back at once.
+  const uint64_t bytes = std::bit_ceil(std::max<uint64_t>(d.length, BulkPool::kMinClass));
   absl::StatusOr<BulkBuffer> buffer =
-      draining_ ? absl::UnavailableError("server is shutting down") : bulk_pool_->Allocate(d.length);
+      draining_ ? absl::UnavailableError("server is shutting down")
+      : c->mirror_reads >= options_.mirror_reads_per_connection ||
+              c->mirror_bytes + bytes > options_.mirror_bytes_per_connection ||
+              ClientBulkBytes(c) + bytes > bulk_bytes_per_client_
+          ? absl::ResourceExhaustedError(absl::StrFormat(
+                "a %u-byte mirror-mode request would take this connection past its %u READs "
+                "(%u under way) or %u bytes (%u held) of mirror-mode buffers, or its client's "
+                "bulk memory (%u bytes) past the client's (%u)",
+                bytes, options_.mirror_reads_per_connection, c->mirror_reads,
+                options_.mirror_bytes_per_connection, c->mirror_bytes, ClientBulkBytes(c),
+                bulk_bytes_per_client_))
+          : bulk_pool_->Allocate(d.length);
   if (!buffer.ok()) {
-    // Refused before its data is read (a drain is not kept busy by new requests), or no memory
-    // for it: release the caller's window at once and answer with the reason.
+    // Refused before its data is read (a drain is not kept busy by new requests), beyond the
+    // budget, or no memory for it: release the caller's window at once and answer with the
+    // reason.
     SendBulkAck(c, h.request_id, d.rkey);
     SendResponseBytes(c, h.request_id, buffer.status(), {});
     return;
@@ -266,6 +286,8 @@ void Worker::ReceiveMirroredUpload(Connection* c, Incoming& in, const BulkDescri
   read.request.admitted = true;  // not draining (above)
   read.peer_rkey = d.rkey;
   read.buffer = std::move(*buffer);
+  ChargeBulk(c, &c->mirror_bytes, static_cast<int64_t>(read.buffer.capacity()));
+  ++c->mirror_reads;
   PostRdma(c, IBV_WR_RDMA_READ, read.buffer, d.length, d.addr, d.rkey, op);
 }
 

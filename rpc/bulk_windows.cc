@@ -140,9 +140,13 @@ uint64_t Worker::ClientBulkBytes(const Connection* c) const {
 
 void Worker::ChargeBulk(Connection* c, uint64_t* counter, int64_t delta) {
   *counter += static_cast<uint64_t>(delta);
+  if (delta == 0) return;
   uint64_t& total = client_bulk_bytes_[c->client_key()];
   total += static_cast<uint64_t>(delta);
   if (total == 0) client_bulk_bytes_.erase(c->client_key());
+  bulk_bytes_charged_.store(bulk_bytes_charged_.load(std::memory_order_relaxed) +
+                                static_cast<uint64_t>(delta),
+                            std::memory_order_relaxed);
 }
 
 void Worker::BulkTimers(Connection* c, absl::Time now) {
@@ -360,6 +364,9 @@ void Worker::HandleBulkOp(Connection* c, int32_t index, const ibv_wc& wc) {
   if (auto* o = std::get_if<bulk_op::DownloadRead>(&op)) {
     CompleteDownload(c, *o, ok);
   } else if (auto* o = std::get_if<bulk_op::MirrorRead>(&op)) {
+    // The READ is over either way: its buffer leaves the mirror budget (the handler's now).
+    ChargeBulk(c, &c->mirror_bytes, -static_cast<int64_t>(o->buffer.capacity()));
+    --c->mirror_reads;
     if (!ok) return;
     SendBulkAck(c, o->request.header.request_id, o->peer_rkey);
     DispatchDeferred(c, o->request, std::move(o->buffer));
@@ -382,8 +389,11 @@ void Worker::HandleBulkOp(Connection* c, int32_t index, const ibv_wc& wc) {
     o->call->write_op = -1;
     // The caller gave up meanwhile (its slot is gone): its buffer is free now.
     if (o->cancelled) FinishCall(c, *o->call, std::move(o->status));
+  } else if (auto* o = std::get_if<bulk_op::Hold>(&op)) {
+    // A reply written into a mirror-mode caller's window: the buffer goes back to the pool with
+    // `op`, and leaves the connection's mirror budget.
+    ChargeBulk(c, &c->mirror_bytes, -static_cast<int64_t>(o->buffer.capacity()));
   }
-  // Hold: the buffer goes back to the pool with `op`.
 }
 
 void Worker::CompleteDownload(Connection* c, bulk_op::DownloadRead& o, bool ok) {

@@ -89,6 +89,14 @@ struct ServerOptions {
   // bulk memory, or what one connection may hold if that is more (a single connection is
   // limited by the two caps above alone).
   size_t bulk_bytes_per_client = 0;
+  // Mirror mode (the client exposes): the server's buffers for its RDMA READs of a connection's
+  // requests and for replies it is writing into the connection's windows count against this
+  // (and against bulk_bytes_per_client), and at most mirror_reads_per_connection READs are
+  // under way at once. A request beyond either is refused with RESOURCE_EXHAUSTED before
+  // anything is read (and a reply beyond the bytes is refused the same way), so that a client
+  // choosing mirror mode cannot take the pool with a few large requests.
+  size_t mirror_bytes_per_connection = 32 << 20;
+  uint32_t mirror_reads_per_connection = 16;
   size_t max_bulk_size = 16 << 20;       // per transfer
 };
 

@@ -102,6 +102,11 @@ struct WorkerOptions {
   // channel's worker the "client" is the server). 0: half the bulk pool, or what one connection
   // may hold (grants + downloads) if that is more.
   uint64_t bulk_bytes_per_client = 0;
+  // Mirror mode: pool memory one connection may hold in buffers of its requests being READ and
+  // of replies being written into its windows, and how many of those READs may be under way at
+  // once (ServerOptions::mirror_bytes_per_connection; beyond: RESOURCE_EXHAUSTED).
+  uint64_t mirror_bytes_per_connection = 32 << 20;
+  uint32_t mirror_reads_per_connection = 16;
   absl::Duration window_lease = absl::Seconds(5);
   // Called on the loop thread when a connection is gone for good, with the reason it closed.
   std::function<void(uint64_t connection_id, const absl::Status& why)> on_closed;
@@ -178,6 +183,10 @@ class Worker {
   const WorkerOptions& options() const { return options_; }
   std::shared_ptr<verbs::ProtectionDomain> pd() const { return pd_; }
   const std::shared_ptr<BulkPool>& bulk_pool() const { return bulk_pool_; }
+  // Bulk memory charged to clients' budgets now (ChargeBulk), any thread.
+  uint64_t bulk_bytes_charged() const {
+    return bulk_bytes_charged_.load(std::memory_order_relaxed);
+  }
   ConnectionCounters& totals() { return totals_; }
   uint64_t windows_exposed() const { return windows_exposed_.load(std::memory_order_relaxed); }
 
@@ -452,6 +461,8 @@ class Worker {
   // Loop thread: ClientBulkBytes, by Connection::client_key() (entries at zero are erased).
   absl::flat_hash_map<std::string, uint64_t> client_bulk_bytes_;
   uint64_t bulk_bytes_per_client_ = 0;  // WorkerOptions::bulk_bytes_per_client, resolved
+  // The sum of client_bulk_bytes_: written by the loop thread only, read by Stats.
+  std::atomic<uint64_t> bulk_bytes_charged_{0};
 
   MpscQueue<WorkItem> submissions_;
   std::atomic<bool> sleeping_{false};
