@@ -365,7 +365,8 @@ class Worker {
   int32_t AcquireWindow(Connection* c);
   // Binds window `w` over [addr, addr+length) of the pool with `access`, for `purpose` on behalf
   // of `request_id` (0 for grants); returns the new rkey. Every purpose but a grant is leased:
-  // this side revokes it if no acknowledgement arrives within window_lease.
+  // this side revokes it if no acknowledgement arrives within window_lease, and a device that
+  // keeps leases (the soft device) refuses every access after it by itself.
   uint32_t BindWindow(Connection* c, int32_t w, uint64_t addr, uint32_t length, int access,
                       Window::Purpose purpose, uint64_t request_id);
   // Posts a LOCAL_INV of window `w` for operation `op` (emplaced by the caller), and a plain
@@ -463,6 +464,10 @@ class Worker {
   uint64_t bulk_bytes_per_client_ = 0;  // WorkerOptions::bulk_bytes_per_client, resolved
   // The sum of client_bulk_bytes_: written by the loop thread only, read by Stats.
   std::atomic<uint64_t> bulk_bytes_charged_{0};
+  // Beyond RoCE (BindWindow): the device keeps window leases in its key entries, and draws a
+  // fresh key slot per bind; each found out from the device at the first window (a NIC: no).
+  bool device_leases_ = false;
+  bool fresh_rkeys_ = true;
 
   MpscQueue<WorkItem> submissions_;
   std::atomic<bool> sleeping_{false};
