@@ -193,6 +193,9 @@ void Worker::ReleaseBulk(Connection* c) {
   Decrement(windows_exposed_, live);
   c->ops().Clear();
   c->grants().Clear();
+  // Mirror-mode requests that waited for a READ will never get one (nor an answer).
+  work_.Leave(static_cast<uint32_t>(c->mirror_waiting.size()));
+  c->mirror_waiting.clear();
 }
 
 // ---- Acknowledgements --------------------------------------------------------------------------
@@ -396,6 +399,7 @@ void Worker::HandleBulkOp(Connection* c, int32_t index, const ibv_wc& wc) {
     if (!ok) return;
     SendBulkAck(c, o->request.header.request_id, o->peer_rkey);
     DispatchDeferred(c, o->request, std::move(o->buffer));
+    PumpMirrorReads(c);
   } else if (auto* o = std::get_if<bulk_op::Revoke>(&op)) {
     CompleteRevoke(c, o->window, o->lease_expired, ok);
   } else if (auto* o = std::get_if<bulk_op::RevokeThenComplete>(&op)) {
@@ -419,6 +423,8 @@ void Worker::HandleBulkOp(Connection* c, int32_t index, const ibv_wc& wc) {
     // A reply written into a mirror-mode caller's window: the buffer goes back to the pool with
     // `op`, and leaves the connection's mirror budget.
     ChargeBulk(c, &c->mirror_bytes, -static_cast<int64_t>(o->buffer.capacity()));
+    o->buffer.Release();
+    if (ok) PumpMirrorReads(c);
   }
 }
 

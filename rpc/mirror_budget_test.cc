@@ -150,16 +150,17 @@ TEST_F(MirrorBudgetTest, ATenantInMirrorModeCannotTakeThePoolWithLargeRequests) 
   auto rogue = std::make_unique<testing::RogueConnection>();
   const BulkDescriptor d = SilentMirrorClient(*rogue, 8 * kMiB);
   ASSERT_FALSE(HasFatalFailure());
-  // Eight requests of 8 MiB: the whole pool, if the server READ them all at once.
-  constexpr int kRequests = 8;
+  // Twenty requests of 8 MiB: the whole pool twice over, if the server READ them all at once.
+  constexpr int kRequests = 20;
   for (int i = 0; i < kRequests; ++i) ASSERT_NO_FATAL_FAILURE(MirrorRequest(*rogue, d));
-  // It READs two (the connection's 16 MiB), which the rogue never answers, and refuses the rest
+  // It READs two (the connection's 16 MiB), which the rogue never answers; 16 more wait for
+  // them (mirror_reads_per_connection, holding no pool memory), and the last two are refused
   // at once with a response (RESOURCE_EXHAUSTED; the rogue, answering nothing, never takes it).
   auto held = ServerStatsWhen(*good_, [&](const StatsReport& s) {
-    return RefusedByTheServer(s) >= kRequests - 2 && s.server.bulk_bytes_in_use >= 16 * kMiB;
+    return RefusedByTheServer(s) >= 2 && s.server.bulk_bytes_in_use >= 16 * kMiB;
   });
   ASSERT_TRUE(held.ok()) << held.status();
-  EXPECT_EQ(RefusedByTheServer(*held), kRequests - 2u) << "the requests beyond the budget";
+  EXPECT_EQ(RefusedByTheServer(*held), 2u) << "the requests beyond the budget and the wait";
   EXPECT_EQ(held->server.bulk_bytes_in_use, 16 * kMiB) << "READ buffers beyond the budget";
   EXPECT_EQ(held->server.bulk_bytes_charged, 16 * kMiB);
   // Another client's bulk calls go on, through the pool the rogue did not get: uploads the
@@ -182,7 +183,9 @@ TEST_F(MirrorBudgetTest, ATenantInMirrorModeCannotTakeThePoolWithLargeRequests) 
 }
 
 // The count cap: past mirror_reads_per_connection READs under way (here 3, of 64 KiB each, far
-// below the bytes), the next request is refused before anything is read.
+// below the bytes), requests wait for one of them to complete (3 at most), and beyond that are
+// refused before anything is read. A client that answers its READs sees its calls wait, not
+// fail.
 class MirrorReadCountTest : public MirrorTest {
  protected:
   void SetUp() override { Start({"--mirror_reads=3", "--keepalive_ms=60000"}); }
@@ -195,13 +198,40 @@ TEST_F(MirrorReadCountTest, ReadsBeyondTheCountAreRefused) {
   constexpr int kRequests = 10;
   for (int i = 0; i < kRequests; ++i) ASSERT_NO_FATAL_FAILURE(MirrorRequest(*rogue, d));
   auto held = ServerStatsWhen(*good_, [&](const StatsReport& s) {
-    return RefusedByTheServer(s) >= kRequests - 3 && s.server.bulk_bytes_in_use >= 3u * 65536;
+    return RefusedByTheServer(s) >= kRequests - 6 && s.server.bulk_bytes_in_use >= 3u * 65536;
   });
   ASSERT_TRUE(held.ok()) << held.status();
-  EXPECT_EQ(RefusedByTheServer(*held), kRequests - 3u) << "the requests beyond the count";
+  EXPECT_EQ(RefusedByTheServer(*held), kRequests - 6u) << "3 READ and 3 waiting, the rest not";
   EXPECT_EQ(held->server.bulk_bytes_in_use, 3u * 65536);
   EXPECT_EQ(held->server.bulk_bytes_charged, 3u * 65536);
-  ASSERT_NO_FATAL_FAILURE(ExpectSum(100000, 5));
+  // The good client starts 6 uploads at once: beyond its 3 READs 3 wait, and all succeed.
+  constexpr int kCalls = 6;
+  std::vector<BulkBuffer> buffers;
+  std::vector<std::string> expected(kCalls), sums(kCalls);
+  std::vector<ClientCall> calls(kCalls);
+  for (int i = 0; i < kCalls; ++i) {
+    auto b = good_->AllocateBulk(65536);
+    ASSERT_TRUE(b.ok()) << b.status();
+    const std::string data = Payload(65536, 40 + i);
+    std::memcpy(b->data(), data.data(), data.size());
+    b->resize(data.size());
+    expected[i] = absl::StrCat(data.size(), ":", Fnv(data));
+    buffers.push_back(std::move(*b));
+  }
+  for (int i = 0; i < kCalls; ++i) {
+    CallOptions options;
+    options.request_bulk = &buffers[i];
+    options.timeout = absl::Seconds(20);
+    calls[i].SetMethod(Id("/test.E2E/Sum"));
+    calls[i].SetRequestBytes("");
+    calls[i].SetResponseBytes(&sums[i]);
+    calls[i].SetOptions(options);
+    good_->Start(&calls[i]);
+  }
+  for (int i = 0; i < kCalls; ++i) {
+    ASSERT_TRUE(calls[i].Wait().ok()) << i << ": " << calls[i].status();
+    EXPECT_EQ(sums[i], expected[i]) << i;
+  }
 }
 
 // The server runs RC's transport timer (--soft_faults=none arms its soft device without any

@@ -104,7 +104,7 @@ struct WorkerOptions {
   uint64_t bulk_bytes_per_client = 0;
   // Mirror mode: pool memory one connection may hold in buffers of its requests being READ and
   // of replies being written into its windows, and how many of those READs may be under way at
-  // once (ServerOptions::mirror_bytes_per_connection; beyond: RESOURCE_EXHAUSTED).
+  // once (ServerOptions::mirror_bytes_per_connection; beyond: waiting, or RESOURCE_EXHAUSTED).
   uint64_t mirror_bytes_per_connection = 32 << 20;
   uint32_t mirror_reads_per_connection = 16;
   absl::Duration window_lease = absl::Seconds(5);
@@ -425,6 +425,14 @@ class Worker {
                          const ibv_wc& wc);
   void ReceiveGrantedUpload(Connection* c, Incoming& in, const rpc_wire::BulkDescriptor& d,
                             const ibv_wc& wc);
+  // Whether a mirror READ of `bytes` (a buffer's capacity) fits the connection's and its
+  // client's budgets now; else RESOURCE_EXHAUSTED saying which.
+  absl::Status MirrorBudget(const Connection* c, uint64_t bytes) const;
+  void StartMirrorRead(Connection* c, bulk_op::Request request, const rpc_wire::BulkDescriptor& d,
+                       BulkBuffer buffer);
+  // Starts the READs of waiting requests that fit now (after one of the connection's mirror
+  // buffers was given back).
+  void PumpMirrorReads(Connection* c);
   void ReceiveMirroredUpload(Connection* c, Incoming& in, const rpc_wire::BulkDescriptor& d,
                              const ibv_wc& wc);
 
