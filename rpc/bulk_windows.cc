@@ -420,8 +420,8 @@ void Worker::HandleBulkOp(Connection* c, int32_t index, const ibv_wc& wc) {
     // The caller gave up meanwhile (its slot is gone): its buffer is free now.
     if (o->cancelled) FinishCall(c, *o->call, std::move(o->status));
   } else if (auto* o = std::get_if<bulk_op::Hold>(&op)) {
-    // A reply written into a mirror-mode caller's window: the buffer goes back to the pool with
-    // `op`, and leaves the connection's mirror budget.
+    // A reply written into a mirror-mode caller's window: its buffer goes back to the pool now
+    // and leaves the connection's mirror budget, which may let a waiting request's READ start.
     ChargeBulk(c, &c->mirror_bytes, -static_cast<int64_t>(o->buffer.capacity()));
     o->buffer.Release();
     if (ok) PumpMirrorReads(c);
