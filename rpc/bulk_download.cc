@@ -80,10 +80,21 @@ absl::Status Worker::ExposeResponse(Connection* c, const Incoming& request, Bulk
   // (the caller's reply window is then revoked by the caller itself when the call completes).
   if (c->negotiated().bulk_mode() == control::BULK_MIRROR && request.has_chunk && !is_message &&
       length <= request.chunk.length) {
-    // Mirror: write into the caller's reply window; the response then revokes it.
+    // Mirror: write into the caller's reply window; the response then revokes it. The buffer is
+    // held until the WRITE completes, which the caller can delay: it counts against the
+    // connection's mirror budget (and its client's), as the READs of its requests do.
+    if (c->mirror_bytes + data.capacity() > options_.mirror_bytes_per_connection ||
+        ClientBulkBytes(c) + data.capacity() > bulk_bytes_per_client_) {
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "a %u-byte reply would take this connection's mirror-mode buffers (%u bytes) past "
+          "its limit (%u), or its client's bulk memory (%u bytes) past the client's (%u)",
+          data.capacity(), c->mirror_bytes, options_.mirror_bytes_per_connection,
+          ClientBulkBytes(c), bulk_bytes_per_client_));
+    }
     int32_t op;
     bulk_op::Hold& hold = c->ops().Emplace<bulk_op::Hold>(&op);
     hold.buffer = std::move(data);
+    ChargeBulk(c, &c->mirror_bytes, static_cast<int64_t>(hold.buffer.capacity()));
     PostRdma(c, IBV_WR_RDMA_WRITE, hold.buffer, length, request.chunk.addr, request.chunk.rkey,
              op);
     *d = {request.chunk.addr, length, request.chunk.rkey};

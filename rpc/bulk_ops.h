@@ -51,6 +51,13 @@ struct MirrorRead {
   BulkBuffer buffer;       // where it lands
 };
 
+// Server: a mirror-mode request whose READ waits for one of its connection's to complete (the
+// connection's mirror budget is in use). It holds no pool memory: its header and eager bytes.
+struct MirrorWait {
+  Request request;
+  rpc_wire::BulkDescriptor data{};  // the caller's request window
+};
+
 // A LOCAL_INV of a window (the local-invalidation fallback, a lease that ran out).
 struct Revoke {
   int32_t window = -1;

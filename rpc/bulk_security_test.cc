@@ -6,10 +6,14 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <bit>
+#include <cstdlib>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -236,6 +240,48 @@ TEST_F(BulkSecurityTest, OutOfBoundsAccessFails) {
     EXPECT_EQ(*st, IBV_WC_REM_ACCESS_ERR) << "case " << which;
   }
   ExpectHealthy(*good_, 6);
+}
+
+// Beyond RoCE: on the soft device each bind of a window draws a fresh random key slot, so the
+// rkeys of one window's successive binds differ in about 31 random bits, where a NIC's
+// (ibv_inc_rkey) differ only in the 8 of the key byte. Sequential downloads, each acknowledged
+// before the next, reuse one window of the server's. Through rdma-core (the *_rdma_core variant:
+// the server's device is a NIC to swirl) the window keeps its slot and only the key byte moves,
+// never repeating the last one.
+TEST_F(BulkSecurityTest, SuccessiveBindsOfOneWindowDrawFreshKeySlots) {
+  const char* device = std::getenv("SWIRL_DEVICE");
+  const bool fresh_slots = device == nullptr || !absl::StartsWith(device, "rdma-core:");
+  testing::RogueConnection rogue;
+  ASSERT_TRUE(rogue.Connect(port_, "e2e").ok());
+  // Fewer than the credits the rogue offers (it returns none).
+  constexpr int kBinds = 30;
+  std::vector<uint32_t> rkeys;
+  for (int i = 0; i < kBinds; ++i) {
+    uint64_t id;
+    const BulkDescriptor d = Download(rogue, 4096, &id);
+    ASSERT_NE(d.rkey, 0u);
+    rkeys.push_back(d.rkey);
+    ASSERT_TRUE(Ack(rogue, id, d.rkey).ok());
+  }
+  absl::flat_hash_set<uint32_t> keys(rkeys.begin(), rkeys.end());
+  absl::flat_hash_set<uint32_t> slots;
+  uint32_t varying = 0;  // the bits in which some rkey differs from the first
+  for (uint32_t rkey : rkeys) {
+    slots.insert(rkey >> 8);
+    varying |= rkey ^ rkeys[0];
+  }
+  if (fresh_slots) {
+    // 30 draws of ~31 random bits: a repeat, fewer than 15 distinct slots of 2^17, or fewer
+    // than 24 of the 32 bits ever moving are each far less likely than 2^-50 by chance. With
+    // key bytes alone every bind stays in one slot and only 8 bits move.
+    EXPECT_EQ(keys.size(), rkeys.size()) << "an rkey came back";
+    EXPECT_GE(slots.size(), kBinds / 2u) << "binds stayed in " << slots.size() << " key slots";
+    EXPECT_GE(std::popcount(varying), 24) << std::hex << "rkeys vary only in bits 0x" << varying;
+  } else {
+    EXPECT_EQ(slots.size(), 1u) << "a NIC's window keeps its index";
+    for (int i = 1; i < kBinds; ++i) EXPECT_NE(rkeys[i] & 0xff, rkeys[i - 1] & 0xff) << i;
+  }
+  ExpectHealthy(*good_, 16);
 }
 
 TEST_F(BulkSecurityTest, AWindowNeverAcknowledgedIsRevokedAtLeaseExpiry) {

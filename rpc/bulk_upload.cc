@@ -6,6 +6,8 @@
 //     its own; the server RDMA READs the request, and its ack is the SEND_WITH_INV.
 // The invalidation check itself, and the local-invalidation fallback, are CheckSeal's.
 
+#include <algorithm>
+#include <bit>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -247,26 +249,90 @@ void Worker::ReceiveMirroredUpload(Connection* c, Incoming& in, const BulkDescri
   if (wc.wc_flags & IBV_WC_WITH_INV) {
     return BulkViolation(c, "SEND_WITH_INV on a mirror-mode request");
   }
+  bulk_op::Request request;
+  request.header = h;
+  request.eager.assign(in.eager.data(), in.eager.size());
+  request.has_chunk = in.has_chunk;
+  request.chunk = in.chunk;
+  request.length = d.length;
+  request.admitted = true;  // not draining (below)
+  // The READ's buffer is the connection's to hold until the READ completes, which is the client's
+  // to delay (it may stop progressing its QP): it counts against the connection's mirror budget
+  // and its client's, and so does the number of READs under way. A request beyond them waits,
+  // behind those before it, for one of the connection's READs to complete: it holds no pool
+  // memory meanwhile (its header and eager bytes), and the call waits rather than fails, as an
+  // upload beyond the window credits does in the other mode. It is refused (RESOURCE_EXHAUSTED)
+  // when the connection has no READ under way whose completion would make room (the client's
+  // other connections, or the pool, hold it), or already has mirror_reads_per_connection
+  // requests waiting: waiting ones are the client's to multiply, so they are bounded too.
+  const uint64_t bytes = std::bit_ceil(std::max<uint64_t>(d.length, BulkPool::kMinClass));
+  absl::Status budget = draining_ ? absl::UnavailableError("server is shutting down")
+                                  : MirrorBudget(c, bytes);
+  if (!draining_ && (!budget.ok() || !c->mirror_waiting.empty()) && c->mirror_reads > 0 &&
+      c->mirror_waiting.size() < options_.mirror_reads_per_connection) {
+    c->mirror_waiting.push_back(bulk_op::MirrorWait{std::move(request), d});
+    work_.Enter();  // an admitted request: a graceful drain waits for it
+    return;
+  }
   absl::StatusOr<BulkBuffer> buffer =
-      draining_ ? absl::UnavailableError("server is shutting down") : bulk_pool_->Allocate(d.length);
+      budget.ok() ? bulk_pool_->Allocate(d.length) : absl::StatusOr<BulkBuffer>(budget);
   if (!buffer.ok()) {
-    // Refused before its data is read (a drain is not kept busy by new requests), or no memory
-    // for it: release the caller's window at once and answer with the reason.
+    // Refused before its data is read (a drain is not kept busy by new requests), beyond the
+    // budget, or no memory for it: release the caller's window at once and answer with the
+    // reason.
     SendBulkAck(c, h.request_id, d.rkey);
     SendResponseBytes(c, h.request_id, buffer.status(), {});
     return;
   }
+  StartMirrorRead(c, std::move(request), d, std::move(*buffer));
+}
+
+absl::Status Worker::MirrorBudget(const Connection* c, uint64_t bytes) const {
+  if (c->mirror_reads < options_.mirror_reads_per_connection &&
+      c->mirror_bytes + bytes <= options_.mirror_bytes_per_connection &&
+      ClientBulkBytes(c) + bytes <= bulk_bytes_per_client_) {
+    return absl::OkStatus();
+  }
+  return absl::ResourceExhaustedError(absl::StrFormat(
+      "a %u-byte mirror-mode request would take this connection past its %u READs (%u under "
+      "way, %u waiting) or %u bytes (%u held) of mirror-mode buffers, or its client's bulk "
+      "memory (%u bytes) past the client's (%u)",
+      bytes, options_.mirror_reads_per_connection, c->mirror_reads, c->mirror_waiting.size(),
+      options_.mirror_bytes_per_connection, c->mirror_bytes, ClientBulkBytes(c),
+      bulk_bytes_per_client_));
+}
+
+void Worker::StartMirrorRead(Connection* c, bulk_op::Request request, const BulkDescriptor& d,
+                             BulkBuffer buffer) {
   int32_t op;
   bulk_op::MirrorRead& read = c->ops().Emplace<bulk_op::MirrorRead>(&op);
-  read.request.header = h;
-  read.request.eager.assign(in.eager.data(), in.eager.size());
-  read.request.has_chunk = in.has_chunk;
-  read.request.chunk = in.chunk;
-  read.request.length = d.length;
-  read.request.admitted = true;  // not draining (above)
+  read.request = std::move(request);
   read.peer_rkey = d.rkey;
-  read.buffer = std::move(*buffer);
+  read.buffer = std::move(buffer);
+  ChargeBulk(c, &c->mirror_bytes, static_cast<int64_t>(read.buffer.capacity()));
+  ++c->mirror_reads;
   PostRdma(c, IBV_WR_RDMA_READ, read.buffer, d.length, d.addr, d.rkey, op);
+}
+
+void Worker::PumpMirrorReads(Connection* c) {
+  while (!c->mirror_waiting.empty() && !c->closing()) {
+    const BulkDescriptor d = c->mirror_waiting.front().data;
+    const uint64_t bytes = std::bit_ceil(std::max<uint64_t>(d.length, BulkPool::kMinClass));
+    const absl::Status budget = MirrorBudget(c, bytes);
+    if (!budget.ok() && c->mirror_reads > 0) return;  // the next completion tries again
+    bulk_op::Request request = std::move(c->mirror_waiting.front().request);
+    c->mirror_waiting.pop_front();
+    work_.Leave();
+    absl::StatusOr<BulkBuffer> buffer =
+        budget.ok() ? bulk_pool_->Allocate(d.length) : absl::StatusOr<BulkBuffer>(budget);
+    if (!buffer.ok()) {
+      // Nothing of this connection's left to wait for: refused as on arrival.
+      SendBulkAck(c, request.header.request_id, d.rkey);
+      SendResponseBytes(c, request.header.request_id, buffer.status(), {});
+      continue;
+    }
+    StartMirrorRead(c, std::move(request), d, std::move(*buffer));
+  }
 }
 
 }  // namespace swirl::internal

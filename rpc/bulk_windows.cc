@@ -5,7 +5,8 @@
 //
 // Invariants worth keeping in mind while reading:
 //   * every window is type 2, bound to this connection's QP, over exactly one buffer, with a
-//     fresh random key byte per binding; a pool MR's own rkey never grants remote access;
+//     fresh random key byte per binding (a fresh random key slot where the device draws one);
+//     a pool MR's own rkey never grants remote access;
 //   * a SEND_WITH_INV is only ever expected on (a) an upload request naming its grant, (b) a
 //     bulk ack naming a download window, (c) a mirror-mode response naming the caller's reply
 //     window. Any other invalidation, or a missing one, is a protocol violation and ends the
@@ -49,6 +50,9 @@ int32_t Worker::AcquireWindow(Connection* c) {
     return -1;
   }
   const uint32_t rkey = (*mw)->rkey();
+  // Whether the device keeps window leases itself (the soft device; a NIC does not): every
+  // window of the device answers the same.
+  device_leases_ = (*mw)->SetDeadline(absl::InfiniteFuture()).ok();
   return windows.Add(std::move(*mw), rkey);
 }
 
@@ -56,19 +60,41 @@ uint32_t Worker::BindWindow(Connection* c, int32_t w, uint64_t addr, uint32_t le
                             Window::Purpose purpose, uint64_t request_id) {
   SWIRL_DCHECK(OnLoopThread());
   WindowTable& windows = c->windows();
-  const uint32_t rkey = windows.NextRkey(w, bitgen_);
+  verbs::MemoryWindow& mw = *windows.at(w).mw;
+  // Beyond RoCE, where the device can: a fresh random key slot per bind (about 31 random bits
+  // of rkey, not the 8 of a key byte), and the lease in the device's key entry, so that its
+  // responder itself refuses an access after it, whenever our LOCAL_INV gets there. A NIC has
+  // neither (Unimplemented): the key byte changes and our timer's LOCAL_INV ends the lease.
+  uint32_t rkey = 0;
+  if (fresh_rkeys_) {
+    absl::StatusOr<uint32_t> fresh = mw.FreshRkey();
+    if (fresh.ok()) {
+      rkey = *fresh;
+    } else if (absl::IsUnimplemented(fresh.status())) {
+      fresh_rkeys_ = false;
+    }  // else no slot free: this bind stays in the window's slot
+  }
+  if (rkey == 0) rkey = windows.NextRkey(w, bitgen_);
+  const absl::Time lease = purpose == Window::Purpose::kGrant
+                               ? absl::InfiniteFuture()
+                               : absl::Now() + options_.window_lease;
+  // Before the bind is posted: the lease belongs to the window and holds for its next binds
+  // (a grant's "none" included) until changed.
+  if (device_leases_) {
+    if (absl::Status s = mw.SetDeadline(lease); !s.ok()) {
+      SWIRL_LOG(WARNING, "%s: %s", options_.name, s.ToString());
+    }
+  }
   ibv_send_wr wr{};
   wr.opcode = IBV_WR_BIND_MW;
-  wr.bind_mw.mw = windows.at(w).mw->get();
+  wr.bind_mw.mw = mw.get();
   wr.bind_mw.rkey = rkey;
   wr.bind_mw.bind_info.mr = bulk_pool_->mr();
   wr.bind_mw.bind_info.addr = addr;
   wr.bind_mw.bind_info.length = length;
   wr.bind_mw.bind_info.mw_access_flags = static_cast<unsigned int>(access);
   outbox_.QueueRaw(c, wr, nullptr, -1);
-  windows.Expose(w, rkey, addr, length, purpose, request_id,
-                 purpose == Window::Purpose::kGrant ? absl::InfiniteFuture()
-                                                    : absl::Now() + options_.window_lease);
+  windows.Expose(w, rkey, addr, length, purpose, request_id, lease);
   Bump(windows_exposed_);
   return rkey;
 }
@@ -140,9 +166,13 @@ uint64_t Worker::ClientBulkBytes(const Connection* c) const {
 
 void Worker::ChargeBulk(Connection* c, uint64_t* counter, int64_t delta) {
   *counter += static_cast<uint64_t>(delta);
+  if (delta == 0) return;
   uint64_t& total = client_bulk_bytes_[c->client_key()];
   total += static_cast<uint64_t>(delta);
   if (total == 0) client_bulk_bytes_.erase(c->client_key());
+  bulk_bytes_charged_.store(bulk_bytes_charged_.load(std::memory_order_relaxed) +
+                                static_cast<uint64_t>(delta),
+                            std::memory_order_relaxed);
 }
 
 void Worker::BulkTimers(Connection* c, absl::Time now) {
@@ -163,6 +193,9 @@ void Worker::ReleaseBulk(Connection* c) {
   Decrement(windows_exposed_, live);
   c->ops().Clear();
   c->grants().Clear();
+  // Mirror-mode requests that waited for a READ will never get one (nor an answer).
+  work_.Leave(static_cast<uint32_t>(c->mirror_waiting.size()));
+  c->mirror_waiting.clear();
 }
 
 // ---- Acknowledgements --------------------------------------------------------------------------
@@ -360,9 +393,13 @@ void Worker::HandleBulkOp(Connection* c, int32_t index, const ibv_wc& wc) {
   if (auto* o = std::get_if<bulk_op::DownloadRead>(&op)) {
     CompleteDownload(c, *o, ok);
   } else if (auto* o = std::get_if<bulk_op::MirrorRead>(&op)) {
+    // The READ is over either way: its buffer leaves the mirror budget (the handler's now).
+    ChargeBulk(c, &c->mirror_bytes, -static_cast<int64_t>(o->buffer.capacity()));
+    --c->mirror_reads;
     if (!ok) return;
     SendBulkAck(c, o->request.header.request_id, o->peer_rkey);
     DispatchDeferred(c, o->request, std::move(o->buffer));
+    PumpMirrorReads(c);
   } else if (auto* o = std::get_if<bulk_op::Revoke>(&op)) {
     CompleteRevoke(c, o->window, o->lease_expired, ok);
   } else if (auto* o = std::get_if<bulk_op::RevokeThenComplete>(&op)) {
@@ -382,8 +419,13 @@ void Worker::HandleBulkOp(Connection* c, int32_t index, const ibv_wc& wc) {
     o->call->write_op = -1;
     // The caller gave up meanwhile (its slot is gone): its buffer is free now.
     if (o->cancelled) FinishCall(c, *o->call, std::move(o->status));
+  } else if (auto* o = std::get_if<bulk_op::Hold>(&op)) {
+    // A reply written into a mirror-mode caller's window: its buffer goes back to the pool now
+    // and leaves the connection's mirror budget, which may let a waiting request's READ start.
+    ChargeBulk(c, &c->mirror_bytes, -static_cast<int64_t>(o->buffer.capacity()));
+    o->buffer.Release();
+    if (ok) PumpMirrorReads(c);
   }
-  // Hold: the buffer goes back to the pool with `op`.
 }
 
 void Worker::CompleteDownload(Connection* c, bulk_op::DownloadRead& o, bool ok) {

@@ -19,6 +19,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
@@ -198,6 +199,12 @@ class Connection : public std::enable_shared_from_this<Connection> {
   ServeState serving;
   GrantsGiven granted;
   uint64_t download_bytes = 0;  // buffers behind download windows not yet acknowledged
+  // Mirror mode, server side: buffers of our RDMA READs of its requests and of replies we are
+  // writing into its windows, and how many of those READs are under way.
+  uint64_t mirror_bytes = 0;
+  uint32_t mirror_reads = 0;
+  // Requests waiting for room in that budget, in arrival order (each holds the worker's gate).
+  std::deque<bulk_op::MirrorWait> mirror_waiting;
   Liveness liveness;
   bool in_doorbell_list = false;  // the worker rings its doorbell at the end of the iteration
   absl::Time closing_since;

@@ -452,6 +452,51 @@ TEST_F(HostileServerTest, AMirrorResponseClaimingMoreThanTheReplyWindowEndsTheCo
   ExpectConnectionLost(*p, "response names our reply window with another range");
 }
 
+// Beyond RoCE: a window's lease lives in the soft device's key entry, so the device's responder
+// itself refuses an access after it. Here the channel is caller-driven and nobody drives it
+// after the call is sent, so its own timer, which would post the LOCAL_INV at the lease, never
+// runs (its device's thread answers the READs for it): the rogue server's READ of the request
+// window succeeds within the lease and is refused after it all the same.
+TEST_F(HostileServerTest, AWindowReadAfterItsLeaseIsRefusedByTheDeviceWithoutItsOwnersTimer) {
+  constexpr absl::Duration kLease = absl::Seconds(3);
+  ChannelOptions options;
+  options.bulk_mode = BulkMode::kMirror;
+  options.driver = ChannelOptions::Driver::kCaller;
+  options.transport.window_lease = kLease;
+  ASSERT_NO_FATAL_FAILURE(ConnectVictim(options));
+  const std::string data = Data(65536, 5);
+  auto attachment = victim_->AllocateBulk(data.size());
+  ASSERT_TRUE(attachment.ok()) << attachment.status();
+  std::memcpy(attachment->data(), data.data(), data.size());
+  attachment->resize(data.size());
+  CallOptions call_options;
+  call_options.request_bulk = &*attachment;
+  call_options.timeout = absl::Seconds(15);
+  auto p = Start("leased", call_options);
+  // The window was bound (and its lease begun) before its request arrived here.
+  const absl::Time lease_over_by = absl::Now() + kLease;
+  ASSERT_EQ(p->request.header.flags, rpc_wire::kFlagBulk);
+  ASSERT_GE(p->request.payload.size(), sizeof(BulkDescriptor));
+  BulkDescriptor d;
+  std::memcpy(&d, p->request.payload.data(), sizeof(d));
+  ASSERT_EQ(d.length, data.size());
+  std::string read;
+  auto st = peer_->Read(d.addr, d.rkey, d.length, &read);
+  ASSERT_TRUE(st.ok()) << st.status();
+  ASSERT_EQ(*st, IBV_WC_SUCCESS) << "the window's key and range are right within its lease";
+  EXPECT_TRUE(read == data);
+  // Past the lease (a wait for a time, not for an event), with the owner still not driven.
+  while (absl::Now() < lease_over_by + absl::Milliseconds(100)) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  st = peer_->Read(d.addr, d.rkey, d.length, &read);
+  ASSERT_TRUE(st.ok()) << st.status();
+  EXPECT_EQ(*st, IBV_WC_REM_ACCESS_ERR) << "a READ after the lease got through";
+  // The caller drives again, so that its call ends (with the connection the refused access
+  // ended, or at its deadline) before the channel goes.
+  (void)p->call.Wait();
+}
+
 // Server-exposes mode: the server cannot know the size of the caller's response_bulk, so a
 // longer response is no violation, but it must not be read into that buffer: the call fails
 // RESOURCE_EXHAUSTED with the buffer untouched, the server's window is released (the ack

@@ -127,6 +127,8 @@ class Server::Impl final : public control::Control::Service {
       wo.grant_bytes_per_connection = options_.grant_bytes_per_connection;
       wo.download_bytes_per_connection = options_.download_bytes_per_connection;
       wo.bulk_bytes_per_client = options_.bulk_bytes_per_client;
+      wo.mirror_bytes_per_connection = options_.mirror_bytes_per_connection;
+      wo.mirror_reads_per_connection = options_.mirror_reads_per_connection;
       wo.on_closed = [this](uint64_t id, const absl::Status& why) {
         OnClosed(id, /*was_accepted=*/true, why);
       };
@@ -567,6 +569,7 @@ class Server::Impl final : public control::Control::Service {
       if (w->bulk_pool() != nullptr) {
         s->set_bulk_bytes_in_use(s->bulk_bytes_in_use() + w->bulk_pool()->bytes_in_use());
       }
+      s->set_bulk_bytes_charged(s->bulk_bytes_charged() + w->bulk_bytes_charged());
       for (auto& c : w->Connections()) {
         // A connection still being set up is being configured by its Connect right now.
         if (c->state() == internal::Connection::State::kNew) continue;

@@ -123,6 +123,16 @@ struct ServerOptions {
   // bulk memory, or what one connection may hold if that is more (a single connection is
   // limited by the two caps above alone).
   size_t bulk_bytes_per_client = 0;
+  // Mirror mode (the client exposes): the server's buffers for its RDMA READs of a connection's
+  // requests and for replies it is writing into the connection's windows count against this
+  // (and against bulk_bytes_per_client), and at most mirror_reads_per_connection READs are
+  // under way at once, so that a client choosing mirror mode cannot take the pool with a few
+  // large requests. A request beyond them waits, holding no pool memory, until one of its
+  // connection's READs completes; it is refused with RESOURCE_EXHAUSTED if none is under way
+  // or mirror_reads_per_connection requests already wait. A reply beyond the bytes is refused
+  // the same way.
+  size_t mirror_bytes_per_connection = 32 << 20;
+  uint32_t mirror_reads_per_connection = 16;
   size_t max_bulk_size = 16 << 20;       // per transfer
 };
 

@@ -94,6 +94,9 @@ struct ServerCounters {
   // and device errors, port changes).
   uint64_t async_qp_errors = 0;
   uint64_t async_device_events = 0;
+  // Bulk memory charged to clients' budgets right now (grants, unacknowledged downloads, queued
+  // blocking handlers, mirror-mode READs and replies being written): 0 once nothing holds any.
+  uint64_t bulk_bytes_charged = 0;
 
   bool operator==(const ServerCounters&) const = default;
 };

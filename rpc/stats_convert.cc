@@ -83,6 +83,7 @@ ServerCounters FromProto(const control::ServerStats& s) {
       .bulk_bytes_in_use = s.bulk_bytes_in_use(),
       .async_qp_errors = s.async_qp_errors(),
       .async_device_events = s.async_device_events(),
+      .bulk_bytes_charged = s.bulk_bytes_charged(),
   };
 }
 

@@ -41,7 +41,13 @@ void WindowTable::Expose(int32_t w, uint32_t rkey, uint64_t addr, uint32_t lengt
                          Window::Purpose purpose, uint64_t request_id, absl::Time lease) {
   Window& window = at(w);
   SWIRL_DCHECK(window.state == Window::State::kFree);
-  SWIRL_DCHECK((rkey >> 8) == (window.rkey >> 8));
+  if ((rkey >> 8) != (window.rkey >> 8)) {
+    // Bound in a fresh key slot (a device's FreshWindowRkey): the window answers to its new
+    // index from now on, and its old one may go to another window.
+    auto old = by_index_.find(window.rkey >> 8);
+    if (old != by_index_.end() && old->second == w) by_index_.erase(old);
+    by_index_[rkey >> 8] = w;
+  }
   window.rkey = rkey;
   window.state = Window::State::kExposed;
   window.purpose = purpose;

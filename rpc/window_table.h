@@ -7,9 +7,11 @@
 //                         \------------------Free--------------------/
 //   (Free from kExposed: the peer's SEND_WITH_INV revoked it on delivery.)
 //
-// A window is allocated once per connection and reused with a fresh key per binding: its rkey's
-// index bits stay (and find it without a scan), the low byte is drawn anew each time and never
-// repeats the previous one.
+// A window is allocated once per connection and reused with a fresh key per binding: on a NIC its
+// rkey's index bits stay and the low byte is drawn anew each time (never repeating the previous
+// one); on a device that draws a fresh key slot per bind (the soft device's FreshWindowRkey) the
+// index changes too, and the table follows it. Either way the index finds the window without a
+// scan.
 
 #ifndef SWIRL_RPC_WINDOW_TABLE_H_
 #define SWIRL_RPC_WINDOW_TABLE_H_
@@ -67,7 +69,8 @@ class WindowTable {
   const Window& at(int32_t w) const { return windows_[static_cast<size_t>(w)]; }
   // The key for the next binding of `w`: its index bits and a fresh key byte.
   uint32_t NextRkey(int32_t w, absl::BitGenRef gen) const;
-  // kFree -> kExposed: bound under `rkey` over [addr, addr + length).
+  // kFree -> kExposed: bound under `rkey` over [addr, addr + length). `rkey` is NextRkey's, or
+  // one in another key slot (its index then names the window from now on).
   void Expose(int32_t w, uint32_t rkey, uint64_t addr, uint32_t length, Window::Purpose purpose,
               uint64_t request_id, absl::Time lease);
   // kExposed -> kRevoking: our LOCAL_INV `op` is on its way.

@@ -129,7 +129,8 @@ absl::Status Worker::Init() {
       options_.bulk_bytes_per_client != 0
           ? options_.bulk_bytes_per_client
           : std::max<uint64_t>(options_.bulk_pool_bytes / 2,
-                               options_.grant_bytes_per_connection +
+                               std::max(options_.grant_bytes_per_connection,
+                                        options_.mirror_bytes_per_connection) +
                                    options_.download_bytes_per_connection);
   if (options_.bulk_pool_bytes > 0) {
     auto bulk = BulkPool::Create(pd_, options_.bulk_pool_bytes);

@@ -105,6 +105,11 @@ struct WorkerOptions {
   // channel's worker the "client" is the server). 0: half the bulk pool, or what one connection
   // may hold (grants + downloads) if that is more.
   uint64_t bulk_bytes_per_client = 0;
+  // Mirror mode: pool memory one connection may hold in buffers of its requests being READ and
+  // of replies being written into its windows, and how many of those READs may be under way at
+  // once (ServerOptions::mirror_bytes_per_connection; beyond: waiting, or RESOURCE_EXHAUSTED).
+  uint64_t mirror_bytes_per_connection = 32 << 20;
+  uint32_t mirror_reads_per_connection = 16;
   absl::Duration window_lease = absl::Seconds(5);
   // Called on the loop thread when a connection is gone for good, with the reason it closed.
   std::function<void(uint64_t connection_id, const absl::Status& why)> on_closed;
@@ -201,6 +206,10 @@ class Worker {
   const WorkerOptions& options() const { return options_; }
   std::shared_ptr<verbs::ProtectionDomain> pd() const { return pd_; }
   const std::shared_ptr<BulkPool>& bulk_pool() const { return bulk_pool_; }
+  // Bulk memory charged to clients' budgets now (ChargeBulk), any thread.
+  uint64_t bulk_bytes_charged() const {
+    return bulk_bytes_charged_.load(std::memory_order_relaxed);
+  }
   ConnectionCounters& totals() { return totals_; }
   uint64_t windows_exposed() const { return windows_exposed_.load(std::memory_order_relaxed); }
 
@@ -402,7 +411,8 @@ class Worker {
   int32_t AcquireWindow(Connection* c);
   // Binds window `w` over [addr, addr+length) of the pool with `access`, for `purpose` on behalf
   // of `request_id` (0 for grants); returns the new rkey. Every purpose but a grant is leased:
-  // this side revokes it if no acknowledgement arrives within window_lease.
+  // this side revokes it if no acknowledgement arrives within window_lease, and a device that
+  // keeps leases (the soft device) refuses every access after it by itself.
   uint32_t BindWindow(Connection* c, int32_t w, uint64_t addr, uint32_t length, int access,
                       Window::Purpose purpose, uint64_t request_id);
   // Posts a LOCAL_INV of window `w` for operation `op` (emplaced by the caller), and a plain
@@ -461,6 +471,14 @@ class Worker {
                          const ibv_wc& wc);
   void ReceiveGrantedUpload(Connection* c, Incoming& in, const rpc_wire::BulkDescriptor& d,
                             const ibv_wc& wc);
+  // Whether a mirror READ of `bytes` (a buffer's capacity) fits the connection's and its
+  // client's budgets now; else RESOURCE_EXHAUSTED saying which.
+  absl::Status MirrorBudget(const Connection* c, uint64_t bytes) const;
+  void StartMirrorRead(Connection* c, bulk_op::Request request, const rpc_wire::BulkDescriptor& d,
+                       BulkBuffer buffer);
+  // Starts the READs of waiting requests that fit now (after one of the connection's mirror
+  // buffers was given back).
+  void PumpMirrorReads(Connection* c);
   void ReceiveMirroredUpload(Connection* c, Incoming& in, const rpc_wire::BulkDescriptor& d,
                              const ibv_wc& wc);
 
@@ -498,6 +516,12 @@ class Worker {
   // Loop thread: ClientBulkBytes, by Connection::client_key() (entries at zero are erased).
   absl::flat_hash_map<std::string, uint64_t> client_bulk_bytes_;
   uint64_t bulk_bytes_per_client_ = 0;  // WorkerOptions::bulk_bytes_per_client, resolved
+  // The sum of client_bulk_bytes_: written by the loop thread only, read by Stats.
+  std::atomic<uint64_t> bulk_bytes_charged_{0};
+  // Beyond RoCE (BindWindow): the device keeps window leases in its key entries, and draws a
+  // fresh key slot per bind; each found out from the device at the first window (a NIC: no).
+  bool device_leases_ = false;
+  bool fresh_rkeys_ = true;
 
   MpscQueue<WorkItem> submissions_;
   std::atomic<bool> sleeping_{false};

@@ -68,6 +68,8 @@ void Worker::FinishClose(Connection* c) {
   // Whatever the connection still held no longer counts against its client.
   ChargeBulk(c, &c->granted.bytes, -static_cast<int64_t>(c->granted.bytes));
   ChargeBulk(c, &c->download_bytes, -static_cast<int64_t>(c->download_bytes));
+  ChargeBulk(c, &c->mirror_bytes, -static_cast<int64_t>(c->mirror_bytes));  // READs never done
+  c->mirror_reads = 0;
   by_qpn_.erase(c->qp_num());
   last_connection_ = nullptr;
   if (options_.before_qp_destroy) options_.before_qp_destroy();

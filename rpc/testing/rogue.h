@@ -50,6 +50,8 @@ class RoguePeer {
   // given (verbs::QueuePair::SetLinkKey).
   absl::Status ConnectTo(const verbs::PeerAddress& peer, absl::string_view link_key = {});
   verbs::Context& context() const { return *ctx_; }
+  // Our QP (for a fault injected on it: soft::InjectFault).
+  ibv_qp* qp() const { return qp_->get(); }
 
   // Sends one message (inline when small): SEND, or SEND_WITH_INV when invalidate_rkey != 0.
   absl::Status Send(const rpc_wire::MessageHeader& header, absl::string_view payload = {},

@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <string>
@@ -65,11 +66,16 @@ ABSL_FLAG(int64_t, download_bytes, 64 << 20, "unacknowledged download bytes per 
 ABSL_FLAG(int64_t, grant_bytes, 32 << 20,
           "ServerOptions::grant_bytes_per_connection (unused grants, queued blocking handlers)");
 ABSL_FLAG(int64_t, bulk_bytes_per_client, 0, "ServerOptions::bulk_bytes_per_client");
+ABSL_FLAG(int64_t, mirror_bytes, 32 << 20, "ServerOptions::mirror_bytes_per_connection");
+ABSL_FLAG(int, mirror_reads, 16, "ServerOptions::mirror_reads_per_connection");
 ABSL_FLAG(bool, no_local_fallback, false, "refuse clients without remote invalidation");
 ABSL_FLAG(bool, local_invalidation_only, false,
           "offer only the LOCAL_INV fallback (InvalidationPolicy::kLocalOnly)");
 ABSL_FLAG(std::vector<std::string>, fabric_networks, {},
           "ServerOptions::fabric_networks (comma-separated a.b.c.d/n)");
+ABSL_FLAG(std::string, soft_faults, "",
+          "SWIRL_SOFT_FAULTS for this server (\"none\": RC's transport timer on every QP and "
+          "no fault)");
 ABSL_FLAG(int64_t, bulk_pool_bytes, 128 << 20, "TransportOptions::bulk_pool_bytes (per worker)");
 
 namespace {
@@ -292,6 +298,10 @@ class E2E : public swirl::Service {
 int main(int argc, char** argv) {
   swirl::StopSignals stop_signals;  // before any thread starts: none is lost, none kills us
   absl::ParseCommandLine(argc, argv);
+  // Read when the process first opens a soft device, below; no other thread runs yet.
+  if (const std::string faults = absl::GetFlag(FLAGS_soft_faults); !faults.empty()) {
+    setenv("SWIRL_SOFT_FAULTS", faults.c_str(), 1);
+  }
   swirl::ServerOptions options;
   options.address = absl::StrCat(absl::GetFlag(FLAGS_host), ":", absl::GetFlag(FLAGS_port));
   // Tests that ask for another address (netns_test's private veth link between two
@@ -322,6 +332,8 @@ int main(int argc, char** argv) {
   options.download_bytes_per_connection = static_cast<size_t>(absl::GetFlag(FLAGS_download_bytes));
   options.grant_bytes_per_connection = static_cast<size_t>(absl::GetFlag(FLAGS_grant_bytes));
   options.bulk_bytes_per_client = static_cast<size_t>(absl::GetFlag(FLAGS_bulk_bytes_per_client));
+  options.mirror_bytes_per_connection = static_cast<size_t>(absl::GetFlag(FLAGS_mirror_bytes));
+  options.mirror_reads_per_connection = static_cast<uint32_t>(absl::GetFlag(FLAGS_mirror_reads));
   options.fabric_networks = absl::GetFlag(FLAGS_fabric_networks);
   options.transport.bulk_pool_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_bulk_pool_bytes));
   if (absl::GetFlag(FLAGS_no_local_fallback)) {

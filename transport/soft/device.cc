@@ -261,6 +261,22 @@ class SoftDeviceOps final : public verbs::DeviceOps {
       default: return EINVAL;
     }
   }
+  int SetWindowDeadline(ibv_mw* mw, absl::Time deadline) override {
+    const absl::Status s = soft::SetWindowDeadline(mw, deadline);
+    return s.ok() ? 0 : absl::IsUnimplemented(s) ? EOPNOTSUPP : EINVAL;
+  }
+  int FreshWindowRkey(ibv_mw* mw, uint32_t* rkey) override {
+    const absl::StatusOr<uint32_t> fresh = soft::FreshWindowRkey(mw);
+    if (fresh.ok()) {
+      *rkey = *fresh;
+      return 0;
+    }
+    switch (fresh.status().code()) {
+      case absl::StatusCode::kUnimplemented: return EOPNOTSUPP;
+      case absl::StatusCode::kResourceExhausted: return ENOSPC;
+      default: return EINVAL;
+    }
+  }
 
  private:
   const std::string name_;

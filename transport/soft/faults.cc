@@ -336,9 +336,23 @@ void RunTransportTimer(SoftQp* qp, QpFaults* f) {
     f->waiting_since_ns = 0;
     return;
   }
+  // A SEND or WRITE the peer has acknowledged is not outstanding, retired or not: an unsignaled
+  // one waits for a piggybacked ack (CompleteSq reads the peer's ack word only when a completion
+  // is wanted), so on a link gone quiet it stays kAwaiting long after the peer took it, and
+  // without this the timer failed healthy idle connections about ACK timeout x (retry_cnt + 1)
+  // after their last message. The word is read here as CompleteSq would read it.
+  NoteAck(qp, static_cast<uint32_t>(
+                  qp->peer.control()->acked.value.load(std::memory_order_acquire)));
+  wire::SharedAcquire();
+  if (qp->qstate != IBV_QPS_RTS) return;  // the ack was impossible: the QP failed
   // The oldest request transmitted, wholly or in part, and not yet answered.
   uint32_t oldest = qp->sq_head;
-  while (oldest != qp->sq_tx && qp->sq[oldest & qp->sq_mask].state != SendWqe::kAwaiting) {
+  while (oldest != qp->sq_tx) {
+    const SendWqe& w = qp->sq[oldest & qp->sq_mask];
+    if (w.state == SendWqe::kAwaiting &&
+        !(IsSendOrWrite(w.opcode) && wire::MsnBefore(w.msn, qp->peer_acked))) {
+      break;
+    }
     ++oldest;
   }
   if (oldest == qp->sq_tx &&

@@ -26,6 +26,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/time/time.h"
+
 namespace swirl::verbs {
 
 enum class DeviceKind {
@@ -109,6 +111,18 @@ class DeviceOps {
   virtual int SetLinkKey(ibv_qp* /*qp*/, const uint8_t* /*key*/, size_t /*length*/) {
     return EOPNOTSUPP;
   }
+
+  // Beyond RoCE (the soft device's SetWindowDeadline): from `deadline` on, the responder itself
+  // refuses every remote access through window `mw`, whatever its owner still has to do to
+  // revoke it (absl::InfiniteFuture(): none). It belongs to the window and holds for its next
+  // binds until changed. EOPNOTSUPP on a device without it, the default: a NIC's window is valid
+  // until invalidated, so its owner must revoke it at the lease itself.
+  virtual int SetWindowDeadline(ibv_mw* /*mw*/, absl::Time /*deadline*/) { return EOPNOTSUPP; }
+  // Beyond RoCE (the soft device's FreshWindowRkey): in *rkey, the rkey for type 2 window `mw`'s
+  // next bind, in a key slot drawn at random and reserved for it (about 31 random bits per bind,
+  // where ibv_inc_rkey varies the 8 of the key byte). EOPNOTSUPP on a device without it, the
+  // default (ibv_inc_rkey's key byte there); ENOSPC if no slot is free.
+  virtual int FreshWindowRkey(ibv_mw* /*mw*/, uint32_t* /*rkey*/) { return EOPNOTSUPP; }
 
   // The IPv4 address a QP of this device linking to a peer at `gid` sends to, dotted, in
   // *address: what a control plane compares with the address the peer itself called from, so

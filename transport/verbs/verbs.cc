@@ -226,6 +226,28 @@ absl::StatusOr<std::unique_ptr<MemoryWindow>> MemoryWindow::Allocate(
   return std::unique_ptr<MemoryWindow>(new MemoryWindow(std::move(pd), mw));
 }
 
+absl::Status MemoryWindow::SetDeadline(absl::Time deadline) {
+  const int err = pd_->context().ops().SetWindowDeadline(mw_, deadline);
+  if (err == EOPNOTSUPP) {
+    return absl::UnimplementedError(
+        absl::StrCat("device ", pd_->context().name(), " keeps no window leases"));
+  }
+  if (err != 0) return VerbsError("set window deadline", err);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint32_t> MemoryWindow::FreshRkey() {
+  uint32_t rkey = 0;
+  const int err = pd_->context().ops().FreshWindowRkey(mw_, &rkey);
+  if (err == EOPNOTSUPP) {
+    return absl::UnimplementedError(
+        absl::StrCat("device ", pd_->context().name(), " draws no fresh window slots"));
+  }
+  if (err == ENOSPC) return absl::ResourceExhaustedError("no free memory key slot");
+  if (err != 0) return VerbsError("fresh window rkey", err);
+  return rkey;
+}
+
 MemoryWindow::~MemoryWindow() {
   if (int err = ibv_dealloc_mw(mw_); err != 0) {
     SWIRL_LOG(ERROR, "%s", VerbsError("ibv_dealloc_mw", err).ToString());

@@ -138,6 +138,13 @@ class MemoryWindow {
   // the consumer tracks the key it asked for).
   uint32_t rkey() const { return mw_->rkey; }
   ibv_mw_type type() const { return mw_->type; }
+  // DeviceOps::SetWindowDeadline: UNIMPLEMENTED on a device without window leases (its
+  // windows are revoked by their owner, at the lease).
+  absl::Status SetDeadline(absl::Time deadline);
+  // DeviceOps::FreshWindowRkey: the rkey for this type 2 window's next bind, in a fresh random
+  // key slot; UNIMPLEMENTED on a device without them (use ibv_inc_rkey's key byte there),
+  // RESOURCE_EXHAUSTED if no slot is free.
+  absl::StatusOr<uint32_t> FreshRkey();
 
  private:
   MemoryWindow(std::shared_ptr<ProtectionDomain> pd, ibv_mw* mw) : pd_(std::move(pd)), mw_(mw) {}
