@@ -193,6 +193,8 @@ class Channel::Impl {
       *request.mutable_address() = internal::ToProto(ours.address);
       *request.mutable_capabilities() = internal::DescribeLocal(declared, local);
       request.mutable_capabilities()->set_link_keys(ours.link_keys);
+      request.mutable_capabilities()->set_initial_credits(ours.initial_credits);
+      local.initial_credits = ours.initial_credits;  // what CheckNegotiated expects back
       grpc::ClientContext ctx;
       ctx.set_deadline(absl::ToChronoTime(absl::Now() + options.connect_timeout));
       AddAuth(&ctx);

@@ -75,8 +75,10 @@ void Worker::FinishClose(Connection* c) {
   {
     swirl::MutexLock lock(&mu_);
     registry_.erase(c->id());
-    reserved_credits_ -= options_.credits;
+    --admitted_;
   }
+  // What it was lent goes back to the pool: its peer can send nothing more.
+  credit_pool_.Give(c->credits().borrowed());
   c->set_state(Connection::State::kClosed);
   const uint64_t id = c->id();
   const absl::Status reason = c->close_reason();
@@ -113,7 +115,15 @@ void Worker::ConnectionTimers(Connection* c, absl::Time now) {
 
 void Worker::Timers(absl::Time now) {
   SWIRL_DCHECK(OnLoopThread());
-  for (auto& [id, owner] : by_id_) ConnectionTimers(owner.get(), now);
+  // While the shared credits run short (a busy connection could not grow to its full grant),
+  // quiet connections give back what they were lent, every 64th pass (about 64 ms): a
+  // connection is quiet if it received less than a quarter of its allotment since the last.
+  const bool reclaim =
+      credit_pool_.available() < options_.credits && (++reclaim_passes_ & 63) == 0;
+  for (auto& [id, owner] : by_id_) {
+    ConnectionTimers(owner.get(), now);
+    if (reclaim) owner->credits().Reclaim();
+  }
   for (size_t i = 0; i < closing_.size();) {
     Connection* c = closing_[i];
     if (c->sends().all_retired() || now - c->closing_since > absl::Seconds(2)) {

@@ -95,7 +95,7 @@ int ResizeCq(ibv_cq* ibcq, int cqe) {
   SoftCq* cq = AsSoft(ibcq);
   if (cqe <= 0 || static_cast<uint32_t>(cqe) > kMaxCqe) return EINVAL;
   const uint32_t slots = std::bit_ceil<uint32_t>(static_cast<uint32_t>(cqe) + 1);
-  std::vector<Cqe> ring(slots);  // allocated before taking the spin lock every poll takes
+  CqeRing ring(slots);  // allocated before taking the spin lock every poll takes
   std::lock_guard<SpinLock> guard(cq->lock);
   const uint32_t queued = cq->tail - cq->head;
   // ibv_resize_cq(3): the new size must hold every completion not yet polled.
