@@ -487,7 +487,7 @@ class Worker {
   // Credits beyond the floors, lent to connections as they need them (rpc/credit_ledger.h).
   CreditPool credit_pool_;
   uint32_t shared_credits_ = 0;  // its size
-  uint64_t reclaim_passes_ = 0;  // Timers: the pool is reclaimed from quiet connections every 64th
+  uint64_t timer_passes_ = 0;  // Timers: which connections this pass looks at
   // Work under way that a drain waits for (rpc/gate.h); loop thread only. Its end, once a drain
   // began, is announced through drained_.
   Gate work_;

@@ -115,12 +115,19 @@ void Worker::ConnectionTimers(Connection* c, absl::Time now) {
 
 void Worker::Timers(absl::Time now) {
   SWIRL_DCHECK(OnLoopThread());
+  // Each pass looks at every connection while there are at most 256; beyond, at one in
+  // `stride` of them in turn (picked by id, which reads only the map, not the connections), so
+  // that a worker holding 10,000 connections does not spend its loop walking them every
+  // millisecond: deadlines and keepalives are then enforced within `stride` ms.
+  const uint64_t pass = ++timer_passes_;
+  const uint64_t stride = by_id_.size() / 256 + 1;
   // While the shared credits run short (a busy connection could not grow to its full grant),
-  // quiet connections give back what they were lent, every 64th pass (about 64 ms): a
-  // connection is quiet if it received less than a quarter of its allotment since the last.
+  // quiet connections give back what they were lent, at every 64th look at each (about 64 ms
+  // apart): a connection is quiet if it received less than a quarter of its allotment since.
   const bool reclaim =
-      credit_pool_.available() < options_.credits && (++reclaim_passes_ & 63) == 0;
+      credit_pool_.available() < options_.credits && ((pass / stride) & 63) == 0;
   for (auto& [id, owner] : by_id_) {
+    if (stride > 1 && (id + pass) % stride != 0) continue;
     ConnectionTimers(owner.get(), now);
     if (reclaim) owner->credits().Reclaim();
   }

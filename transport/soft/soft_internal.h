@@ -168,6 +168,18 @@ struct SoftCq : ibv_cq_ex {
   // Debian's Abseil keeps deadlock detection on, which costs tens of ns per acquisition.
   SpinLock attach_lock;
   std::vector<SoftQp*> qps;  // guarded by attach_lock
+  // QPs waiting to attach or detach: pollers leave attach_lock to them. A poller walks every
+  // attached QP under that lock and polls again at once, so with thousands of QPs on one CQ
+  // a QP being created spun behind a busy worker's polls for many milliseconds.
+  std::atomic<int> attach_waiting{0};
+  // With more attached QPs than a poll walks (kPollWalk), each poll takes the next kPollWalk of
+  // them in turn, and every poll the QPs that had work lately (hot, most recent first): a
+  // worker holding 10,000 connections then pays for those that are busy, not for reading
+  // every idle peer's ring on every poll. Under attach_lock.
+  static constexpr size_t kPollWalk = 64;
+  static constexpr size_t kHot = 16;
+  size_t walk_next = 0;
+  SoftQp* hot[kHot] = {};
 
   swirl::Mutex events_mu;
   swirl::CondVar events_cv;
@@ -455,7 +467,9 @@ struct SoftQp : VerbsQp {
   // Send queue: slots [released, tail) are in use; [head, tx) transmitted but not completed.
   std::vector<SendWqe> sq;
   std::vector<ibv_sge> sq_sge;
-  std::vector<char> sq_inline;
+  // Not zeroed at creation (DefaultInitAllocator): max_inline_data per slot was 128 KiB of
+  // touched memory per QP of a worker, used or not; now a slot costs memory once written.
+  std::vector<char, DefaultInitAllocator<char>> sq_inline;
   uint32_t sq_mask = 0;
   uint32_t sq_head = 0, sq_tx = 0, sq_tail = 0;
   // Index of the newest signaled WQE posted (sq_head - 1 or older: none outstanding). A
