@@ -124,11 +124,18 @@ TEST(ScaleTest, OneWorkerHoldsThousandsOfConnectionsThatAllAnswer) {
   const double per_client = static_cast<double>(client_now - client_base) / (kConnections - kWarmup);
   std::printf("memory per idle connection: server %.1f KiB, client %.1f KiB\n", per_server,
               per_client);
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  // Sanitizer builds add shadow memory and redzones to every allocation (ASan measured 133 and
+  // 147 KiB): what a connection costs is what an ordinary build measures, so only the
+  // admission and the answers are checked here.
+  std::printf("sanitizer build: memory per connection printed, not checked\n");
+#else
   EXPECT_LT(per_server, 64.0) << "KiB of server memory per connection";
   // The target is 64 KiB on this side too; measured 67 KiB (docs/RELIABILITY.md "Scale"), so
   // the bound here guards what is reached (the client took 1.5 MiB per channel before) until
   // the rest is found.
   EXPECT_LT(per_client, 80.0) << "KiB of client memory per connection";
+#endif
   channels.clear();
 }
 
