@@ -7,6 +7,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "base/log.h"
@@ -122,10 +123,13 @@ class Channel::Impl {
     return stub;
   }
 
-  // A control-plane stub on a gRPC channel of its own: each Channel gets its own HTTP/2
-  // connection, so closing one never disturbs another, and each connection attempt a fresh
-  // one, so that gRPC's own reconnect backoff never delays ours.
-  absl::StatusOr<std::shared_ptr<control::Control::Stub>> NewStub() const {
+  // A control-plane stub. A channel's first connection uses the gRPC channel that channels to
+  // the same server (same address and TLS settings) share while any of them holds it: an
+  // HTTP/2 connection per Channel cost both sides about 100 KiB and each setup a TCP and HTTP/2
+  // handshake. Closing a Channel only drops its reference, so it never disturbs another.
+  // Reconnect attempts (`shared` false) each get a fresh gRPC channel of their own, so that
+  // gRPC's reconnect backoff on a shared one never delays ours.
+  absl::StatusOr<std::shared_ptr<control::Control::Stub>> NewStub(bool shared) const {
     std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
     grpc::ChannelArguments args;
     if (!options.tls_root_cert_file.empty()) {
@@ -146,9 +150,30 @@ class Channel::Impl {
         args.SetSslTargetNameOverride(options.tls_target_name);
       }
     }
-    args.SetInt("swirl.channel_id", static_cast<int>(absl::Uniform<uint32_t>(absl::BitGen())));
-    return std::shared_ptr<control::Control::Stub>(
-        control::Control::NewStub(grpc::CreateCustomChannel(address, credentials, args)));
+    if (!shared) {
+      // A channel argument of its own keeps gRPC from reusing a pooled subchannel.
+      args.SetInt("swirl.channel_id", static_cast<int>(absl::Uniform<uint32_t>(absl::BitGen())));
+      return std::shared_ptr<control::Control::Stub>(
+          control::Control::NewStub(grpc::CreateCustomChannel(address, credentials, args)));
+    }
+    static auto* cache_mu = new swirl::Mutex();  // never destroyed: channels may outlive main
+    static auto* cache = new absl::flat_hash_map<std::string, std::weak_ptr<grpc::Channel>>();
+    const std::string key = absl::StrCat(address, "\n", options.tls_root_cert_file, "\n",
+                                         options.tls_target_name);
+    swirl::MutexLock lock(cache_mu);
+    std::shared_ptr<grpc::Channel> grpc_channel = (*cache)[key].lock();
+    if (grpc_channel == nullptr ||
+        grpc_channel->GetState(false) == GRPC_CHANNEL_TRANSIENT_FAILURE ||
+        grpc_channel->GetState(false) == GRPC_CHANNEL_SHUTDOWN) {
+      grpc_channel = grpc::CreateCustomChannel(address, credentials, args);
+      (*cache)[key] = grpc_channel;
+    }
+    // Entries whose channels are gone are dropped as others are added, so the map stays as
+    // large as the set of servers in use.
+    if (cache->size() > 64) {
+      absl::erase_if(*cache, [](const auto& entry) { return entry.second.expired(); });
+    }
+    return std::shared_ptr<control::Control::Stub>(control::Control::NewStub(grpc_channel));
   }
 
   // Once per channel: checks, services, runtime.
@@ -178,7 +203,12 @@ class Channel::Impl {
   // One connection attempt: a Connect exchange and a new connection on the runtime's worker.
   // On success the channel is kReady on it.
   absl::Status Connect() {
-    auto new_stub = NewStub();
+    bool first;
+    {
+      swirl::MutexLock lock(&mu);
+      first = connection == nullptr;
+    }
+    auto new_stub = NewStub(/*shared=*/first);
     if (!new_stub.ok()) return new_stub.status();
     std::shared_ptr<control::Control::Stub> attempt_stub = *new_stub;
     internal::Worker* worker = &runtime->worker();
@@ -201,6 +231,8 @@ class Channel::Impl {
       *request.mutable_address() = internal::ToProto(ours.address);
       *request.mutable_capabilities() = internal::DescribeLocal(declared, local);
       request.mutable_capabilities()->set_link_keys(ours.link_keys);
+      request.mutable_capabilities()->set_initial_credits(ours.initial_credits);
+      local.initial_credits = ours.initial_credits;  // what CheckNegotiated expects back
       grpc::ClientContext ctx;
       ctx.set_deadline(absl::ToChronoTime(absl::Now() + options.connect_timeout));
       AddAuth(&ctx);

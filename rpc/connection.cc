@@ -85,7 +85,8 @@ Connection::Connection(Worker* worker, uint64_t id, std::unique_ptr<verbs::Queue
 Connection::~Connection() = default;
 
 void Connection::Configure(const control::Negotiated& negotiated, bool is_server,
-                           std::string peer, std::string client_name, std::string principal) {
+                           std::string peer, std::string client_name, std::string principal,
+                           CreditPool* pool) {
   negotiated_ = negotiated;
   is_server_ = is_server;
   peer_ = std::move(peer);
@@ -95,14 +96,21 @@ void Connection::Configure(const control::Negotiated& negotiated, bool is_server
   client_name_ = std::move(client_name);
   remote_invalidation_ = negotiated.invalidation() == control::INVALIDATION_REMOTE;
   max_payload_ = negotiated.max_message_size();
-  // The peer may reserve more receive buffers for us than our send queue was sized for (it
-  // was created before the peer's offer was known): we use no more than it holds. Using fewer
-  // credits than granted is always safe; the peer returns only what we used.
-  const uint32_t peer_grant = std::min<uint32_t>(
-      is_server ? negotiated.server_credits() : negotiated.client_credits(),
-      sends_.depth() - Worker::kBulkSqReserve - SendQueue::kSignalInterval);
+  // The peer may grant us more receive buffers than our send queue was sized for (it was
+  // created before the peer's offer was known): we use no more than the queue holds (the
+  // ledger's send_cap). Using fewer credits than granted is always safe.
+  const uint32_t peer_grant = is_server ? negotiated.server_credits() : negotiated.client_credits();
+  const uint32_t send_cap = std::min<uint32_t>(
+      peer_grant, sends_.depth() - Worker::kBulkSqReserve - SendQueue::kSignalInterval);
   const uint32_t local_grant = is_server ? negotiated.client_credits() : negotiated.server_credits();
-  credits_.Init(peer_grant, local_grant);
+  credits_.Init({.peer_grant = peer_grant,
+                 .peer_initial = is_server ? negotiated.server_initial_credits()
+                                           : negotiated.client_initial_credits(),
+                 .send_cap = send_cap,
+                 .local_grant = local_grant,
+                 .local_initial = is_server ? negotiated.client_initial_credits()
+                                            : negotiated.server_initial_credits(),
+                 .pool = pool});
   // Windows: two per call in flight either way (downloads, mirror requests and replies), plus
   // unused upload grants, window_credits of them per size class the negotiated maximum spans
   // (grants of one class must not leave none for downloads or for another class).
@@ -110,8 +118,8 @@ void Connection::Configure(const control::Negotiated& negotiated, bool is_server
   for (uint64_t size = BulkPool::kMinClass; size < negotiated.max_bulk_size(); size <<= 1) {
     ++classes;
   }
-  windows_.Init(2 * std::max(peer_grant, local_grant) + negotiated.window_credits() * classes + 4);
-  calls_.Init(std::bit_ceil<uint32_t>(std::max<uint32_t>(peer_grant, 1)));
+  windows_.Init(2 * std::max(send_cap, local_grant) + negotiated.window_credits() * classes + 4);
+  calls_.Init(std::bit_ceil<uint32_t>(std::max<uint32_t>(send_cap, 1)));
 }
 
 std::shared_ptr<CallTarget> Connection::AsCallTarget() {

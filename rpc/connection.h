@@ -158,9 +158,15 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::shared_ptr<CallTarget> AsCallTarget();
 
   // Control path, before the connection is activated: what the handshake settled, and on a
-  // server who the client authenticated as (its principal, "" for none).
+  // server who the client authenticated as (its principal, "" for none). Our grants beyond
+  // the peer's initial ones come from `pool` (the worker's shared credits).
   void Configure(const control::Negotiated& negotiated, bool is_server, std::string peer,
-                 std::string client_name, std::string principal = "");
+                 std::string client_name, std::string principal = "",
+                 CreditPool* pool = nullptr);
+  // Set at admission (Worker::CreateConnection): the credits our worker grants the peer at
+  // first, the floor plus what its pool could spare; the handshake tells the peer.
+  uint32_t initial_grant() const { return initial_grant_; }
+  void set_initial_grant(uint32_t n) { initial_grant_ = n; }
   // Control path, before the connection is activated: called once on the loop thread when the
   // connection starts closing (its QP in ERR, before its pending calls fail), with why. It
   // must not block (a channel only marks itself down and wakes its reconnector).
@@ -223,6 +229,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::string client_key_;
   std::string client_name_;
   control::Negotiated negotiated_;
+  uint32_t initial_grant_ = 0;
   bool is_server_ = false;
   bool remote_invalidation_ = false;
   uint32_t max_payload_ = 0;

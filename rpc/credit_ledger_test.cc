@@ -126,5 +126,135 @@ TEST(CreditLedgerTest, TakeParkedEmptiesTheQueue) {
   EXPECT_EQ(ledger.parked(), 0u);
 }
 
+
+// ---- The shared pool ----
+
+// A connection granted only its floor at first, with `pool` to grow from: the peer holds 4
+// (of a negotiated 32) and we owe it nothing.
+CreditLedger Pooled(CreditPool* pool) {
+  CreditLedger ledger;
+  ledger.Init({.peer_grant = 32, .local_grant = 32, .local_initial = kCreditFloor, .pool = pool});
+  return ledger;
+}
+
+TEST(CreditPoolTest, TakesNoMoreThanItHas) {
+  CreditPool pool;
+  pool.Init(10);
+  EXPECT_EQ(pool.Take(4), 4u);
+  EXPECT_EQ(pool.Take(8), 6u) << "what is left";
+  EXPECT_EQ(pool.Take(1), 0u);
+  pool.Give(3);
+  EXPECT_EQ(pool.available(), 3u);
+}
+
+TEST(CreditLedgerTest, ASequentialCallerNeverTakesFromThePool) {
+  CreditPool pool;
+  pool.Init(100);
+  CreditLedger ledger = Pooled(&pool);
+  for (int i = 0; i < 50; ++i) {
+    ASSERT_TRUE(ledger.OnReceive(i == 0 ? 0 : 1).ok());  // a request, returning our last
+    EXPECT_EQ(ledger.Spend(), 1u) << "the response returns its credit";
+  }
+  EXPECT_EQ(ledger.allotted(), kCreditFloor);
+  EXPECT_EQ(pool.available(), 100u);
+}
+
+TEST(CreditLedgerTest, APeerThatRunsLowGrowsFromThePoolUpToItsGrant) {
+  CreditPool pool;
+  pool.Init(1000);
+  CreditLedger ledger = Pooled(&pool);
+  // Three requests in flight leave the peer one credit: below half, so we lend it more, which
+  // goes back with what is owed.
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(ledger.OnReceive(0).ok());
+  EXPECT_EQ(ledger.allotted(), 2 * kCreditFloor);
+  EXPECT_EQ(pool.available(), 1000u - kCreditFloor);
+  EXPECT_TRUE(ledger.ShouldReturn()) << "the new credits must reach the peer";
+  EXPECT_EQ(ledger.Spend(), 3u + kCreditFloor);
+  EXPECT_EQ(ledger.peer_holds(), 2 * kCreditFloor);
+  // Keep it pipelining: it doubles, and stops at the negotiated grant.
+  for (int round = 0; round < 10; ++round) {
+    const uint32_t holds = ledger.peer_holds();
+    for (uint32_t i = 0; i < holds; ++i) ASSERT_TRUE(ledger.OnReceive(0).ok());
+    ledger.Spend();
+  }
+  EXPECT_EQ(ledger.allotted(), 32u);
+  EXPECT_EQ(pool.available(), 1000u - (32u - kCreditFloor));
+  EXPECT_EQ(ledger.borrowed(), 32u - kCreditFloor);
+}
+
+TEST(CreditLedgerTest, AFloodingPeerGetsItsGrantAndNoMore) {
+  CreditPool pool;
+  pool.Init(1000);
+  CreditLedger ledger = Pooled(&pool);
+  // The peer spends everything it holds, always: it can never hold more than 32, and sending
+  // beyond what it holds is refused.
+  for (int round = 0; round < 20; ++round) {
+    const uint32_t holds = ledger.peer_holds();
+    for (uint32_t i = 0; i < holds; ++i) ASSERT_TRUE(ledger.OnReceive(0).ok());
+    EXPECT_EQ(ledger.OnReceive(0).code(), absl::StatusCode::kResourceExhausted);
+    ledger.Spend();
+    EXPECT_LE(ledger.peer_holds(), 32u);
+  }
+  EXPECT_EQ(pool.available(), 1000u - (32u - kCreditFloor));
+}
+
+TEST(CreditLedgerTest, AnEmptyPoolLeavesTheFloor) {
+  CreditPool pool;
+  pool.Init(0);
+  CreditLedger ledger = Pooled(&pool);
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(ledger.OnReceive(0).ok());
+  EXPECT_EQ(ledger.allotted(), kCreditFloor) << "nothing to lend";
+  EXPECT_EQ(ledger.Spend(), 3u);
+  EXPECT_TRUE(ledger.CanSendCall());
+}
+
+TEST(CreditLedgerTest, AQuietConnectionGivesWhatItBorrowedBack) {
+  CreditPool pool;
+  pool.Init(100);
+  CreditLedger ledger;
+  // Granted everything at first (the pool had room): 28 borrowed.
+  ledger.Init({.peer_grant = 32, .local_grant = 32, .local_initial = 32, .pool = &pool});
+  pool.Take(32 - kCreditFloor);
+  ASSERT_EQ(ledger.borrowed(), 32u - kCreditFloor);
+  // Two messages, owed back: a reclaim after them finds it quiet and keeps those two.
+  ASSERT_TRUE(ledger.OnReceive(0).ok());
+  ASSERT_TRUE(ledger.OnReceive(0).ok());
+  EXPECT_EQ(ledger.Reclaim(), 2u);
+  EXPECT_EQ(ledger.owed(), 0u);
+  EXPECT_EQ(pool.available(), 100u - 28u + 2u);
+  // The peer's 30 come back one message at a time, each withheld, down to the floor.
+  for (int i = 0; i < 26; ++i) ASSERT_TRUE(ledger.OnReceive(0).ok());
+  EXPECT_EQ(ledger.allotted(), kCreditFloor);
+  EXPECT_EQ(ledger.owed(), 0u) << "nothing returned while shrinking";
+  EXPECT_EQ(ledger.peer_holds(), kCreditFloor);
+  EXPECT_EQ(pool.available(), 100u);
+  // At the floor, messages are returned again.
+  ASSERT_TRUE(ledger.OnReceive(0).ok());
+  EXPECT_EQ(ledger.Spend(), 1u);
+}
+
+TEST(CreditLedgerTest, ABusyConnectionKeepsWhatItBorrowed) {
+  CreditPool pool;
+  pool.Init(100);
+  CreditLedger ledger;
+  ledger.Init({.peer_grant = 32, .local_grant = 32, .local_initial = 32, .pool = &pool});
+  pool.Take(32 - kCreditFloor);
+  for (int i = 0; i < 16; ++i) ASSERT_TRUE(ledger.OnReceive(0).ok());
+  EXPECT_EQ(ledger.Reclaim(), 0u) << "half its allotment since the last look: not quiet";
+  EXPECT_EQ(ledger.allotted(), 32u);
+  EXPECT_EQ(ledger.Reclaim(), 16u) << "quiet since the last look: what it is owed goes back";
+  EXPECT_EQ(ledger.allotted(), 16u);
+}
+
+TEST(CreditLedgerTest, GrantsBeyondOurSendQueueAreHeldButNeverSpent) {
+  CreditLedger ledger;
+  ledger.Init({.peer_grant = 64, .peer_initial = 8, .send_cap = 16, .local_grant = 8});
+  EXPECT_EQ(ledger.send_credits(), 8u);
+  ASSERT_TRUE(ledger.OnReceive(40).ok()) << "the peer may grant up to 64";
+  EXPECT_EQ(ledger.send_credits(), 16u) << "our send queue takes 16";
+  EXPECT_EQ(ledger.OnReceive(17).code(), absl::StatusCode::kInvalidArgument)
+      << "48 held (16 usable), 17 more exceed the 64 granted";
+}
+
 }  // namespace
 }  // namespace swirl::internal

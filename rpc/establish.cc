@@ -141,7 +141,8 @@ absl::StatusOr<std::shared_ptr<Connection>> EstablishConnection(const Connection
     // An empty key on a fresh QP changes nothing: it asks the device whether it takes keys.
     const absl::Status probe = c->qp().SetLinkKey({});
     if (!probe.ok()) LogNoLinkKeysOnce(probe);
-    return exchange(LocalQp{*local, probe.ok(), &c->qp().pd().context()});
+    return exchange(
+        LocalQp{*local, probe.ok(), &c->qp().pd().context(), c->initial_grant()});
   };
   absl::StatusOr<PeerAnswer> answer = exchange_local();
   absl::Status s = answer.status();
@@ -156,7 +157,7 @@ absl::StatusOr<std::shared_ptr<Connection>> EstablishConnection(const Connection
     return s;
   }
   c->Configure(answer->negotiated, setup.is_server, setup.peer, setup.client_name,
-               setup.principal);
+               setup.principal, setup.worker->credit_pool());
   if (setup.on_lost) c->set_on_lost(setup.on_lost);
   setup.worker->Activate(c);
   LogEstablished(setup, *answer);

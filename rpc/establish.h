@@ -66,6 +66,7 @@ struct LocalQp {
   verbs::PeerAddress address;
   bool link_keys = false;
   verbs::Context* device = nullptr;  // our QP's device, to ask about the peer's GID
+  uint32_t initial_credits = 0;      // what our worker grants the peer at first (admission)
 };
 
 // Whether a peer's QP at `gid` is where the peer called from (`grpc_peer`) or in one of

@@ -26,6 +26,7 @@ control::Capabilities DescribeLocal(const verbs::Capabilities& caps, const Local
   out.set_mw_type2(caps.mw_type2a || caps.mw_type2b);
   out.set_max_inline(config.max_inline);
   out.set_recv_credits(config.credits);
+  out.set_initial_credits(config.initial_credits);
   out.set_recv_buffer_size(config.buffer_size);
   out.set_max_message_size(config.buffer_size - sizeof(rpc_wire::MessageHeader));
   out.set_eager_threshold(config.eager_threshold);
@@ -109,6 +110,14 @@ absl::StatusOr<control::Negotiated> Negotiate(const control::ConnectRequest& req
                                                       client.recv_credits(), kMinCredits,
                                                       kMaxCredits));
   }
+  // What the server holds at first: at least what a call needs with a return kept back (the
+  // same floor as the grant itself), at most the grant; 0 is all of it.
+  if (client.initial_credits() != 0 &&
+      (client.initial_credits() < kMinCredits || client.initial_credits() > client.recv_credits())) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "client grants %u initial credits of %u (%u..%u)", client.initial_credits(),
+        client.recv_credits(), kMinCredits, client.recv_credits()));
+  }
   if (client.max_message_size() < kMinMessage ||
       client.recv_buffer_size() < client.max_message_size() + sizeof(rpc_wire::MessageHeader)) {
     return absl::InvalidArgumentError("client message size and buffer size disagree");
@@ -117,6 +126,9 @@ absl::StatusOr<control::Negotiated> Negotiate(const control::ConnectRequest& req
   n.set_protocol_version(kControlProtocolVersion);
   n.set_client_credits(server.credits);
   n.set_server_credits(client.recv_credits());
+  n.set_server_initial_credits(client.initial_credits());
+  // client_initial_credits is the server's worker's to say once it has admitted the connection
+  // (Worker::CreateConnection); 0 (all) until then.
   n.set_max_message_size(std::min<uint32_t>(
       client.max_message_size(), server.buffer_size - sizeof(rpc_wire::MessageHeader)));
   n.set_client_max_inline(std::min<uint32_t>(client.max_inline(), 1024));
@@ -157,6 +169,13 @@ absl::Status CheckNegotiated(const control::Negotiated& n, const LocalConfig& cl
   }
   if (n.client_credits() < kMinCredits || n.client_credits() > kMaxCredits) {
     return absl::InvalidArgumentError("server grants an invalid number of credits");
+  }
+  if (n.server_initial_credits() != client.initial_credits) {
+    return absl::InvalidArgumentError("server claims initial credits we did not grant");
+  }
+  if (n.client_initial_credits() != 0 && (n.client_initial_credits() < kMinCredits ||
+                                          n.client_initial_credits() > n.client_credits())) {
+    return absl::InvalidArgumentError("server grants an invalid number of initial credits");
   }
   if (n.max_message_size() < kMinMessage ||
       n.max_message_size() + sizeof(rpc_wire::MessageHeader) > client.buffer_size) {

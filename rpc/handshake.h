@@ -19,7 +19,9 @@ namespace swirl::internal {
 
 // 3: Disconnect needs the ConnectResponse's disconnect_secret, and clients ping once connected
 // (ServerOptions::setup_timeout). A version-2 client would be refused every Disconnect.
-inline constexpr uint32_t kControlProtocolVersion = 3;
+// 4: credits are granted as traffic needs them (Negotiated.*_initial_credits): a version-3
+// peer would take the whole grant as its own at once and send beyond what it holds.
+inline constexpr uint32_t kControlProtocolVersion = 4;
 inline constexpr uint32_t kMinCredits = 4;
 inline constexpr uint32_t kMaxCredits = 4096;
 // A client's name is kept per connection and shown in Stats and logs: bounded.
@@ -36,7 +38,8 @@ inline constexpr uint64_t kMaxBulkSize = uint64_t{1} << 31;
 inline constexpr uint32_t kMinEagerThreshold = 256;
 
 struct LocalConfig {
-  uint32_t credits = 32;        // receive buffers we reserve for the peer
+  uint32_t credits = 32;        // receive buffers we may grant the peer (its ceiling)
+  uint32_t initial_credits = 0;  // of them, what the peer holds at first (0: all)
   uint32_t buffer_size = 4128;  // per receive buffer, header included
   uint32_t max_inline = 0;      // our QP's inline limit
   uint32_t eager_threshold = 2048;

@@ -470,6 +470,9 @@ class Server::Impl final : public control::Control::Service {
         setup, [&](const internal::LocalQp& local) -> absl::StatusOr<internal::PeerAnswer> {
           *response->mutable_address() = internal::ToProto(local.address);
           internal::PeerAnswer answer{client_address, negotiated, id};
+          // What the client holds at first is what our worker could grant it at admission.
+          answer.negotiated.set_client_initial_credits(local.initial_credits);
+          *response->mutable_negotiated() = answer.negotiated;
           // Both QPs take a key: the pair links only with this Connect's caller, who alone
           // learns it (over TLS when TLS is on), not with whoever else knows the GIDs and QPNs.
           link_keys = local.link_keys;
@@ -484,7 +487,6 @@ class Server::Impl final : public control::Control::Service {
     response->set_connection_id(id);
     *response->mutable_capabilities() = internal::DescribeLocal(declared_, LocalConfig());
     response->mutable_capabilities()->set_link_keys(link_keys);
-    *response->mutable_negotiated() = negotiated;
     return absl::OkStatus();
   }
 

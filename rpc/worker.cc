@@ -52,34 +52,37 @@ uint32_t Worker::send_queue_depth() const {
 }
 
 absl::Status Worker::FitConnections(uint32_t slack, uint32_t sq_depth) {
+  // The shared receive queue must hold every credit that may be granted: each connection's
+  // floor and the shared pool. Fewer connections fit a smaller one.
+  const uint64_t fixed = uint64_t{shared_credits_} + slack;
   if (caps_.max_srq_wr > 0 &&
-      options_.max_connections * options_.credits + slack > caps_.max_srq_wr) {
-    // The shared receive queue must hold every credit granted; fewer connections fit.
-    if (caps_.max_srq_wr < options_.credits + slack) {
+      uint64_t{options_.max_connections} * kCreditFloor + fixed > caps_.max_srq_wr) {
+    if (caps_.max_srq_wr < fixed + kCreditFloor) {
       return absl::InvalidArgumentError(absl::StrFormat(
-          "worker: the device's SRQ (%u) cannot hold one connection of %u credits",
-          caps_.max_srq_wr, options_.credits));
+          "worker: the device's SRQ (%u) cannot hold one connection and a pool of %u credits",
+          caps_.max_srq_wr, shared_credits_));
     }
-    const uint32_t fit = (caps_.max_srq_wr - slack) / options_.credits;
-    SWIRL_LOG(WARNING, "%s: %u connections x %u credits exceed the device's SRQ (%u); limiting "
-              "this worker to %u connections", options_.name, options_.max_connections,
-              options_.credits, caps_.max_srq_wr, fit);
+    const uint32_t fit = static_cast<uint32_t>((caps_.max_srq_wr - fixed) / kCreditFloor);
+    SWIRL_LOG(WARNING, "%s: %u connections x %u credits and a pool of %u exceed the device's "
+              "SRQ (%u); limiting this worker to %u connections", options_.name,
+              options_.max_connections, kCreditFloor, shared_credits_, caps_.max_srq_wr, fit);
     options_.max_connections = fit;
   }
   // The one CQ takes every receive and every connection's sends: fewer connections fit a device
   // whose CQs are smaller (rxe: 32767 entries).
-  const uint64_t cqe_per_connection = options_.credits + sq_depth;
+  const uint64_t receives = uint64_t{options_.max_connections} * kCreditFloor + fixed;
   if (caps_.max_cqe > 0 &&
-      options_.max_connections * cqe_per_connection + slack > caps_.max_cqe) {
-    if (caps_.max_cqe < cqe_per_connection + slack) {
+      receives + uint64_t{options_.max_connections} * sq_depth > caps_.max_cqe) {
+    const uint64_t per_connection = kCreditFloor + sq_depth;
+    if (caps_.max_cqe < per_connection + fixed) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "worker: the device's CQs (%u entries) cannot hold one connection (%u)",
-          caps_.max_cqe, cqe_per_connection + slack));
+          caps_.max_cqe, per_connection + fixed));
     }
-    const uint32_t fit = static_cast<uint32_t>((caps_.max_cqe - slack) / cqe_per_connection);
+    const uint32_t fit = static_cast<uint32_t>((caps_.max_cqe - fixed) / per_connection);
     SWIRL_LOG(WARNING, "%s: %u connections need %u CQ entries, more than the device's %u; "
               "limiting this worker to %u connections", options_.name, options_.max_connections,
-              options_.max_connections * cqe_per_connection + slack, caps_.max_cqe, fit);
+              receives + uint64_t{options_.max_connections} * sq_depth, caps_.max_cqe, fit);
     options_.max_connections = fit;
   }
   return absl::OkStatus();
@@ -94,8 +97,13 @@ absl::Status Worker::Init() {
   // (RunOnce), up to credits - 1 of them plus what one more poll takes in.
   const uint32_t slack = 2 * options_.credits + kPollBatch;
   const uint32_t sq_depth = send_queue_depth();
+  shared_credits_ = options_.shared_credits != 0
+                        ? options_.shared_credits
+                        : std::min<uint32_t>(options_.max_connections, 64) *
+                              (options_.credits - kCreditFloor);
   if (absl::Status s = FitConnections(slack, sq_depth); !s.ok()) return s;
-  const uint32_t recv_total = options_.max_connections * options_.credits + slack;
+  credit_pool_.Init(shared_credits_);
+  const uint32_t recv_total = options_.max_connections * kCreditFloor + shared_credits_ + slack;
   if (options_.own_thread && options_.adaptive_idle) {
     auto channel = verbs::CompletionChannel::Create(context_);
     if (!channel.ok()) return channel.status();
@@ -112,9 +120,11 @@ absl::Status Worker::Init() {
       BufferPool::Create(pd_, recv_total, options_.buffer_size, IBV_ACCESS_LOCAL_WRITE);
   if (!recv_pool.ok()) return recv_pool.status();
   recv_pool_ = std::move(*recv_pool);
+  // Messages in flight or parked are answers to what peers sent (bounded by the credits we
+  // grant) and our own calls (bounded by theirs, and waiting in the backlog for a buffer).
   const uint32_t send_buffers = options_.send_buffers != 0
                                     ? options_.send_buffers
-                                    : options_.max_connections * options_.credits * 2;
+                                    : 2 * (recv_total - slack);
   max_inline_ = std::min<uint32_t>(caps_.max_inline_data, 1024);
   absl::Status outbox = outbox_.Init(
       pd_, {send_buffers, options_.buffer_size, max_inline_, send_buffers / options_.max_connections},
@@ -183,15 +193,20 @@ absl::StatusOr<std::shared_ptr<Connection>> Worker::CreateConnection(
     uint64_t id, const MethodTable* methods, const verbs::ConnectOptions& co) {
   {
     swirl::MutexLock lock(&mu_);
-    if (reserved_credits_ + options_.credits > options_.max_connections * options_.credits) {
+    if (admitted_ >= options_.max_connections) {
       return absl::ResourceExhaustedError(absl::StrCat(
           options_.name, " is full (", options_.max_connections, " connections)"));
     }
-    reserved_credits_ += options_.credits;
+    ++admitted_;
   }
-  auto unreserve = [this] {
+  // Its floor is the SRQ's already (Init sized it for max_connections floors); the rest of
+  // its first grant is what the pool can spare now, all of `credits` while there is room.
+  const uint32_t initial =
+      kCreditFloor + credit_pool_.Take(options_.credits - kCreditFloor);
+  auto unreserve = [this, initial] {
+    credit_pool_.Give(initial - kCreditFloor);
     swirl::MutexLock lock(&mu_);
-    reserved_credits_ -= options_.credits;
+    --admitted_;
   };
   verbs::QueuePairConfig config;
   config.send_cq = cq_;
@@ -211,6 +226,7 @@ absl::StatusOr<std::shared_ptr<Connection>> Worker::CreateConnection(
   }
   auto c = std::make_shared<Connection>(this, id, std::move(*qp), methods, config.max_send_wr,
                                         &work_);
+  c->set_initial_grant(initial);
   {
     swirl::MutexLock lock(&mu_);
     registry_[id] = c;
@@ -227,7 +243,10 @@ void Worker::Activate(std::shared_ptr<Connection> connection) {
 
 void Worker::Abandon(const std::shared_ptr<Connection>& connection) {
   swirl::MutexLock lock(&mu_);
-  if (registry_.erase(connection->id()) > 0) reserved_credits_ -= options_.credits;
+  if (registry_.erase(connection->id()) > 0) {
+    --admitted_;
+    credit_pool_.Give(connection->initial_grant() - kCreditFloor);
+  }
 }
 
 void Worker::Close(uint64_t connection_id, absl::Status reason) {
@@ -498,7 +517,7 @@ WorkerStats Worker::Stats() const {
 
 uint32_t Worker::free_credits() const {
   swirl::MutexLock lock(&mu_);
-  return options_.max_connections * options_.credits - reserved_credits_;
+  return options_.max_connections - admitted_;
 }
 
 std::vector<std::shared_ptr<Connection>> Worker::Connections() const {

@@ -28,9 +28,10 @@
 //   bulk_download.cc     responses with bulk data
 // The per-connection state is in the connection's parts (rpc/connection.h).
 //
-// Flow control (rpc/credit_ledger.h): each side reserves `credits` receive buffers for the
-// other; since the SRQ always holds at least the credits granted to all connections, a peer
-// that honours its credits never meets an empty receive queue (no RNR).
+// Flow control (rpc/credit_ledger.h): the SRQ holds a floor of credits for every connection
+// the worker may admit plus a shared pool that busy connections grow into (up to `credits`
+// each); since it always holds at least the credits granted to all connections, a peer that
+// honours its credits never meets an empty receive queue (no RNR).
 
 #ifndef SWIRL_RPC_WORKER_H_
 #define SWIRL_RPC_WORKER_H_
@@ -84,9 +85,13 @@ struct WorkerOptions {
   bool adaptive_idle = true;   // sleep on the completion channel after idle_spin of nothing
   absl::Duration idle_spin = absl::Microseconds(200);
   uint32_t max_connections = 64;
-  uint32_t credits = 32;             // receive buffers reserved per connection
+  uint32_t credits = 32;             // receive buffers one connection may be granted at most
+  // Receive buffers shared by the connections beyond each one's floor (kCreditFloor), granted
+  // to those whose traffic needs them. 0: enough for 64 connections at `credits` each (for
+  // at most 64 connections: every one of them at once).
+  uint32_t shared_credits = 0;
   uint32_t buffer_size = 4096 + 32;  // receive/send buffer size, header included
-  uint32_t send_buffers = 0;         // 0: 2 * max_connections * credits
+  uint32_t send_buffers = 0;         // 0: twice the receive credits (floors and pool)
   absl::Duration keepalive = absl::Seconds(5);
   // Server side: a connection its client has sent nothing on this long after it went active
   // fails (a client that never finished its side of Connect, or gave up before learning the
@@ -199,7 +204,11 @@ class Worker {
 
   // ---- Observation (any thread) ----
   WorkerStats Stats() const;
+  // Room for connections: how many more this worker admits (Server picks the emptiest).
   uint32_t free_credits() const;
+  // The shared credits not granted to any connection now.
+  uint32_t pool_credits() const { return credit_pool_.available(); }
+  CreditPool* credit_pool() { return &credit_pool_; }
   std::vector<std::shared_ptr<Connection>> Connections() const;
   std::shared_ptr<Connection> Find(uint64_t connection_id) const;
   const verbs::Capabilities& capabilities() const { return caps_; }
@@ -544,7 +553,11 @@ class Worker {
   // Shared with the control path.
   mutable swirl::Mutex mu_;
   absl::flat_hash_map<uint64_t, std::shared_ptr<Connection>> registry_ ABSL_GUARDED_BY(mu_);
-  uint32_t reserved_credits_ ABSL_GUARDED_BY(mu_) = 0;
+  uint32_t admitted_ ABSL_GUARDED_BY(mu_) = 0;  // connections created and not yet closed
+  // Credits beyond the floors, lent to connections as they need them (rpc/credit_ledger.h).
+  CreditPool credit_pool_;
+  uint32_t shared_credits_ = 0;  // its size
+  uint64_t timer_passes_ = 0;  // Timers: which connections this pass looks at
   // Work under way that a drain waits for (rpc/gate.h); loop thread only. Its end, once a drain
   // began, is announced through drained_.
   Gate work_;

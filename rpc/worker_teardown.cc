@@ -77,8 +77,10 @@ void Worker::FinishClose(Connection* c) {
   {
     swirl::MutexLock lock(&mu_);
     registry_.erase(c->id());
-    reserved_credits_ -= options_.credits;
+    --admitted_;
   }
+  // What it was lent goes back to the pool: its peer can send nothing more.
+  credit_pool_.Give(c->credits().borrowed());
   c->set_state(Connection::State::kClosed);
   const uint64_t id = c->id();
   const absl::Status reason = c->close_reason();
@@ -115,7 +117,22 @@ void Worker::ConnectionTimers(Connection* c, absl::Time now) {
 
 void Worker::Timers(absl::Time now) {
   SWIRL_DCHECK(OnLoopThread());
-  for (auto& [id, owner] : by_id_) ConnectionTimers(owner.get(), now);
+  // Each pass looks at every connection while there are at most 256; beyond, at one in
+  // `stride` of them in turn (picked by id, which reads only the map, not the connections), so
+  // that a worker holding 10,000 connections does not spend its loop walking them every
+  // millisecond: deadlines and keepalives are then enforced within `stride` ms.
+  const uint64_t pass = ++timer_passes_;
+  const uint64_t stride = by_id_.size() / 256 + 1;
+  // While the shared credits run short (a busy connection could not grow to its full grant),
+  // quiet connections give back what they were lent, at every 64th look at each (about 64 ms
+  // apart): a connection is quiet if it received less than a quarter of its allotment since.
+  const bool reclaim =
+      credit_pool_.available() < options_.credits && ((pass / stride) & 63) == 0;
+  for (auto& [id, owner] : by_id_) {
+    if (stride > 1 && (id + pass) % stride != 0) continue;
+    ConnectionTimers(owner.get(), now);
+    if (reclaim) owner->credits().Reclaim();
+  }
   for (size_t i = 0; i < closing_.size();) {
     Connection* c = closing_[i];
     if (c->sends().all_retired() || now - c->closing_since > absl::Seconds(2)) {

@@ -27,13 +27,42 @@ namespace {
 [[gnu::noinline, gnu::cold]] void PullLinks(SoftCq* cq) { cq->pull_links(cq->sctx->hca); }
 
 void ProgressAttached(SoftCq* cq, PollSink* sink) {
+  if (cq->attach_waiting.load(std::memory_order_relaxed) != 0) [[unlikely]] return;
   std::unique_lock<SpinLock> lock(cq->attach_lock, std::try_to_lock);
   if (!lock.owns_lock()) return;
-  for (SoftQp* qp : cq->qps) {
-    if (IdleWithoutLock(qp) || !qp->lock.try_lock()) continue;
-    ProgressLocked(qp, sink);
-    qp->lock.unlock();
+  const size_t n = cq->qps.size();
+  if (n <= SoftCq::kPollWalk) [[likely]] {
+    for (SoftQp* qp : cq->qps) {
+      if (IdleWithoutLock(qp) || !qp->lock.try_lock()) continue;
+      ProgressLocked(qp, sink);
+      qp->lock.unlock();
+    }
+    return;
   }
+  // Many QPs: the hot ones, then the next slice in turn (SoftCq::kPollWalk). A QP with work
+  // joins the hot ones at the front; one that had none falls out of them.
+  auto progress = [&](SoftQp* qp) {
+    if (IdleWithoutLock(qp) || !qp->lock.try_lock()) return false;
+    const bool did = ProgressLocked(qp, sink);
+    qp->lock.unlock();
+    return did;
+  };
+  SoftQp* busy[SoftCq::kHot];
+  size_t busy_count = 0;
+  for (SoftQp*& qp : cq->hot) {
+    if (qp == nullptr) continue;
+    if (progress(qp)) busy[busy_count++] = qp;
+    qp = nullptr;
+  }
+  for (size_t i = 0; i < SoftCq::kPollWalk; ++i) {
+    if (cq->walk_next >= n) cq->walk_next = 0;
+    SoftQp* qp = cq->qps[cq->walk_next++];
+    if (progress(qp) && busy_count < SoftCq::kHot &&
+        std::find(busy, busy + busy_count, qp) == busy + busy_count) {
+      busy[busy_count++] = qp;
+    }
+  }
+  std::copy(busy, busy + busy_count, cq->hot);
 }
 
 }  // namespace
@@ -95,7 +124,7 @@ int ResizeCq(ibv_cq* ibcq, int cqe) {
   SoftCq* cq = AsSoft(ibcq);
   if (cqe <= 0 || static_cast<uint32_t>(cqe) > kMaxCqe) return EINVAL;
   const uint32_t slots = std::bit_ceil<uint32_t>(static_cast<uint32_t>(cqe) + 1);
-  std::vector<Cqe> ring(slots);  // allocated before taking the spin lock every poll takes
+  CqeRing ring(slots);  // allocated before taking the spin lock every poll takes
   std::lock_guard<SpinLock> guard(cq->lock);
   const uint32_t queued = cq->tail - cq->head;
   // ibv_resize_cq(3): the new size must hold every completion not yet polled.
@@ -235,14 +264,19 @@ void AckCqEvents(ibv_cq* ibcq, unsigned int count) {
 }
 
 void AttachQp(SoftCq* cq, SoftQp* qp) {
+  cq->attach_waiting.fetch_add(1, std::memory_order_relaxed);
   std::lock_guard<SpinLock> lock(cq->attach_lock);
+  cq->attach_waiting.fetch_sub(1, std::memory_order_relaxed);
   cq->qps.push_back(qp);
   cq->attached.fetch_add(1);
 }
 
 void DetachQp(SoftCq* cq, SoftQp* qp) {
+  cq->attach_waiting.fetch_add(1, std::memory_order_relaxed);
   std::lock_guard<SpinLock> lock(cq->attach_lock);
+  cq->attach_waiting.fetch_sub(1, std::memory_order_relaxed);
   cq->qps.erase(std::remove(cq->qps.begin(), cq->qps.end(), qp), cq->qps.end());
+  std::replace(std::begin(cq->hot), std::end(cq->hot), qp, static_cast<SoftQp*>(nullptr));
   cq->attached.fetch_sub(1);
 }
 

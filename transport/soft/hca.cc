@@ -626,7 +626,10 @@ bool ProgressAssisted(Hca* hca) {
   bool did = false;
   swirl::ReaderMutexLock lock(&hca->mu);
   for (auto& [qpn, qp] : hca->qps) {
-    if (!Assisted(qp) || !qp->lock.try_lock()) continue;
+    // An idle QP with nothing arrived since (the CQ poll's own test) has nothing to progress:
+    // without the test, a server holding thousands of quiet connections had its HCA thread
+    // run every one of them through progress on every round while its worker slept.
+    if (!Assisted(qp) || IdleWithoutLock(qp) || !qp->lock.try_lock()) continue;
     did |= ProgressLocked(qp);
     qp->lock.unlock();
   }

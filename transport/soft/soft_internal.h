@@ -45,14 +45,16 @@ struct SoftQp;
 inline constexpr uint32_t kMaxQpWr = 16384;
 inline constexpr uint32_t kMaxSge = 16;
 inline constexpr uint32_t kMaxInline = 1024;
-inline constexpr uint32_t kMaxCqe = (1u << 20) - 1;
+inline constexpr uint32_t kMaxCqe = (1u << 22) - 1;  // as mlx5's
 inline constexpr uint32_t kMaxQp = 65536;
 inline constexpr uint32_t kMaxCq = 65536;
 inline constexpr uint32_t kMaxMr = KeyTable::kSlots / 2;
 inline constexpr uint32_t kMaxMw = KeyTable::kSlots / 2;
 inline constexpr uint32_t kMaxPd = 65536;
 inline constexpr uint32_t kMaxSrq = 4096;
-inline constexpr uint32_t kMaxSrqWr = 16384;
+// Workers size their SRQ by the connections they admit (a floor of credits each, rpc/
+// credit_ledger.h): 10,000 connections take about 42,000 entries.
+inline constexpr uint32_t kMaxSrqWr = 1u << 17;
 inline constexpr uint32_t kMaxRdAtomic = 128;
 inline constexpr uint64_t kMaxMsgSize = 1ull << 31;
 inline constexpr uint64_t kMaxMrSize = 1ull << 40;
@@ -105,6 +107,29 @@ struct Cqe {
   uint32_t sq_release;  // release SQ slots up to this index (exclusive); valid if qp != nullptr
 };
 
+// An allocator whose resize() leaves trivial elements uninitialized: a CQ sized for every
+// connection a worker may hold (millions of entries) then costs memory only for the entries
+// completions have actually used, not for zeroing the whole ring at creation.
+template <typename T>
+struct DefaultInitAllocator : std::allocator<T> {
+  template <typename U>
+  struct rebind {
+    using other = DefaultInitAllocator<U>;
+  };
+  DefaultInitAllocator() = default;
+  template <typename U>
+  DefaultInitAllocator(const DefaultInitAllocator<U>&) noexcept {}
+  template <typename U>
+  void construct(U* p) noexcept {
+    ::new (static_cast<void*>(p)) U;
+  }
+  template <typename U, typename... Args>
+  void construct(U* p, Args&&... args) {
+    ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+  }
+};
+using CqeRing = std::vector<Cqe, DefaultInitAllocator<Cqe>>;
+
 // Every CQ is an ibv_cq_ex, whose first fields are those of ibv_cq (ibv_cq_ex_to_cq is a cast),
 // so one object serves ibv_poll_cq and, for a CQ made by ibv_create_cq_ex, the extended polling
 // functions it carries (cq_ex.cc). Convert with AsSoft(ibv_cq*) and SoftCq::ibv().
@@ -118,7 +143,7 @@ struct SoftCq : ibv_cq_ex {
   bool (*pull_links)(Hca*) = nullptr;
 
   SpinLock lock;
-  std::vector<Cqe> ring;  // capacity cqe (+1 spare slot to tell full from empty)
+  CqeRing ring;  // capacity cqe (+1 spare slot to tell full from empty)
   uint32_t ring_mask = 0;  // ring.size() - 1
   uint32_t head = 0;      // next to poll (under lock)
   uint32_t tail = 0;      // next to fill (under lock)
@@ -143,6 +168,18 @@ struct SoftCq : ibv_cq_ex {
   // Debian's Abseil keeps deadlock detection on, which costs tens of ns per acquisition.
   SpinLock attach_lock;
   std::vector<SoftQp*> qps;  // guarded by attach_lock
+  // QPs waiting to attach or detach: pollers leave attach_lock to them. A poller walks every
+  // attached QP under that lock and polls again at once, so with thousands of QPs on one CQ
+  // a QP being created spun behind a busy worker's polls for many milliseconds.
+  std::atomic<int> attach_waiting{0};
+  // With more attached QPs than a poll walks (kPollWalk), each poll takes the next kPollWalk of
+  // them in turn, and every poll the QPs that had work lately (hot, most recent first): a
+  // worker holding 10,000 connections then pays for those that are busy, not for reading
+  // every idle peer's ring on every poll. Under attach_lock.
+  static constexpr size_t kPollWalk = 64;
+  static constexpr size_t kHot = 16;
+  size_t walk_next = 0;
+  SoftQp* hot[kHot] = {};
 
   swirl::Mutex events_mu;
   swirl::CondVar events_cv;
@@ -430,7 +467,9 @@ struct SoftQp : VerbsQp {
   // Send queue: slots [released, tail) are in use; [head, tx) transmitted but not completed.
   std::vector<SendWqe> sq;
   std::vector<ibv_sge> sq_sge;
-  std::vector<char> sq_inline;
+  // Not zeroed at creation (DefaultInitAllocator): max_inline_data per slot was 128 KiB of
+  // touched memory per QP of a worker, used or not; now a slot costs memory once written.
+  std::vector<char, DefaultInitAllocator<char>> sq_inline;
   uint32_t sq_mask = 0;
   uint32_t sq_head = 0, sq_tx = 0, sq_tail = 0;
   // Index of the newest signaled WQE posted (sq_head - 1 or older: none outstanding). A
