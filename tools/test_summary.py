@@ -438,6 +438,8 @@ def main(argv):
     p.add_argument("--enforce-skips", action="store_true",
                    help="fail on a skip no expected-skips line allows")
     p.add_argument("--excluded", help="CONFIGS<TAB>TARGET<TAB>REASON lines: what a run left out")
+    p.add_argument("--excluded-name", help="what to call --excluded in messages (the file it "
+                   "was filtered from)")
     p.add_argument("--not-run", default="",
                    help="comma-separated checks outside Bazel these runs did not run: each "
                    "must be excluded for each run")
@@ -460,7 +462,8 @@ def main(argv):
             summarize_bazel(summary, events, args.bazel_exit[i], logs[i] if logs else None)
         if args.excluded:
             exclusions = read_exclusions(args.excluded, summary)
-            check_exclusions(summary, events, exclusions, names[i], args.excluded,
+            check_exclusions(summary, events, exclusions, names[i],
+                             args.excluded_name or args.excluded,
                              [n for n in args.not_run.split(",") if n])
         required = [n for n in args.require_extra.split(",") if n]
         if i == runs - 1 and (args.extra or required):
