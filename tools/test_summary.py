@@ -2,11 +2,14 @@
 """swirl's test summary: what `./swirl test` ran, read from Bazel's Build Event Protocol.
 
 Usage:
-  test_summary.py --bep FILE --bazel-exit N [--log FILE]
+  test_summary.py --bep FILE --bazel-exit N [--log FILE] [--run NAME]
+                  [--bep FILE --bazel-exit N [--log FILE] --run NAME ...]
                   [--extra FILE --extra-exit N --require-extra NAME,NAME...]
                   [--expected-skips FILE [--enforce-skips]]
+                  [--excluded FILE [--not-run NAME,NAME...]]
 
-It prints the skipped and failed cases, then one last line, "N passed, N failed[, N skipped]",
+It prints the skipped and failed cases, then one last line, "N passed, N failed[, N skipped]
+[, N excluded]",
 and exits 1 unless the run is a success: nothing failed, nothing is unaccounted for.
 
 Why the build event file and not Bazel's console: the console lists only test targets, so a
@@ -42,6 +45,16 @@ Rules (each has a fixture case in tools/test_summary_test.py):
     regular expression the skip's reason must match. With --enforce-skips (`./swirl test` passes it where the only RDMA
     device is soft0) a skip that no line allows is a failure: a test that quietly decided it
     could not run is not a pass.
+  * Several runs (`./swirl test --sanitizers`: the suite under --config=asan, then under
+    --config=tsan): --bep, --bazel-exit, --log and --run once each per run. Each run is judged
+    by every rule above on its own and printed under its name with its own counts; the last
+    line adds them up.
+  * --excluded lists what a named run leaves out, each with its reason: lines
+    "CONFIGS<TAB>TARGET<TAB>REASON", CONFIGS the runs it applies to ("asan,tsan"), TARGET a
+    Bazel label (the entry point gives it to Bazel as a negative pattern) or a glob over the
+    checks outside Bazel ("fuzz:*"). Every exclusion is printed with its reason and counted
+    ("N excluded" on the last line); an excluded label that ran anyway fails, and so does a
+    check outside Bazel in --not-run that no line of its run excludes.
 """
 
 import argparse
@@ -67,6 +80,7 @@ class Summary:
         self.skips = []  # (test name, reason)
         self.chosen_skips = set()  # names the user chose to skip (not judged by the list)
         self.notes = []  # flaky results and other lines worth reading
+        self.excluded = []  # (target, reason): left out of this run by a listed exclusion
 
     def fail(self, text):
         self.failed += 1
@@ -328,31 +342,66 @@ def check_skips(summary, allowed, enforce):
                          (name, reason))
 
 
-def main(argv):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--bep", required=True, help="Bazel's --build_event_json_file")
-    p.add_argument("--bazel-exit", type=int, required=True, help="Bazel's exit code")
-    p.add_argument("--log", help="Bazel's console output, for its ERROR lines")
-    p.add_argument("--extra", help="results of checks outside Bazel")
-    p.add_argument("--extra-exit", type=int, help="exit code of the script that wrote --extra")
-    p.add_argument("--require-extra", default="", help="comma-separated names --extra must hold")
-    p.add_argument("--expected-skips", help="TEST<TAB>REASON lines")
-    p.add_argument("--enforce-skips", action="store_true",
-                   help="fail on a skip no expected-skips line allows")
-    args = p.parse_args(argv)
+def read_exclusions(path, summary):
+    """The exclusions file's lines: [(configs, target, reason)]."""
+    lines = []
+    with open(path, errors="replace") as f:
+        for n, line in enumerate(f, 1):
+            line = line.rstrip("\n")
+            if not line.strip() or line.lstrip().startswith("#"):
+                continue
+            parts = [p.strip() for p in line.split("\t")]
+            if len(parts) != 3 or not all(parts):
+                summary.fail("%s:%d: not CONFIGS<TAB>TARGET<TAB>REASON" % (path, n))
+                continue
+            lines.append((set(parts[0].split(",")), parts[1], parts[2]))
+    return lines
 
-    summary = Summary()
-    events = read_bep(args.bep, summary)
-    if events is not None:
-        summarize_bazel(summary, events, args.bazel_exit, args.log)
-    required = [n for n in args.require_extra.split(",") if n]
-    if args.extra or required:
-        summarize_extra(summary, args.extra, args.extra_exit, required)
-    allowed = read_expected_skips(args.expected_skips, summary) if args.expected_skips else []
-    check_skips(summary, allowed, args.enforce_skips)
-    if summary.passed == 0 and summary.failed == 0:
-        summary.fail("no test ran")
 
+def check_exclusions(summary, events, exclusions, run, path, not_run):
+    """What this run left out: each target of `exclusions` listed for `run` (Bazel was given
+    them as negative patterns) and each check outside Bazel in `not_run`, which must match a
+    line for this run. An excluded target that ran anyway is a failure: the list says it
+    does not run here."""
+    mine = [(target, reason) for configs, target, reason in exclusions if run in configs]
+    ran = set()
+    for e in events or []:
+        label = label_of(e)
+        if label is not None and "testResult" in e.get("id", {}):
+            ran.add(label)
+    for target, reason in mine:
+        if target.startswith("//"):
+            if target in ran:
+                summary.fail("%s (listed in %s as excluded under %s, but it ran)" %
+                             (target, path, run))
+            else:
+                summary.excluded.append((target, reason))
+    for name in not_run:
+        reason = next((r for t, r in mine if not t.startswith("//") and
+                       fnmatch.fnmatchcase(name, t)), None)
+        if reason is None:
+            summary.fail("%s (not run under %s, and %s does not say why)" % (name, run, path))
+        else:
+            summary.excluded.append((name, reason))
+
+
+def label_of(event):
+    for value in event.get("id", {}).values():
+        if isinstance(value, dict) and "label" in value:
+            return value["label"]
+    return None
+
+
+def counts_line(summary):
+    line = "%d passed, %d failed" % (summary.passed, summary.failed)
+    if summary.skipped:
+        line += ", %d skipped" % summary.skipped
+    if summary.excluded:
+        line += ", %d excluded" % len(summary.excluded)
+    return line
+
+
+def print_summary(summary):
     # Skips by target and reason: one line for a lone case, one line per reason for many (the
     # rdma-core suite skips ~200 tests of hardware soft0 is not).
     groups = {}
@@ -363,15 +412,78 @@ def main(argv):
             print("skipped: %s: %s" % (names[0], reason))
         else:
             print("skipped: %s: %d cases: %s" % (label, len(names), reason))
+    for name, reason in summary.excluded:
+        print("excluded: %s: %s" % (name, reason))
     for note in summary.notes:
         print(note)
     for f in summary.failures:
         print("FAILED: " + f)
-    line = "%d passed, %d failed" % (summary.passed, summary.failed)
-    if summary.skipped:
-        line += ", %d skipped" % summary.skipped
-    print(line)
-    return 1 if summary.failed else 0
+
+
+def main(argv):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--bep", required=True, action="append",
+                   help="Bazel's --build_event_json_file (once per run)")
+    p.add_argument("--bazel-exit", type=int, required=True, action="append",
+                   help="Bazel's exit code (once per run)")
+    p.add_argument("--log", action="append",
+                   help="Bazel's console output, for its ERROR lines (once per run)")
+    p.add_argument("--run", action="append",
+                   help="the run's name, the configuration it selects in --excluded (once "
+                   "per run; needed with several runs)")
+    p.add_argument("--extra", help="results of checks outside Bazel")
+    p.add_argument("--extra-exit", type=int, help="exit code of the script that wrote --extra")
+    p.add_argument("--require-extra", default="", help="comma-separated names --extra must hold")
+    p.add_argument("--expected-skips", help="TEST<TAB>REASON lines")
+    p.add_argument("--enforce-skips", action="store_true",
+                   help="fail on a skip no expected-skips line allows")
+    p.add_argument("--excluded", help="CONFIGS<TAB>TARGET<TAB>REASON lines: what a run left out")
+    p.add_argument("--excluded-name", help="what to call --excluded in messages (the file it "
+                   "was filtered from)")
+    p.add_argument("--not-run", default="",
+                   help="comma-separated checks outside Bazel these runs did not run: each "
+                   "must be excluded for each run")
+    args = p.parse_args(argv)
+    runs = len(args.bep)
+    logs = args.log or []
+    names = args.run or []
+    if len(args.bazel_exit) != runs or len(logs) not in (0, runs) or \
+            len(names) not in (0, runs) or (runs > 1 and not names) or \
+            (args.excluded and not names):
+        p.error("--bep, --bazel-exit, --log and --run go together, once per run (and --run "
+                "is needed with several runs or with --excluded)")
+
+    total = Summary()
+    summaries = []
+    for i in range(runs):
+        summary = Summary()
+        events = read_bep(args.bep[i], summary)
+        if events is not None:
+            summarize_bazel(summary, events, args.bazel_exit[i], logs[i] if logs else None)
+        if args.excluded:
+            exclusions = read_exclusions(args.excluded, summary)
+            check_exclusions(summary, events, exclusions, names[i],
+                             args.excluded_name or args.excluded,
+                             [n for n in args.not_run.split(",") if n])
+        required = [n for n in args.require_extra.split(",") if n]
+        if i == runs - 1 and (args.extra or required):
+            summarize_extra(summary, args.extra, args.extra_exit, required)
+        allowed = read_expected_skips(args.expected_skips, summary) if args.expected_skips else []
+        check_skips(summary, allowed, args.enforce_skips)
+        if summary.passed == 0 and summary.failed == 0:
+            summary.fail("no test ran")
+        summaries.append(summary)
+
+    for i, summary in enumerate(summaries):
+        if names:
+            print("== %s%s" % (names[i], "" if runs == 1 else ": " + counts_line(summary)))
+        print_summary(summary)
+        total.passed += summary.passed
+        total.skipped += summary.skipped
+        total.failed += summary.failed
+        total.excluded += summary.excluded
+    print(counts_line(total))
+    return 1 if total.failed else 0
 
 
 if __name__ == "__main__":

@@ -96,11 +96,13 @@ class Fixture:
         with open(self.extra, "w") as f:
             f.write("".join(l + "\n" for l in lines))
 
-    def run(self, *args, bazel_exit=None, bep_text=None, extra_exit=0, require_extra=True):
-        bep = os.path.join(self.dir, "bep.json")
-        with open(bep, "w") as f:
-            f.write(bep_text if bep_text is not None else
-                    "".join(json.dumps(e) + "\n" for e in self.events))
+    def run(self, *args, bazel_exit=None, bep_text=None, extra_exit=0, require_extra=True,
+            bep=None):
+        if bep is None:
+            bep = os.path.join(self.dir, "bep.json")
+            with open(bep, "w") as f:
+                f.write(bep_text if bep_text is not None else
+                        "".join(json.dumps(e) + "\n" for e in self.events))
         argv = [sys.executable, SUMMARY, "--bep", bep, "--log",
                 os.path.join(self.dir, "console.log"), "--bazel-exit",
                 str(self.exit_code if bazel_exit is None else bazel_exit)]
@@ -185,7 +187,7 @@ class SummaryTest(unittest.TestCase):
         f = self.green()
         out = self.assertVerdict(f.run(bep_text='{"id": {"started": {}}, "sta\n'), 1)
         self.assertIn("is not JSON", out)
-        code, out = f.run("--bep", os.path.join(f.dir, "nonexistent.json"))
+        code, out = f.run(bep=os.path.join(f.dir, "nonexistent.json"))
         self.assertEqual(code, 1, out)
         self.assertIn("Bazel wrote no events", out)
 
@@ -381,6 +383,77 @@ class SummaryTest(unittest.TestCase):
         bad = self.expected_skips(f, ["no tab here"])
         self.assertVerdict(f.run("--expected-skips", bad), 1)
 
+    # Several runs (`./swirl test --sanitizers`: the suite under asan, then under tsan) and what
+    # a run leaves out (tools/sanitizer_exclusions.txt).
+    def run_many(self, runs, *args):
+        argv = [sys.executable, SUMMARY]
+        for name, f in runs:
+            bep = os.path.join(f.dir, "bep.json")
+            with open(bep, "w") as out:
+                out.write("".join(json.dumps(e) + "\n" for e in f.events))
+            argv += ["--bep", bep, "--bazel-exit", str(f.exit_code), "--log",
+                     os.path.join(f.dir, "console.log"), "--run", name]
+        p = subprocess.run(argv + list(args), capture_output=True, text=True)
+        return p.returncode, p.stdout
+
+    def exclusions(self, f, lines):
+        path = os.path.join(f.dir, "exclusions")
+        with open(path, "w") as out:
+            out.write("# comment\n\n" + "".join(l + "\n" for l in lines))
+        return path
+
+    def test_several_runs_are_each_counted_under_their_name_and_added_up(self):
+        out = self.assertVerdict(self.run_many([("asan", self.green()), ("tsan", self.green())]),
+                                 0, "24 passed, 0 failed, 2 skipped")
+        self.assertIn("== asan: 12 passed, 0 failed, 1 skipped", out)
+        self.assertIn("== tsan: 12 passed, 0 failed, 1 skipped", out)
+
+    def test_a_failure_in_one_of_several_runs_fails_the_whole_and_is_shown_under_it(self):
+        broken = self.fixture("broken_binary")
+        out = self.assertVerdict(self.run_many([("asan", self.green()), ("tsan", broken)]), 1,
+                                 "37 passed, 2 failed, 1 skipped")
+        tsan = out.split("== tsan:", 1)[1]
+        self.assertIn("FAILED: //bench:tcp_pingpong (failed to build", tsan)
+        self.assertNotIn("FAILED", out.split("== tsan:", 1)[0])
+        # A run whose Bazel wrote no events is not a pass, whatever the other run did.
+        f = self.green()
+        gone = self.green()
+        gone.events = []
+        out = self.assertVerdict(self.run_many([("asan", f), ("tsan", gone)]), 1)
+        self.assertIn("no buildFinished event", out.split("== tsan:", 1)[1])
+
+    def test_an_exclusion_is_printed_with_its_reason_and_counted(self):
+        f = self.green()
+        f.keep_only(tuple(l for l in GREEN if l != "//zzexp:sh_test"))
+        path = self.exclusions(f, ["asan,tsan\t//zzexp:sh_test\tloads an uninstrumented "
+                                   "library first", "tsan\t//zzexp:pass_test\tnot here"])
+        out = self.assertVerdict(f.run("--run", "asan", "--excluded", path), 0,
+                                 "11 passed, 0 failed, 1 skipped, 1 excluded")
+        self.assertIn("excluded: //zzexp:sh_test: loads an uninstrumented library first", out)
+        self.assertNotIn("not here", out)  # a line for another run
+
+    def test_an_excluded_target_that_ran_anyway_fails(self):
+        f = self.green()
+        path = self.exclusions(f, ["asan\t//zzexp:sh_test\tsome reason"])
+        out = self.assertVerdict(f.run("--run", "asan", "--excluded", path), 1)
+        self.assertIn("FAILED: //zzexp:sh_test (listed in %s as excluded under asan, but it "
+                      "ran)" % path, out)
+
+    def test_a_check_not_run_must_be_excluded_with_a_reason(self):
+        f = self.green()
+        path = self.exclusions(f, ["asan\tfuzz:*\talready ASan+UBSan (--config=fuzz)"])
+        out = self.assertVerdict(
+            f.run("--run", "asan", "--excluded", path, "--not-run", "fuzz:a_fuzzer,fuzz:b_fuzzer"),
+            0, "12 passed, 0 failed, 1 skipped, 2 excluded")
+        self.assertIn("excluded: fuzz:a_fuzzer: already ASan+UBSan (--config=fuzz)", out)
+        out = self.assertVerdict(
+            f.run("--run", "asan", "--excluded", path, "--not-run", "fuzz:a_fuzzer,embedding:make"),
+            1)
+        self.assertIn("FAILED: embedding:make (not run under asan, and %s does not say why)" %
+                      path, out)
+        bad = self.exclusions(f, ["asan //zzexp:sh_test no tabs"])
+        self.assertVerdict(f.run("--run", "asan", "--excluded", bad), 1)
+
     def test_nothing_run_is_not_a_pass(self):
         f = self.green()
         f.keep_only(())
@@ -395,16 +468,19 @@ class EntryPointTest(unittest.TestCase):
 
     SWIRL = os.path.join(HERE, "..", "swirl")
 
-    def swirl_test(self, fixture, bazel_exit, write_events=True):
+    def swirl_test(self, fixture, bazel_exit, write_events=True, args=()):
         bep = os.path.join(fixture.dir, "replayed.json")
         with open(bep, "w") as f:
             f.write("".join(json.dumps(e) + "\n" for e in fixture.events))
         bindir = os.path.join(fixture.dir, "bin")
-        os.mkdir(bindir)
+        os.makedirs(bindir, exist_ok=True)
         fake = os.path.join(bindir, "bazel")
+        if os.path.exists(fake + ".calls"):
+            os.remove(fake + ".calls")
         with open(fake, "w") as f:
             f.write("#!/bin/sh\n"
                     "# Replays a captured run: copies its events to --build_event_json_file.\n"
+                    "echo \"$*\" >>\"$0.calls\"\n"
                     "for a in \"$@\"; do case \"$a\" in --build_event_json_file=*)\n"
                     "  %s; esac; done\n"
                     "echo '//zzexp:sh_test    PASSED in 0.0s'\n"
@@ -413,8 +489,12 @@ class EntryPointTest(unittest.TestCase):
         os.chmod(fake, 0o755)
         env = dict(os.environ, PATH=bindir + os.pathsep + os.environ.get("PATH", ""),
                    SWIRL_SKIP_EMBEDDING="1", SWIRL_SKIP_FUZZ="1")
-        p = subprocess.run(["bash", self.SWIRL, "test"], capture_output=True, text=True,
-                           env=env)
+        p = subprocess.run(["bash", self.SWIRL, "test"] + list(args), capture_output=True,
+                           text=True, env=env)
+        self.calls = []
+        if os.path.exists(fake + ".calls"):
+            with open(fake + ".calls") as f:
+                self.calls = f.read().splitlines()
         return p.returncode, p.stdout + p.stderr
 
     def fixture(self, name, labels=None, exit_code=None):
@@ -445,6 +525,50 @@ class EntryPointTest(unittest.TestCase):
                                     write_events=False)
         self.assertNotEqual(code, 0, out)
         self.assertIn("Bazel wrote no events", out)
+
+    # ./swirl test --sanitizers: one Bazel run per sanitizer, without the listed exclusions.
+    def test_sanitizers_run_the_suite_under_each_without_the_listed_exclusions(self):
+        f = self.fixture("keep_going_mix", GREEN[1:], 0)
+        code, out = self.swirl_test(f, 0, args=["--sanitizers", "--test_filter=X"])
+        self.assertEqual(code, 0, out)
+        self.assertEqual(len(self.calls), 2, self.calls)
+        asan, tsan = self.calls
+        self.assertIn("--config=asan", asan)
+        self.assertIn("--config=tsan", tsan)
+        self.assertNotIn("--sanitizers", asan + tsan)
+        self.assertIn("--test_filter=X", asan)
+        with open(os.path.join(HERE, "sanitizer_exclusions.txt")) as listed:
+            lines = [l.rstrip("\n").split("\t") for l in listed
+                     if l.strip() and not l.startswith("#")]
+        for configs, target, reason in lines:
+            for name, call in (("asan", asan), ("tsan", tsan)):
+                if target.startswith("//"):
+                    self.assertEqual(" -" + target in call, name in configs.split(","), call)
+                if name in configs.split(","):
+                    self.assertIn("excluded: ", out)
+                    self.assertIn(reason, out)
+        self.assertIn(" -- //...", asan)
+        last = out.splitlines()[-1]
+        self.assertRegex(last, r"^20 passed, 0 failed, \d+ excluded$", out)
+        self.assertIn("== asan: 10 passed", out)
+        self.assertIn("== tsan: 10 passed", out)
+        # Every check outside Bazel is excluded by name under each sanitizer, with a reason.
+        self.assertIn("excluded: embedding:make: ", out)
+        self.assertIn("excluded: fuzz:rpc_wire_fuzzer: ", out)
+
+    def test_one_sanitizer_and_a_failing_run(self):
+        f = self.fixture("keep_going_mix", GREEN[1:], 0)
+        code, out = self.swirl_test(f, 0, args=["--sanitizers=tsan"])
+        self.assertEqual(code, 0, out)
+        self.assertEqual(len(self.calls), 1, self.calls)
+        self.assertIn("--config=tsan", self.calls[0])
+        self.assertRegex(out.splitlines()[-1], r"^10 passed, 0 failed, \d+ excluded$")
+        code, out = self.swirl_test(self.fixture("broken_binary"), 1, args=["--sanitizers=asan"])
+        self.assertNotEqual(code, 0, out)
+        self.assertRegex(out.splitlines()[-1], r"^25 passed, 2 failed, \d+ excluded$")
+        code, out = self.swirl_test(f, 0, args=["--sanitizers=msan"])
+        self.assertEqual(code, 2, out)
+        self.assertIn("--sanitizers takes asan, tsan", out)
 
 
 if __name__ == "__main__":
