@@ -234,12 +234,12 @@ TEST_F(MirrorReadCountTest, ReadsBeyondTheCountAreRefused) {
   }
 }
 
-// The server runs RC's transport timer (--soft_faults=none arms its soft device without any
-// fault: a request its peer does not acknowledge fails at ACK timeout x (retry_cnt + 1), about
-// 0.5 s for swirl's QPs), and a keepalive of 60 s that never acts within the test.
+// The server's soft device is not armed (no --soft_faults): its QPs run RC's transport timer
+// as every QP does (a request its peer does not answer fails at ACK timeout x (retry_cnt + 1),
+// about 0.5 s for swirl's QPs), and a keepalive of 60 s never acts within the test.
 class MirrorReadTimeoutTest : public MirrorTest {
  protected:
-  void SetUp() override { Start({"--soft_faults=none", "--keepalive_ms=60000"}); }
+  void SetUp() override { Start({"--keepalive_ms=60000"}); }
 };
 
 TEST_F(MirrorReadTimeoutTest, AClientThatStopsAnsweringMidReadIsCutOffAtTheTransportTimeout) {

@@ -1,6 +1,7 @@
 // Injected faults (soft_device.h, "Injected faults"; docs/SOFT_WIRE.md): what a link or a
-// peer's device does to an RC connection, on demand, and the transport timer that a process with
-// faults armed runs on every QP.
+// peer's device does to an RC connection, on demand; and RC's transport timer, which every QP
+// runs (docs/SOFT_WIRE.md, "The transport timer"): a QP with faults armed at every progress,
+// any other from its stalled polls (qp.cc, ProgressNormal).
 //
 // Cost when off: nothing in this file runs. A QP gets a QpFaults only in an armed process; a
 // QP that has none takes the same paths as before (Normal() reads the null pointer among its
@@ -21,7 +22,9 @@
 //   publishes from then on (acks, consumer indices, its error state);
 // * RunTransportTimer, after the progress: a request outstanding with nothing from the peer
 //   moving (no ack, no response frame, nothing retired) for ACK timeout x (retry_cnt + 1) fails
-//   with IBV_WC_RETRY_EXC_ERR, as RC's retries run out.
+//   with IBV_WC_RETRY_EXC_ERR, as RC's retries run out. The same function is the timer of
+//   every QP without faults, called every kTimerEveryStalledPolls polls that find its requests
+//   outstanding and nothing moving (qp.cc): its state is the QP's (SoftQp::timer), not here.
 
 #include <cerrno>
 #include <cstdlib>
@@ -314,13 +317,13 @@ bool FaultsBeforeProgress(SoftQp* qp, QpFaults* f) {
   if (!f->frozen) return false;
   if (NowNs() < f->frozen_until_ns) {
     // A dropped link still times out at this end (nothing it sent was seen).
-    if (f->spec.action == FaultSpec::Action::kDrop) RunTransportTimer(qp, f);
+    if (f->spec.action == FaultSpec::Action::kDrop) RunTransportTimer(qp);
     return true;
   }
   // The stall is over: what was written meanwhile shows, and the QP goes on.
   f->frozen = false;
   f->armed = false;
-  f->waiting_since_ns = 0;  // the peer had nothing to acknowledge while we held it all back
+  qp->timer.waiting_since_ns = 0;  // the peer had nothing to acknowledge while we held it back
   if (f->held_ring != nullptr) {
     f->held_ring->StampHeld(f->held_frame, f->held_pos);
     f->held_ring = nullptr;
@@ -330,11 +333,12 @@ bool FaultsBeforeProgress(SoftQp* qp, QpFaults* f) {
   return false;
 }
 
-void RunTransportTimer(SoftQp* qp, QpFaults* f) {
+bool RunTransportTimer(SoftQp* qp) {
+  auto& t = qp->timer;
   const int64_t timeout = AckTimeoutNs(qp->attr);
   if (!qp->linked || qp->qstate != IBV_QPS_RTS || timeout == 0) {
-    f->waiting_since_ns = 0;
-    return;
+    t.waiting_since_ns = 0;
+    return false;
   }
   // A SEND or WRITE the peer has acknowledged is not outstanding, retired or not: an unsignaled
   // one waits for a piggybacked ack (CompleteSq reads the peer's ack word only when a completion
@@ -344,7 +348,10 @@ void RunTransportTimer(SoftQp* qp, QpFaults* f) {
   NoteAck(qp, static_cast<uint32_t>(
                   qp->peer.control()->acked.value.load(std::memory_order_acquire)));
   wire::SharedAcquire();
-  if (qp->qstate != IBV_QPS_RTS) return;  // the ack was impossible: the QP failed
+  if (qp->qstate != IBV_QPS_RTS) {  // the ack was impossible: the QP failed
+    CompleteSq(qp);
+    return true;
+  }
   // The oldest request transmitted, wholly or in part, and not yet answered.
   uint32_t oldest = qp->sq_head;
   while (oldest != qp->sq_tx) {
@@ -357,30 +364,31 @@ void RunTransportTimer(SoftQp* qp, QpFaults* f) {
   }
   if (oldest == qp->sq_tx &&
       (oldest == qp->sq_tail || qp->sq[oldest & qp->sq_mask].sent == 0)) {
-    f->waiting_since_ns = 0;
-    return;
+    t.waiting_since_ns = 0;
+    return false;
   }
   // What the peer does for our requests: acknowledges them, answers them, or (a long WRITE
   // streaming) takes their frames.
   const uint64_t consumed = qp->peer.control()->request_consumed.value.load(std::memory_order_acquire);
   const int64_t now = NowNs();
-  if (f->waiting_since_ns == 0 || qp->sq_head != f->seen_sq_head ||
-      qp->peer_acked != f->seen_peer_acked || qp->resp_rx.tail() != f->seen_resp_tail ||
-      consumed != f->seen_req_consumed) {
-    f->waiting_since_ns = now;
-    f->seen_sq_head = qp->sq_head;
-    f->seen_peer_acked = qp->peer_acked;
-    f->seen_resp_tail = qp->resp_rx.tail();
-    f->seen_req_consumed = consumed;
-    return;
+  if (t.waiting_since_ns == 0 || qp->sq_head != t.seen_sq_head ||
+      qp->peer_acked != t.seen_peer_acked || qp->resp_rx.tail() != t.seen_resp_tail ||
+      consumed != t.seen_req_consumed) {
+    t.waiting_since_ns = now;
+    t.seen_sq_head = qp->sq_head;
+    t.seen_peer_acked = qp->peer_acked;
+    t.seen_resp_tail = qp->resp_rx.tail();
+    t.seen_req_consumed = consumed;
+    return false;
   }
-  if (now - f->waiting_since_ns <= timeout * (qp->attr.retry_cnt + 1)) return;
+  if (now - t.waiting_since_ns <= timeout * (qp->attr.retry_cnt + 1)) return false;
   SWIRL_LOG(DEBUG, "soft: QP 0x%x: no acknowledgement from QP 0x%x within the transport timer",
             qp->qp_num, qp->attr.dest_qp_num);
   FailWqe(qp, qp->sq[oldest & qp->sq_mask], IBV_WC_RETRY_EXC_ERR);
-  f->waiting_since_ns = 0;
+  t.waiting_since_ns = 0;
   EnterError(qp);
   CompleteSq(qp);
+  return true;
 }
 
 void ResetFaults(QpFaults* f) {
@@ -388,7 +396,6 @@ void ResetFaults(QpFaults* f) {
   f->frozen = false;
   f->pending = false;
   f->silent = false;
-  f->waiting_since_ns = 0;
   if (f->fired) f->armed = false;
   // A drop's private control block is left by TeardownLink, which clears own_ctrl.
 }

@@ -129,8 +129,8 @@ class HostileResponse : public ::testing::Test {
   }
 
   // A fresh pair with one receive posted on A. Null on failure.
-  std::unique_ptr<Pair> NewPair() {
-    std::unique_ptr<Pair> p = MakePair(/*post_recvs=*/false);
+  std::unique_ptr<Pair> NewPair(const verbs::ConnectOptions& options = {}) {
+    std::unique_ptr<Pair> p = MakePair(/*post_recvs=*/false, options);
     if (p == nullptr) return nullptr;
     EXPECT_EQ(p->a()->req_tx.size(), kRingBytes) << "SWIRL_SOFT_RING_KB (BUILD) changed";
     ibv_sge sge{p->a_addr(0), 64, p->a_lkey()};
@@ -225,14 +225,16 @@ TEST_F(HostileResponse, WellFormedResponsesComplete) {
                 /*failed=*/false, region);
 }
 
-// Without injected faults the soft device runs no transport timer (soft_device.h, "Injected
-// faults"): a request its peer never answers waits, well past the ACK timeout x (retry_cnt + 1)
-// that would end it in a process with faults armed. (This binary never arms any.)
-TEST_F(HostileResponse, WithoutInjectedFaultsAnUnansweredRequestWaits) {
-  auto p = NewPair();
+// ACK timeout 0 is no transport timer (docs/SOFT_WIRE.md, "The transport timer"): a request
+// its peer never answers waits, well past the ACK timeout x (retry_cnt + 1) that ends it on a QP
+// with the default timeout (transport_timer_test), and completes when the peer answers.
+TEST_F(HostileResponse, WithAnAckTimeoutOfZeroAnUnansweredRequestWaits) {
+  verbs::ConnectOptions no_timer;
+  no_timer.timeout = 0;
+  auto p = NewPair(no_timer);
   ASSERT_NE(p, nullptr);
   Post(*p, 1, IBV_WR_SEND, 0, 16);
-  // ConnectOptions' defaults: 4.096 us x 2^14 per try, 7 retries; then as long again.
+  // Twice what ConnectOptions' default timeout would allow: 4.096 us x 2^14 per try, 7 retries.
   const absl::Time until = absl::Now() + 2 * absl::Nanoseconds((int64_t{4096} << 14) * 8);
   while (absl::Now() < until && p->a_wcs.empty()) PollA(*p);
   EXPECT_TRUE(Sends(*p).empty()) << "the unanswered SEND completed:\n" << Describe(Sends(*p));

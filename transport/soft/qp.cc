@@ -317,6 +317,8 @@ void ResetQueues(SoftQp* qp) {
   qp->cq_overflow = false;
   qp->req_consumed_published = 0;
   qp->resp_consumed_published = 0;
+  qp->stalled_polls = 0;
+  qp->timer = {};
 }
 
 void FlushRecv(SoftQp* qp, uint64_t wr_id) {
@@ -611,6 +613,11 @@ namespace {
 // Polls of a stalled request before the peer's HCA thread is kicked, and again between kicks:
 // tens of microseconds, far longer than a peer that makes progress takes to answer.
 constexpr uint32_t kKickAfterStalledPolls = 2048;
+// Polls of a stalled request between looks at RC's transport timer (RunTransportTimer), which
+// reads the clock: a few microseconds of busy polling, or one round of the HCA thread's
+// progress for a CQ whose owner sleeps. A divisor of kKickAfterStalledPolls.
+constexpr uint32_t kTimerEveryStalledPolls = 64;
+static_assert(kKickAfterStalledPolls % kTimerEveryStalledPolls == 0);
 
 // A NIC answers RDMA requests by itself; the soft device answers them when the target's owner
 // calls into it, or its HCA thread does for a target nobody polls. A target that polls between
@@ -623,6 +630,14 @@ void KickPeerHca(SoftQp* qp) {
   uint64_t one = 1;
   ssize_t ignored = write(qp->peer.wake_fd, &one, sizeof(one));
   (void)ignored;
+}
+
+// A request has been stalled for another kTimerEveryStalledPolls polls: RC's transport timer,
+// and every kKickAfterStalledPolls a kick. Out of line, so that the stalled poll's test stays
+// the one it was before the timer ran on every QP.
+[[gnu::noinline, gnu::cold]] bool StalledRequester(SoftQp* qp) {
+  if (qp->stalled_polls % kKickAfterStalledPolls == 0) KickPeerHca(qp);
+  return RunTransportTimer(qp);
 }
 
 }  // namespace
@@ -651,8 +666,8 @@ bool ProgressNormal(SoftQp* qp, bool responses_ready, bool requests_ready) {
   }
   if (did || transmitted || qp->sq_head != sq_head || qp->sq_head == qp->sq_tx) {
     qp->stalled_polls = 0;
-  } else if (++qp->stalled_polls % kKickAfterStalledPolls == 0) {
-    KickPeerHca(qp);
+  } else if (++qp->stalled_polls % kTimerEveryStalledPolls == 0) {
+    did |= StalledRequester(qp);
   }
   const bool wrote = qp->req_tx.head() != req_head || qp->resp_tx.head() != resp_head;
   if (did || wrote) PublishAndWake(qp, wrote);
@@ -704,7 +719,9 @@ bool ProgressSlow(SoftQp* qp) {
         did = true;  // (a QP that stays, with nothing to fail, did nothing: no busy assist)
       }
     }
-    if (faults != nullptr) RunTransportTimer(qp, faults);
+    // A QP with faults armed never takes ProgressNormal, whose stalled polls run the timer
+    // for every other QP: it runs here, at every progress.
+    if (faults != nullptr) did |= RunTransportTimer(qp);
   } else if (qp->fabric->RetryLink(qp)) {
     did = true;
   } else if (qp->link_deadline_ns != 0 && qp->sq_head != qp->sq_tail &&

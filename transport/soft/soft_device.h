@@ -126,14 +126,14 @@ absl::StatusOr<uint32_t> FreshWindowRkey(ibv_mw* mw);
 //     action    drop | fail | stall:<ms> | err | noack | corrupt
 //   (SWIRL_SOFT_FAULTS=none arms the process, below, without any fault.)
 //
-// A process with faults armed (the variable set, or InjectFault called once) also runs RC's
-// transport timer on every QP it has: a request the peer has not acknowledged within the QP's
-// ACK timeout x (retry_cnt + 1) fails with IBV_WC_RETRY_EXC_ERR and the QP enters ERR, as a
-// NIC's retries end. Without faults there is no such timer, since a live soft peer always
-// answers (its HCA thread does when its owner does not), and a peer stopped in a debugger, or
-// a SWIRL_SOFT_PROGRESS=off test's puppet, must not fail its connections. (With the timer, a
-// receiver-not-ready wait longer than that timeout also ends so: the soft responder waits for
-// a receive where a NIC would send RNR NAKs, which the requester could tell from silence.)
+// A QP with faults armed takes the device's general paths, and runs RC's transport timer at
+// every progress. Every other QP runs the same timer from its polls (docs/SOFT_WIRE.md, "The
+// transport timer"): a request the peer has not answered, with nothing from the peer moving for
+// it, within the QP's ACK timeout x (retry_cnt + 1) fails with IBV_WC_RETRY_EXC_ERR and the QP
+// enters ERR, as a NIC's retries end; ACK timeout 0 means no timer (a test's puppet peer, driven
+// by hand, connects so). A receiver-not-ready wait longer than that timeout also ends so: the
+// soft responder waits for a receive where a NIC would send RNR NAKs, which the requester could
+// tell from silence.
 // Costs nothing when off: a QP of a process without faults takes none of these paths.
 struct FaultSpec {
   enum class Action {

@@ -487,6 +487,16 @@ struct SoftQp : VerbsQp {
   // Polls in a row that found requests outstanding and nothing moving (ProgressNormal): past a
   // threshold the peer's HCA thread is kicked (KickPeerHca).
   uint32_t stalled_polls = 0;
+  // RC's transport timer (RunTransportTimer), on every QP: since when the oldest outstanding
+  // request has waited with nothing from the peer moving for it (0: not waiting), and what had
+  // moved when that was last looked at.
+  struct {
+    int64_t waiting_since_ns = 0;
+    uint32_t seen_sq_head = 0;
+    uint32_t seen_peer_acked = 0;
+    uint64_t seen_resp_tail = 0;
+    uint64_t seen_req_consumed = 0;
+  } timer;
   uint32_t rd_atomic_outstanding = 0;
   uint32_t peer_acked = 0;  // latest `acked` seen from the peer (next MSN it expects)
 
@@ -599,14 +609,6 @@ struct QpFaults final : CommitHook {
   uint64_t held_pos = 0;
   // Drop: the control block the QP publishes into from then on, which the peer never sees.
   alignas(wire::kCacheLine) wire::SegmentControl blackhole{};
-
-  // The transport timer: since when the oldest outstanding request has waited with nothing
-  // from the peer moving (0: not waiting), and what moved last.
-  int64_t waiting_since_ns = 0;
-  uint32_t seen_sq_head = 0;
-  uint32_t seen_peer_acked = 0;
-  uint64_t seen_resp_tail = 0;
-  uint64_t seen_req_consumed = 0;
 };
 
 // A poll's check before taking a QP's lock (cq.cc): the QP is idle (QpLock) and the HCA thread
@@ -965,9 +967,12 @@ absl::Status CheckFaultEnvironment();
 // ProgressSlow's part (QP lock held), before anything else moves: acts on a fault that fired,
 // and returns true while the QP is frozen (a stall or a drop): then nothing else may move.
 bool FaultsBeforeProgress(SoftQp* qp, QpFaults* f);
-// After the QP's progress: the transport timer (fails a request the peer has left
-// unacknowledged too long).
-void RunTransportTimer(SoftQp* qp, QpFaults* f);
+// RC's transport timer (QP lock held, after the QP's progress): fails the oldest outstanding
+// request with IBV_WC_RETRY_EXC_ERR, and the QP, when nothing from the peer has moved for it
+// for ACK timeout x (retry_cnt + 1); returns true if it did. Every QP runs it: ProgressNormal
+// every kTimerEveryStalledPolls polls that find its requests outstanding and nothing moving
+// (qp.cc), ProgressSlow at every progress of a QP with faults armed.
+bool RunTransportTimer(SoftQp* qp);
 // RESET: the QP's link is gone; a fault that fired is over, one not yet fired stays armed.
 void ResetFaults(QpFaults* f);
 // ACK timeout of `attr` (qp.cc): 4.096 us x 2^timeout, 0 for timeout 0 (infinite).
