@@ -42,6 +42,12 @@ int32_t Worker::AcquireWindow(Connection* c) {
   WindowTable& windows = c->windows();
   const int32_t w = windows.TakeFree();
   if (w >= 0 || !windows.can_grow()) return w;
+  // A window is a device object (the soft device has 65,536 per process, a NIC its max_mw):
+  // one client's connections together may hold only so many, whatever each may on its own.
+  if (options_.max_windows_per_client != 0 &&
+      ClientWindows(c) >= options_.max_windows_per_client) {
+    return -1;
+  }
   // Windows are allocated once per connection and reused (ydb's lesson: ibv_alloc_mw per
   // request is far too slow); each reuse gets a fresh key.
   auto mw = verbs::MemoryWindow::Allocate(pd_, IBV_MW_TYPE_2);
@@ -53,6 +59,7 @@ int32_t Worker::AcquireWindow(Connection* c) {
   // Whether the device keeps window leases itself (the soft device; a NIC does not): every
   // window of the device answers the same.
   device_leases_ = (*mw)->SetDeadline(absl::InfiniteFuture()).ok();
+  ChargeWindows(c, 1);  // until the connection closes (FinishClose)
   return windows.Add(std::move(*mw), rkey);
 }
 
@@ -160,19 +167,31 @@ void Worker::BulkViolation(Connection* c, const std::string& why) {
 }
 
 uint64_t Worker::ClientBulkBytes(const Connection* c) const {
-  auto it = client_bulk_bytes_.find(c->client_key());
-  return it == client_bulk_bytes_.end() ? 0 : it->second;
+  auto it = client_holdings_.find(c->client_key());
+  return it == client_holdings_.end() ? 0 : it->second.bulk_bytes;
+}
+
+uint32_t Worker::ClientWindows(const Connection* c) const {
+  auto it = client_holdings_.find(c->client_key());
+  return it == client_holdings_.end() ? 0 : it->second.windows;
 }
 
 void Worker::ChargeBulk(Connection* c, uint64_t* counter, int64_t delta) {
   *counter += static_cast<uint64_t>(delta);
   if (delta == 0) return;
-  uint64_t& total = client_bulk_bytes_[c->client_key()];
-  total += static_cast<uint64_t>(delta);
-  if (total == 0) client_bulk_bytes_.erase(c->client_key());
+  auto it = client_holdings_.try_emplace(c->client_key()).first;
+  it->second.bulk_bytes += static_cast<uint64_t>(delta);
+  if (it->second.bulk_bytes == 0 && it->second.windows == 0) client_holdings_.erase(it);
   bulk_bytes_charged_.store(bulk_bytes_charged_.load(std::memory_order_relaxed) +
                                 static_cast<uint64_t>(delta),
                             std::memory_order_relaxed);
+}
+
+void Worker::ChargeWindows(Connection* c, int32_t delta) {
+  if (delta == 0) return;
+  auto it = client_holdings_.try_emplace(c->client_key()).first;
+  it->second.windows += static_cast<uint32_t>(delta);
+  if (it->second.bulk_bytes == 0 && it->second.windows == 0) client_holdings_.erase(it);
 }
 
 void Worker::BulkTimers(Connection* c, absl::Time now) {

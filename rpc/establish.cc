@@ -48,6 +48,7 @@ verbs::ConnectOptions ConnectOptionsFor(const TransportOptions& transport) {
   co.access_flags &= ~IBV_ACCESS_REMOTE_ATOMIC;
   co.port_num = transport.port;
   co.gid_index = transport.gid_index;
+  co.timeout = AckTimeoutExponent(transport.ack_timeout);
   return co;
 }
 
@@ -84,6 +85,16 @@ void LogNoLinkKeysOnce(const absl::Status& why) {
 }
 
 }  // namespace
+
+uint8_t AckTimeoutExponent(absl::Duration ack_timeout) {
+  if (ack_timeout <= absl::ZeroDuration()) return 0;
+  // 4.096 us x 2^n >= ack_timeout, n in 1..31 (0 is "no timer", which a positive timeout is
+  // not, so the shortest is 2^1).
+  for (uint8_t n = 1; n < 31; ++n) {
+    if (absl::Nanoseconds(4096) * (int64_t{1} << n) >= ack_timeout) return n;
+  }
+  return 31;
+}
 
 WorkerOptions WorkerOptionsFor(const TransportOptions& transport) {
   WorkerOptions wo;

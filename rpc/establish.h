@@ -15,6 +15,7 @@
 
 #include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "proto/control.pb.h"
 #include "rpc/handshake.h"
 #include "rpc/worker.h"
@@ -27,6 +28,10 @@ namespace swirl::internal {
 // The worker settings `transport` gives (credits, buffers, keepalive, bulk pool, lease); each
 // side adds its own (name, core, thread, connection count, server limits, callbacks).
 WorkerOptions WorkerOptionsFor(const TransportOptions& transport);
+
+// TransportOptions::ack_timeout as a QP's `timeout` attribute: the smallest n with 4.096 us x
+// 2^n >= ack_timeout (at most 31), and 0 (no timer) for zero or less.
+uint8_t AckTimeoutExponent(absl::Duration ack_timeout);
 
 // What a side offers in the handshake, from `transport` and its device's `caps`; each side adds
 // its own (a server's bulk limits, a client's bulk mode and pool).

@@ -127,6 +127,7 @@ class Server::Impl final : public control::Control::Service {
       wo.grant_bytes_per_connection = options_.grant_bytes_per_connection;
       wo.download_bytes_per_connection = options_.download_bytes_per_connection;
       wo.bulk_bytes_per_client = options_.bulk_bytes_per_client;
+      wo.max_windows_per_client = options_.max_windows_per_client;
       wo.mirror_bytes_per_connection = options_.mirror_bytes_per_connection;
       wo.mirror_reads_per_connection = options_.mirror_reads_per_connection;
       wo.on_closed = [this](uint64_t id, const absl::Status& why) {

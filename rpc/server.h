@@ -123,6 +123,15 @@ struct ServerOptions {
   // bulk memory, or what one connection may hold if that is more (a single connection is
   // limited by the two caps above alone).
   size_t bulk_bytes_per_client = 0;
+  // Memory windows all of one client's connections on a worker may have allocated (clients
+  // counted as above). A window is a device object (65,536 per process on the soft device, a
+  // NIC's max_mw), and each connection keeps the windows it allocated, bound or not, for reuse
+  // until it closes, so this bounds what one client can take from everyone else. Beyond it a
+  // download is refused with RESOURCE_EXHAUSTED, and so is an upload for which no window is
+  // left to grant (while the connection holds none of that size: else it waits for one). 0: no
+  // limit but each connection's own (two per call in flight, plus window_credits per size
+  // class).
+  uint32_t max_windows_per_client = 2048;
   // Mirror mode (the client exposes): the server's buffers for its RDMA READs of a connection's
   // requests and for replies it is writing into the connection's windows count against this
   // (and against bulk_bytes_per_client), and at most mirror_reads_per_connection READs are

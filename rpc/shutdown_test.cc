@@ -38,12 +38,13 @@ using testing::ConnectTo;
 using testing::MethodOf;
 using testing::ServerStatsWhen;
 
-// Generous keepalive and leases: a caller-driven client that is not driven answers no ping and
-// acknowledges nothing, and only the drain is under test. A connection whose client says
-// nothing fails a second after it connected (DrainWitness).
+// Generous keepalive and leases, and no transport timer: a caller-driven client that is not
+// driven answers no ping and acknowledges nothing (the server's READ of its data would fail at
+// the default ack_timeout's 0.54 s, as a NIC's would), and only the drain is under test. A
+// connection whose client says nothing fails a second after it connected (DrainWitness).
 std::vector<std::string> PatientServer() {
   return {"--shutdown_ms=20000", "--keepalive_ms=20000", "--window_lease_ms=30000",
-          "--setup_timeout_ms=1000"};
+          "--setup_timeout_ms=1000", "--ack_timeout_ms=0"};
 }
 
 // grpc.health.v1.Health/Check of service "" (the server as a whole) on this host's `port`,

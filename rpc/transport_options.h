@@ -1,7 +1,8 @@
 // swirl::TransportOptions: the RDMA side of connections, which a server and a channel configure
 // alike: the device and the GID, credits and message buffers, the bulk pool, how bulk windows
-// are revoked, keepalive and the lease of a bulk window. ServerOptions::transport and
-// ChannelOptions::transport embed it; what only one side has stays beside it.
+// are revoked, keepalive, the lease of a bulk window and the transport timer.
+// ServerOptions::transport and ChannelOptions::transport embed it; what only one side has stays
+// beside it.
 //
 //   swirl::ServerOptions options;
 //   options.transport.credits = 64;
@@ -55,6 +56,14 @@ struct TransportOptions {
   InvalidationPolicy invalidation = InvalidationPolicy::kPreferRemote;
   // A window we expose that the peer has not finished with within its lease is revoked by us.
   absl::Duration window_lease = absl::Seconds(5);
+  // RC's transport timer: a request the peer's device has not acknowledged within ack_timeout
+  // is sent again, 7 times, and then fails (IBV_WC_RETRY_EXC_ERR), and its connection with it:
+  // about 8 x ack_timeout after the peer's device stopped answering, so a peer that stops
+  // progressing its QP mid-transfer cannot hold our buffers until the keepalive. A QP holds
+  // 4.096 us x 2^n (n up to 31); this is rounded up to the next such value. The default is
+  // 2^14 (67.1 ms: about 0.54 s in all). On a NIC it is the QP's `timeout` attribute; the soft
+  // device runs the same timer on every QP. Zero: no timer (the IB "infinite" timeout).
+  absl::Duration ack_timeout = absl::Milliseconds(67);
 
   // Every field: what decides whether two channels may share a worker (ClientRuntime).
   bool operator==(const TransportOptions&) const = default;

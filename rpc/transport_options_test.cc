@@ -29,6 +29,19 @@ TransportOptions Unusual() {
   return t;
 }
 
+// The QP attribute the transport timer becomes: 4.096 us x 2^n, rounded up, 0 only for none.
+TEST(TransportOptions, AckTimeoutBecomesTheSmallestQpTimeoutThatHoldsIt) {
+  EXPECT_EQ(internal::AckTimeoutExponent(TransportOptions().ack_timeout), 14);  // 67.1 ms
+  EXPECT_EQ(internal::AckTimeoutExponent(absl::ZeroDuration()), 0);
+  EXPECT_EQ(internal::AckTimeoutExponent(-absl::Seconds(1)), 0);
+  EXPECT_EQ(internal::AckTimeoutExponent(absl::Nanoseconds(1)), 1);
+  EXPECT_EQ(internal::AckTimeoutExponent(absl::Nanoseconds(4096) * (1 << 20)), 20);
+  EXPECT_EQ(internal::AckTimeoutExponent(absl::Nanoseconds(4096) * (1 << 20) +
+                                         absl::Nanoseconds(1)),
+            21);
+  EXPECT_EQ(internal::AckTimeoutExponent(absl::Hours(100)), 31);
+}
+
 TEST(TransportOptions, EveryWorkerSettingComesFromThem) {
   const internal::WorkerOptions wo = internal::WorkerOptionsFor(Unusual());
   EXPECT_EQ(wo.credits, 48u);

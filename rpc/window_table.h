@@ -88,6 +88,8 @@ class WindowTable {
   // Windows not free now.
   uint32_t live() const { return live_; }
   bool empty() const { return windows_.empty(); }
+  // Windows allocated (free or not).
+  uint32_t allocated() const { return static_cast<uint32_t>(windows_.size()); }
   // Forgets every window (deallocating them revokes them: the connection is gone). Returns how
   // many were live.
   uint32_t Clear();

@@ -110,6 +110,11 @@ struct WorkerOptions {
   // channel's worker the "client" is the server). 0: half the bulk pool, or what one connection
   // may hold (grants + downloads) if that is more.
   uint64_t bulk_bytes_per_client = 0;
+  // Memory windows all of one client's connections may have allocated (bound or not: each
+  // connection keeps its windows for reuse until it closes; ServerOptions::
+  // max_windows_per_client). Beyond it a download is refused (RESOURCE_EXHAUSTED) and no
+  // upload window is granted. 0: no limit but each connection's own.
+  uint32_t max_windows_per_client = 0;
   // Mirror mode: pool memory one connection may hold in buffers of its requests being READ and
   // of replies being written into its windows, and how many of those READs may be under way at
   // once (ServerOptions::mirror_bytes_per_connection; beyond: waiting, or RESOURCE_EXHAUSTED).
@@ -461,6 +466,10 @@ class Worker {
   // download_bytes) by `delta`, kept in step with it.
   uint64_t ClientBulkBytes(const Connection* c) const;
   void ChargeBulk(Connection* c, uint64_t* counter, int64_t delta);
+  // Memory windows allocated for all of `c`'s client's connections on this worker (each holds
+  // its windows, bound or free, until it closes), and the change of `c`'s by `delta`.
+  uint32_t ClientWindows(const Connection* c) const;
+  void ChargeWindows(Connection* c, int32_t delta);
 
   // ---- Bulk: calls with bulk data (bulk_upload.cc) ----
   bool SendBulkCall(Connection* c, CallState& s, size_t message_size, bool message_in_bulk);
@@ -522,10 +531,15 @@ class Worker {
   absl::BitGen bitgen_;  // loop thread only: rkey key bytes
   ConnectionCounters totals_;  // bulk counters summed over connections, closed ones included
   std::atomic<uint64_t> windows_exposed_{0};  // written by the loop thread only
-  // Loop thread: ClientBulkBytes, by Connection::client_key() (entries at zero are erased).
-  absl::flat_hash_map<std::string, uint64_t> client_bulk_bytes_;
+  // Loop thread: what each client's connections on this worker hold (ClientBulkBytes,
+  // ClientWindows), by Connection::client_key(); entries at zero are erased.
+  struct ClientHoldings {
+    uint64_t bulk_bytes = 0;
+    uint32_t windows = 0;
+  };
+  absl::flat_hash_map<std::string, ClientHoldings> client_holdings_;
   uint64_t bulk_bytes_per_client_ = 0;  // WorkerOptions::bulk_bytes_per_client, resolved
-  // The sum of client_bulk_bytes_: written by the loop thread only, read by Stats.
+  // The sum of the clients' bulk_bytes: written by the loop thread only, read by Stats.
   std::atomic<uint64_t> bulk_bytes_charged_{0};
   // Beyond RoCE (BindWindow): the device keeps window leases in its key entries, and draws a
   // fresh key slot per bind; each found out from the device at the first window (a NIC: no).

@@ -64,6 +64,7 @@ void Worker::FinishClose(Connection* c) {
   // about to go), and WRs that never completed (the device is gone or slow) give their buffers
   // back: the connection leaves the doorbell list before it is destroyed.
   outbox_.Forget(c);
+  ChargeWindows(c, -static_cast<int32_t>(c->windows().allocated()));
   ReleaseBulk(c);  // windows are deallocated (and so revoked) before the QP goes
   // Whatever the connection still held no longer counts against its client.
   ChargeBulk(c, &c->granted.bytes, -static_cast<int64_t>(c->granted.bytes));

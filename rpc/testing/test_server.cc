@@ -59,6 +59,7 @@ ABSL_FLAG(int, workers, 1, "worker threads (ServerOptions::worker_cores, none pi
 ABSL_FLAG(int, shutdown_ms, 3000, "graceful shutdown deadline");
 ABSL_FLAG(int, window_lease_ms, 5000, "bulk window lease");
 ABSL_FLAG(int, keepalive_ms, 1000, "keepalive interval");
+ABSL_FLAG(int, ack_timeout_ms, 67, "TransportOptions::ack_timeout (0: no transport timer)");
 ABSL_FLAG(int, setup_timeout_ms, 10000, "ServerOptions::setup_timeout");
 ABSL_FLAG(int, credits, 32, "receive credits per connection");
 ABSL_FLAG(int64_t, max_bulk_size, 16 << 20, "largest bulk transfer");
@@ -66,6 +67,7 @@ ABSL_FLAG(int64_t, download_bytes, 64 << 20, "unacknowledged download bytes per 
 ABSL_FLAG(int64_t, grant_bytes, 32 << 20,
           "ServerOptions::grant_bytes_per_connection (unused grants, queued blocking handlers)");
 ABSL_FLAG(int64_t, bulk_bytes_per_client, 0, "ServerOptions::bulk_bytes_per_client");
+ABSL_FLAG(int, max_windows_per_client, 2048, "ServerOptions::max_windows_per_client");
 ABSL_FLAG(int64_t, mirror_bytes, 32 << 20, "ServerOptions::mirror_bytes_per_connection");
 ABSL_FLAG(int, mirror_reads, 16, "ServerOptions::mirror_reads_per_connection");
 ABSL_FLAG(bool, no_local_fallback, false, "refuse clients without remote invalidation");
@@ -329,9 +331,12 @@ int main(int argc, char** argv) {
   options.transport.credits = static_cast<uint32_t>(absl::GetFlag(FLAGS_credits));
   options.max_bulk_size = static_cast<size_t>(absl::GetFlag(FLAGS_max_bulk_size));
   options.transport.window_lease = absl::Milliseconds(absl::GetFlag(FLAGS_window_lease_ms));
+  options.transport.ack_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_ack_timeout_ms));
   options.download_bytes_per_connection = static_cast<size_t>(absl::GetFlag(FLAGS_download_bytes));
   options.grant_bytes_per_connection = static_cast<size_t>(absl::GetFlag(FLAGS_grant_bytes));
   options.bulk_bytes_per_client = static_cast<size_t>(absl::GetFlag(FLAGS_bulk_bytes_per_client));
+  options.max_windows_per_client =
+      static_cast<uint32_t>(absl::GetFlag(FLAGS_max_windows_per_client));
   options.mirror_bytes_per_connection = static_cast<size_t>(absl::GetFlag(FLAGS_mirror_bytes));
   options.mirror_reads_per_connection = static_cast<uint32_t>(absl::GetFlag(FLAGS_mirror_reads));
   options.fabric_networks = absl::GetFlag(FLAGS_fabric_networks);
