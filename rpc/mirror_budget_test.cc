@@ -236,7 +236,7 @@ TEST_F(MirrorReadCountTest, ReadsBeyondTheCountAreRefused) {
 
 // The server's soft device is not armed (no --soft_faults): its QPs run RC's transport timer
 // as every QP does (a request its peer does not answer fails at ACK timeout x (retry_cnt + 1),
-// about 0.5 s for swirl's QPs), and a keepalive of 60 s never acts within the test.
+// about 4.3 s for swirl's QPs by default), and a keepalive of 60 s never acts within the test.
 class MirrorReadTimeoutTest : public MirrorTest {
  protected:
   void SetUp() override { Start({"--keepalive_ms=60000"}); }

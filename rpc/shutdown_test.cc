@@ -40,7 +40,7 @@ using testing::ServerStatsWhen;
 
 // Generous keepalive and leases, and no transport timer: a caller-driven client that is not
 // driven answers no ping and acknowledges nothing (the server's READ of its data would fail at
-// the default ack_timeout's 0.54 s, as a NIC's would), and only the drain is under test. A
+// the default ack_timeout's 4.3 s, as a NIC's would), and only the drain is under test. A
 // connection whose client says nothing fails a second after it connected (DrainWitness).
 std::vector<std::string> PatientServer() {
   return {"--shutdown_ms=20000", "--keepalive_ms=20000", "--window_lease_ms=30000",

@@ -60,10 +60,15 @@ struct TransportOptions {
   // is sent again, 7 times, and then fails (IBV_WC_RETRY_EXC_ERR), and its connection with it:
   // about 8 x ack_timeout after the peer's device stopped answering, so a peer that stops
   // progressing its QP mid-transfer cannot hold our buffers until the keepalive. A QP holds
-  // 4.096 us x 2^n (n up to 31); this is rounded up to the next such value. The default is
-  // 2^14 (67.1 ms: about 0.54 s in all). On a NIC it is the QP's `timeout` attribute; the soft
-  // device runs the same timer on every QP. Zero: no timer (the IB "infinite" timeout).
-  absl::Duration ack_timeout = absl::Milliseconds(67);
+  // 4.096 us x 2^n (n up to 31); this is rounded up to the next such value. The default, 500 ms,
+  // is held as 2^17 (537 ms: about 4.3 s in all), in the range production RDMA libraries use
+  // (UCX's UCX_RC_TIMEOUT is 1 s, NCCL_IB_TIMEOUT 18 = 1.07 s), not perftest's 14 (67 ms): on
+  // the soft device the peer's acknowledgements come from its host's CPU, which a loaded host
+  // can deschedule for hundreds of milliseconds, and 8 x 67 ms failed healthy connections
+  // there; a lossless fabric rarely retransmits at all. On a NIC it is the QP's `timeout`
+  // attribute; the soft device runs the same timer on every QP. Still far inside the keepalive
+  // (5 s idle, then three unanswered pings). Zero: no timer (the IB "infinite" timeout).
+  absl::Duration ack_timeout = absl::Milliseconds(500);
 
   // Every field: what decides whether two channels may share a worker (ClientRuntime).
   bool operator==(const TransportOptions&) const = default;

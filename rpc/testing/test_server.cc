@@ -59,7 +59,7 @@ ABSL_FLAG(int, workers, 1, "worker threads (ServerOptions::worker_cores, none pi
 ABSL_FLAG(int, shutdown_ms, 3000, "graceful shutdown deadline");
 ABSL_FLAG(int, window_lease_ms, 5000, "bulk window lease");
 ABSL_FLAG(int, keepalive_ms, 1000, "keepalive interval");
-ABSL_FLAG(int, ack_timeout_ms, 67, "TransportOptions::ack_timeout (0: no transport timer)");
+ABSL_FLAG(int, ack_timeout_ms, 500, "TransportOptions::ack_timeout (0: no transport timer)");
 ABSL_FLAG(int, setup_timeout_ms, 10000, "ServerOptions::setup_timeout");
 ABSL_FLAG(int, credits, 32, "receive credits per connection");
 ABSL_FLAG(int64_t, max_bulk_size, 16 << 20, "largest bulk transfer");
