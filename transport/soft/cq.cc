@@ -39,22 +39,35 @@ void ProgressAttached(SoftCq* cq, PollSink* sink) {
     }
     return;
   }
-  // Many QPs: the hot ones, then the next slice in turn (SoftCq::kPollWalk). A QP with work
-  // joins the hot ones at the front; one that had none falls out of them.
+  // Many QPs: the hot ones, then the next slice in turn (SoftCq::kPollWalk, or kPollWalkIdle
+  // after polls that found nothing). A QP with work joins the hot ones at the front; one that
+  // has had none for kHotPolls polls falls out of them.
   auto progress = [&](SoftQp* qp) {
     if (IdleWithoutLock(qp) || !qp->lock.try_lock()) return false;
     const bool did = ProgressLocked(qp, sink);
     qp->lock.unlock();
     return did;
   };
+  const uint64_t serial = ++cq->walk_serial;
   SoftQp* busy[SoftCq::kHot];
   size_t busy_count = 0;
-  for (SoftQp*& qp : cq->hot) {
+  SoftQp* warm[SoftCq::kHot];  // hot ones without work this time, still within kHotPolls
+  uint64_t warm_seen[SoftCq::kHot];
+  size_t warm_count = 0;
+  for (size_t i = 0; i < SoftCq::kHot; ++i) {
+    SoftQp* const qp = cq->hot[i];
     if (qp == nullptr) continue;
-    if (progress(qp)) busy[busy_count++] = qp;
-    qp = nullptr;
+    cq->hot[i] = nullptr;
+    if (progress(qp)) {
+      busy[busy_count++] = qp;
+    } else if (serial - cq->hot_seen[i] < SoftCq::kHotPolls) {
+      warm_seen[warm_count] = cq->hot_seen[i];
+      warm[warm_count++] = qp;
+    }
   }
-  for (size_t i = 0; i < SoftCq::kPollWalk; ++i) {
+  const size_t walk = std::min(
+      n, cq->idle_streak >= SoftCq::kIdleStreak ? SoftCq::kPollWalkIdle : SoftCq::kPollWalk);
+  for (size_t i = 0; i < walk; ++i) {
     if (cq->walk_next >= n) cq->walk_next = 0;
     SoftQp* qp = cq->qps[cq->walk_next++];
     if (progress(qp) && busy_count < SoftCq::kHot &&
@@ -62,7 +75,19 @@ void ProgressAttached(SoftCq* cq, PollSink* sink) {
       busy[busy_count++] = qp;
     }
   }
-  std::copy(busy, busy + busy_count, cq->hot);
+  cq->idle_streak = busy_count > 0 ? 0 : cq->idle_streak + 1;
+  // The busy ones (most recent first), then the warm ones the busy left room for; a QP both
+  // busy and warm (the walk reached a warm one) is kept once.
+  size_t out = 0;
+  for (size_t i = 0; i < busy_count; ++i) {
+    cq->hot[out] = busy[i];
+    cq->hot_seen[out++] = serial;
+  }
+  for (size_t i = 0; i < warm_count && out < SoftCq::kHot; ++i) {
+    if (std::find(busy, busy + busy_count, warm[i]) != busy + busy_count) continue;
+    cq->hot[out] = warm[i];
+    cq->hot_seen[out++] = warm_seen[i];
+  }
 }
 
 }  // namespace
