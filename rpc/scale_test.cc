@@ -28,11 +28,13 @@ namespace {
 
 // What the old reservation admitted on one worker of the soft device.
 constexpr int kOldLimit = 509;
-// SWIRL_SCALE_CONNECTIONS runs it with more (docs/RELIABILITY.md "Scale": 10,000).
+// 1,000 by default: setup still slows as connections accumulate (docs/RELIABILITY.md "Scale"),
+// and 2,000 took over 3 minutes on the shared 2-core machine, too long for the default suite.
+// SWIRL_SCALE_CONNECTIONS runs it with more (2,000; the target is 10,000).
 const int kConnections = [] {
-  int n = 2000;
+  int n = 1000;
   if (const char* env = std::getenv("SWIRL_SCALE_CONNECTIONS")) {
-    if (!absl::SimpleAtoi(env, &n) || n <= 600) n = 2000;
+    if (!absl::SimpleAtoi(env, &n) || n <= 600) n = 1000;
   }
   return n;
 }();
