@@ -27,10 +27,37 @@ namespace {
 // read it makes is a system call anyway.
 [[gnu::noinline, gnu::cold]] void PullLinks(SoftCq* cq) { cq->pull_links(cq->sctx->hca); }
 
+// Moves QPs that AttachQp left pending into cq->qps. attach_lock held.
+// A new QP is about to link and carry its first messages: it joins the hot ones (newest first),
+// or the walk would reach it only after every QP attached before it.
+[[gnu::noinline]] void TakePendingAttach(SoftCq* cq) {
+  std::lock_guard<SpinLock> guard(cq->pending_lock);
+  cq->qps.insert(cq->qps.end(), cq->pending_attach.begin(), cq->pending_attach.end());
+  SoftQp* hot[SoftCq::kHot];
+  uint64_t seen[SoftCq::kHot];
+  size_t count = 0;
+  for (auto it = cq->pending_attach.rbegin();
+       it != cq->pending_attach.rend() && count < SoftCq::kHot; ++it) {
+    hot[count] = *it;
+    seen[count++] = cq->walk_serial;
+  }
+  for (size_t i = 0; i < SoftCq::kHot && count < SoftCq::kHot; ++i) {
+    if (cq->hot[i] == nullptr) continue;
+    hot[count] = cq->hot[i];
+    seen[count++] = cq->hot_seen[i];
+  }
+  std::fill(std::begin(cq->hot), std::end(cq->hot), nullptr);
+  std::copy(hot, hot + count, cq->hot);
+  std::copy(seen, seen + count, cq->hot_seen);
+  cq->pending_attach.clear();
+  cq->attach_pending.store(false, std::memory_order_relaxed);
+}
+
 void ProgressAttached(SoftCq* cq, PollSink* sink) {
   if (cq->attach_waiting.load(std::memory_order_relaxed) != 0) [[unlikely]] return;
   std::unique_lock<SpinLock> lock(cq->attach_lock, std::try_to_lock);
   if (!lock.owns_lock()) return;
+  if (cq->attach_pending.load(std::memory_order_acquire)) [[unlikely]] TakePendingAttach(cq);
   const size_t n = cq->qps.size();
   if (n <= SoftCq::kPollWalk) [[likely]] {
     for (SoftQp* qp : cq->qps) {
@@ -291,11 +318,10 @@ void AckCqEvents(ibv_cq* ibcq, unsigned int count) {
 
 namespace {
 
-// Takes `cq`'s attach lock for the control path (a QP attaching or detaching). Pollers leave
-// the lock to a waiter (attach_waiting), but one may be in the middle of a walk, or descheduled
-// holding it: the waiter yields instead of spinning through its time slice. Measured with 1,500
-// QPs on one worker's CQ, this 2-core machine loaded: AttachQp's spin was 7% of the server's
-// CPU, about 1 ms per connection set up.
+// Takes `cq`'s attach lock for a QP detaching. Pollers leave the lock to a waiter
+// (attach_waiting), but one may be in the middle of a walk, or descheduled holding it: the
+// waiter yields instead of spinning through its time slice. (Attaching never takes it:
+// AttachQp leaves the QP pending for the next poll.)
 void LockForAttach(SoftCq* cq) {
   cq->attach_waiting.fetch_add(1, std::memory_order_relaxed);
   for (int tries = 0; !cq->attach_lock.try_lock(); ++tries) {
@@ -311,15 +337,18 @@ void LockForAttach(SoftCq* cq) {
 }  // namespace
 
 void AttachQp(SoftCq* cq, SoftQp* qp) {
-  LockForAttach(cq);
-  std::lock_guard<SpinLock> lock(cq->attach_lock, std::adopt_lock);
-  cq->qps.push_back(qp);
+  {
+    std::lock_guard<SpinLock> guard(cq->pending_lock);
+    cq->pending_attach.push_back(qp);
+    cq->attach_pending.store(true, std::memory_order_release);
+  }
   cq->attached.fetch_add(1);
 }
 
 void DetachQp(SoftCq* cq, SoftQp* qp) {
   LockForAttach(cq);
   std::lock_guard<SpinLock> lock(cq->attach_lock, std::adopt_lock);
+  if (cq->attach_pending.load(std::memory_order_acquire)) TakePendingAttach(cq);
   cq->qps.erase(std::remove(cq->qps.begin(), cq->qps.end(), qp), cq->qps.end());
   std::replace(std::begin(cq->hot), std::end(cq->hot), qp, static_cast<SoftQp*>(nullptr));
   cq->attached.fetch_sub(1);

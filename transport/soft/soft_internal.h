@@ -172,6 +172,13 @@ struct SoftCq : ibv_cq_ex {
   // attached QP under that lock and polls again at once, so with thousands of QPs on one CQ
   // a QP being created spun behind a busy worker's polls for many milliseconds.
   std::atomic<int> attach_waiting{0};
+  // QPs created since the last poll (AttachQp): the next poll that takes attach_lock moves them
+  // into `qps`. Creating a QP then never waits for a poller's walk, nor for a poller that was
+  // descheduled holding attach_lock (on a loaded machine that wait was milliseconds per
+  // connection, growing with the QPs walked). Under pending_lock, held only to push or take.
+  SpinLock pending_lock;
+  std::vector<SoftQp*> pending_attach;
+  std::atomic<bool> attach_pending{false};
   // With more attached QPs than a poll walks (kPollWalk), each poll takes the next kPollWalk of
   // them in turn, and every poll the QPs that had work lately (hot, most recent first): a
   // worker holding 10,000 connections then pays for those that are busy, not for reading
