@@ -1,5 +1,6 @@
 // Completion queues and completion channels.
 
+#include <sched.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -26,10 +27,37 @@ namespace {
 // read it makes is a system call anyway.
 [[gnu::noinline, gnu::cold]] void PullLinks(SoftCq* cq) { cq->pull_links(cq->sctx->hca); }
 
+// Moves QPs that AttachQp left pending into cq->qps. attach_lock held.
+// A new QP is about to link and carry its first messages: it joins the hot ones (newest first),
+// or the walk would reach it only after every QP attached before it.
+[[gnu::noinline]] void TakePendingAttach(SoftCq* cq) {
+  std::lock_guard<SpinLock> guard(cq->pending_lock);
+  cq->qps.insert(cq->qps.end(), cq->pending_attach.begin(), cq->pending_attach.end());
+  SoftQp* hot[SoftCq::kHot];
+  uint64_t seen[SoftCq::kHot];
+  size_t count = 0;
+  for (auto it = cq->pending_attach.rbegin();
+       it != cq->pending_attach.rend() && count < SoftCq::kHot; ++it) {
+    hot[count] = *it;
+    seen[count++] = cq->walk_serial;
+  }
+  for (size_t i = 0; i < SoftCq::kHot && count < SoftCq::kHot; ++i) {
+    if (cq->hot[i] == nullptr) continue;
+    hot[count] = cq->hot[i];
+    seen[count++] = cq->hot_seen[i];
+  }
+  std::fill(std::begin(cq->hot), std::end(cq->hot), nullptr);
+  std::copy(hot, hot + count, cq->hot);
+  std::copy(seen, seen + count, cq->hot_seen);
+  cq->pending_attach.clear();
+  cq->attach_pending.store(false, std::memory_order_relaxed);
+}
+
 void ProgressAttached(SoftCq* cq, PollSink* sink) {
   if (cq->attach_waiting.load(std::memory_order_relaxed) != 0) [[unlikely]] return;
   std::unique_lock<SpinLock> lock(cq->attach_lock, std::try_to_lock);
   if (!lock.owns_lock()) return;
+  if (cq->attach_pending.load(std::memory_order_acquire)) [[unlikely]] TakePendingAttach(cq);
   const size_t n = cq->qps.size();
   if (n <= SoftCq::kPollWalk) [[likely]] {
     for (SoftQp* qp : cq->qps) {
@@ -39,22 +67,35 @@ void ProgressAttached(SoftCq* cq, PollSink* sink) {
     }
     return;
   }
-  // Many QPs: the hot ones, then the next slice in turn (SoftCq::kPollWalk). A QP with work
-  // joins the hot ones at the front; one that had none falls out of them.
+  // Many QPs: the hot ones, then the next slice in turn (SoftCq::kPollWalk, or kPollWalkIdle
+  // after polls that found nothing). A QP with work joins the hot ones at the front; one that
+  // has had none for kHotPolls polls falls out of them.
   auto progress = [&](SoftQp* qp) {
     if (IdleWithoutLock(qp) || !qp->lock.try_lock()) return false;
     const bool did = ProgressLocked(qp, sink);
     qp->lock.unlock();
     return did;
   };
+  const uint64_t serial = ++cq->walk_serial;
   SoftQp* busy[SoftCq::kHot];
   size_t busy_count = 0;
-  for (SoftQp*& qp : cq->hot) {
+  SoftQp* warm[SoftCq::kHot];  // hot ones without work this time, still within kHotPolls
+  uint64_t warm_seen[SoftCq::kHot];
+  size_t warm_count = 0;
+  for (size_t i = 0; i < SoftCq::kHot; ++i) {
+    SoftQp* const qp = cq->hot[i];
     if (qp == nullptr) continue;
-    if (progress(qp)) busy[busy_count++] = qp;
-    qp = nullptr;
+    cq->hot[i] = nullptr;
+    if (progress(qp)) {
+      busy[busy_count++] = qp;
+    } else if (serial - cq->hot_seen[i] < SoftCq::kHotPolls) {
+      warm_seen[warm_count] = cq->hot_seen[i];
+      warm[warm_count++] = qp;
+    }
   }
-  for (size_t i = 0; i < SoftCq::kPollWalk; ++i) {
+  const size_t walk = std::min(
+      n, cq->idle_streak >= SoftCq::kIdleStreak ? SoftCq::kPollWalkIdle : SoftCq::kPollWalk);
+  for (size_t i = 0; i < walk; ++i) {
     if (cq->walk_next >= n) cq->walk_next = 0;
     SoftQp* qp = cq->qps[cq->walk_next++];
     if (progress(qp) && busy_count < SoftCq::kHot &&
@@ -62,7 +103,19 @@ void ProgressAttached(SoftCq* cq, PollSink* sink) {
       busy[busy_count++] = qp;
     }
   }
-  std::copy(busy, busy + busy_count, cq->hot);
+  cq->idle_streak = busy_count > 0 ? 0 : cq->idle_streak + 1;
+  // The busy ones (most recent first), then the warm ones the busy left room for; a QP both
+  // busy and warm (the walk reached a warm one) is kept once.
+  size_t out = 0;
+  for (size_t i = 0; i < busy_count; ++i) {
+    cq->hot[out] = busy[i];
+    cq->hot_seen[out++] = serial;
+  }
+  for (size_t i = 0; i < warm_count && out < SoftCq::kHot; ++i) {
+    if (std::find(busy, busy + busy_count, warm[i]) != busy + busy_count) continue;
+    cq->hot[out] = warm[i];
+    cq->hot_seen[out++] = warm_seen[i];
+  }
 }
 
 }  // namespace
@@ -263,18 +316,39 @@ void AckCqEvents(ibv_cq* ibcq, unsigned int count) {
   cq->events_cv.SignalAll();
 }
 
-void AttachQp(SoftCq* cq, SoftQp* qp) {
+namespace {
+
+// Takes `cq`'s attach lock for a QP detaching. Pollers leave the lock to a waiter
+// (attach_waiting), but one may be in the middle of a walk, or descheduled holding it: the
+// waiter yields instead of spinning through its time slice. (Attaching never takes it:
+// AttachQp leaves the QP pending for the next poll.)
+void LockForAttach(SoftCq* cq) {
   cq->attach_waiting.fetch_add(1, std::memory_order_relaxed);
-  std::lock_guard<SpinLock> lock(cq->attach_lock);
+  for (int tries = 0; !cq->attach_lock.try_lock(); ++tries) {
+    if (tries < 64) {
+      CpuRelax();
+    } else {
+      sched_yield();
+    }
+  }
   cq->attach_waiting.fetch_sub(1, std::memory_order_relaxed);
-  cq->qps.push_back(qp);
+}
+
+}  // namespace
+
+void AttachQp(SoftCq* cq, SoftQp* qp) {
+  {
+    std::lock_guard<SpinLock> guard(cq->pending_lock);
+    cq->pending_attach.push_back(qp);
+    cq->attach_pending.store(true, std::memory_order_release);
+  }
   cq->attached.fetch_add(1);
 }
 
 void DetachQp(SoftCq* cq, SoftQp* qp) {
-  cq->attach_waiting.fetch_add(1, std::memory_order_relaxed);
-  std::lock_guard<SpinLock> lock(cq->attach_lock);
-  cq->attach_waiting.fetch_sub(1, std::memory_order_relaxed);
+  LockForAttach(cq);
+  std::lock_guard<SpinLock> lock(cq->attach_lock, std::adopt_lock);
+  if (cq->attach_pending.load(std::memory_order_acquire)) TakePendingAttach(cq);
   cq->qps.erase(std::remove(cq->qps.begin(), cq->qps.end(), qp), cq->qps.end());
   std::replace(std::begin(cq->hot), std::end(cq->hot), qp, static_cast<SoftQp*>(nullptr));
   cq->attached.fetch_sub(1);

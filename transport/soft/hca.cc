@@ -615,7 +615,10 @@ bool ProgressAll(Hca* hca) {
   bool did = false;
   swirl::ReaderMutexLock lock(&hca->mu);
   for (auto& [qpn, qp] : hca->qps) {
-    if (!qp->lock.try_lock()) continue;
+    // The CQ poll's own test (ProgressAssisted): a QP idle under its hint, with nothing arrived
+    // since, has nothing to progress, and a kick for one stalled request must not cost a
+    // server with 10,000 quiet connections a round of progress on each.
+    if (IdleWithoutLock(qp) || !qp->lock.try_lock()) continue;
     did |= ProgressLocked(qp);
     qp->lock.unlock();
   }

@@ -172,14 +172,33 @@ struct SoftCq : ibv_cq_ex {
   // attached QP under that lock and polls again at once, so with thousands of QPs on one CQ
   // a QP being created spun behind a busy worker's polls for many milliseconds.
   std::atomic<int> attach_waiting{0};
+  // QPs created since the last poll (AttachQp): the next poll that takes attach_lock moves them
+  // into `qps`. Creating a QP then never waits for a poller's walk, nor for a poller that was
+  // descheduled holding attach_lock (on a loaded machine that wait was milliseconds per
+  // connection, growing with the QPs walked). Under pending_lock, held only to push or take.
+  SpinLock pending_lock;
+  std::vector<SoftQp*> pending_attach;
+  std::atomic<bool> attach_pending{false};
   // With more attached QPs than a poll walks (kPollWalk), each poll takes the next kPollWalk of
   // them in turn, and every poll the QPs that had work lately (hot, most recent first): a
   // worker holding 10,000 connections then pays for those that are busy, not for reading
   // every idle peer's ring on every poll. Under attach_lock.
+  // A poll after kIdleStreak that found nothing walks kPollWalkIdle instead: a worker with no
+  // work spins on empty polls, and a frame that arrives on a quiet QP (a new call on one of
+  // 10,000 connections) is then found within a few polls instead of 10,000 / 64 of them, while
+  // a busy worker's polls stay short. A QP stays hot for kHotPolls polls after its last work
+  // (a call's request went out: its response comes next), not only until one poll finds it
+  // quiet, so the answer is found at once and not when the walk comes round to it again.
   static constexpr size_t kPollWalk = 64;
+  static constexpr size_t kPollWalkIdle = 1024;
+  static constexpr uint32_t kIdleStreak = 4;
+  static constexpr uint64_t kHotPolls = 4096;
   static constexpr size_t kHot = 16;
   size_t walk_next = 0;
+  uint32_t idle_streak = 0;
+  uint64_t walk_serial = 0;     // polls that walked
   SoftQp* hot[kHot] = {};
+  uint64_t hot_seen[kHot] = {};  // walk_serial of each hot QP's last work
 
   swirl::Mutex events_mu;
   swirl::CondVar events_cv;
