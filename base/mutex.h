@@ -1,19 +1,23 @@
-// swirl::Mutex, MutexLock, ReaderMutexLock, CondVar: the part of Abseil's synchronization API
-// that swirl uses, with its thread-safety annotations.
+// swirl::Mutex, MutexLock, ReaderMutexLock, CondVar, Notification: the part of Abseil's
+// synchronization API that swirl uses, with its thread-safety annotations. swirl's own code
+// (tests included) uses these, never absl::Mutex or absl::Notification directly.
 //
 // Normal builds: exactly absl::Mutex and friends. ThreadSanitizer builds (--config=tsan): a
-// std::shared_mutex underneath, because Debian's libabsl is not built with TSan, so TSan cannot
-// see absl::Mutex synchronize and would report every access it guards as a race. The TSan
-// variant is correct but not fast (Await polls); it exists only to make TSan's verdict mean
-// something.
+// std::shared_mutex underneath, because Debian's libabsl is not built with TSan: absl::Mutex's
+// lock and unlock (and absl::Notification's Notify and wait, which use one) run inside
+// libabsl_synchronization.so, where TSan sees neither the atomics nor the futex they
+// synchronize through, so it would report every access they order as a race. The TSan variant
+// is correct but not fast (Await polls); it exists only to make TSan's verdict mean something.
 
 #ifndef SWIRL_BASE_MUTEX_H_
 #define SWIRL_BASE_MUTEX_H_
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 
 #if defined(__SANITIZE_THREAD__)
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <shared_mutex>
@@ -29,6 +33,7 @@ using Mutex = absl::Mutex;
 using MutexLock = absl::MutexLock;
 using ReaderMutexLock = absl::ReaderMutexLock;
 using CondVar = absl::CondVar;
+using Notification = absl::Notification;
 
 #else
 
@@ -41,8 +46,10 @@ class ABSL_LOCKABLE Mutex {
   void Lock() ABSL_EXCLUSIVE_LOCK_FUNCTION() { mu_.lock(); }
   bool TryLock() ABSL_EXCLUSIVE_TRYLOCK_FUNCTION(true) { return mu_.try_lock(); }
   void Unlock() ABSL_UNLOCK_FUNCTION() {
-    mu_.unlock();
+    // Wake Await's pollers before releasing, not after: once released, a thread that takes the
+    // lock may destroy this Mutex (the object holding it) before a late notify_all reached it.
     changed_.notify_all();
+    mu_.unlock();
   }
   void ReaderLock() ABSL_SHARED_LOCK_FUNCTION() { mu_.lock_shared(); }
   void ReaderUnlock() ABSL_UNLOCK_FUNCTION() { mu_.unlock_shared(); }
@@ -54,6 +61,21 @@ class ABSL_LOCKABLE Mutex {
       changed_.wait_for(lock, std::chrono::milliseconds(1));
       lock.release();
     }
+  }
+  // As Await, giving up (false) once `deadline` passes with `condition` still false.
+  bool AwaitWithDeadline(const absl::Condition& condition, absl::Time deadline)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(this) {
+    while (!condition.Eval()) {
+      if (absl::Now() >= deadline) return false;
+      std::unique_lock<std::shared_mutex> lock(mu_, std::adopt_lock);
+      changed_.wait_for(lock, std::chrono::milliseconds(1));
+      lock.release();
+    }
+    return true;
+  }
+  bool AwaitWithTimeout(const absl::Condition& condition, absl::Duration timeout)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(this) {
+    return AwaitWithDeadline(condition, absl::Now() + timeout);
   }
 
   // BasicLockable, for CondVar.
@@ -105,6 +127,40 @@ class CondVar {
 
  private:
   std::condition_variable_any cv_;
+};
+
+// As absl::Notification: Notify once; waiters return once it has been (or give up, false, at
+// their timeout or deadline). Everything before Notify happens before what follows a wait that
+// saw it, as TSan sees.
+class Notification {
+ public:
+  Notification() = default;
+  explicit Notification(bool prenotify) : notified_(prenotify) {}
+  Notification(const Notification&) = delete;
+  Notification& operator=(const Notification&) = delete;
+
+  bool HasBeenNotified() const { return notified_.load(std::memory_order_acquire); }
+  void Notify() {
+    MutexLock lock(&mu_);
+    notified_.store(true, std::memory_order_release);
+    cv_.SignalAll();
+  }
+  void WaitForNotification() const { WaitForNotificationWithDeadline(absl::InfiniteFuture()); }
+  bool WaitForNotificationWithTimeout(absl::Duration timeout) const {
+    return WaitForNotificationWithDeadline(absl::Now() + timeout);
+  }
+  bool WaitForNotificationWithDeadline(absl::Time deadline) const {
+    MutexLock lock(&mu_);
+    while (!HasBeenNotified()) {
+      if (cv_.WaitWithDeadline(&mu_, deadline)) return HasBeenNotified();
+    }
+    return true;
+  }
+
+ private:
+  mutable Mutex mu_;
+  mutable CondVar cv_;
+  std::atomic<bool> notified_{false};
 };
 
 #endif

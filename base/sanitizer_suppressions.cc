@@ -27,6 +27,9 @@ extern "C" const char* __tsan_default_suppressions() {
          "called_from_lib:libabsl_cord_internal.so\n"
          "called_from_lib:libabsl_synchronization.so\n"
          "called_from_lib:libabsl_graphcycles_internal.so\n"
+         // absl::BitGen's seed pool, filled under Abseil's own (uninstrumented) call_once and
+         // spinlock on first use from any thread.
+         "called_from_lib:libabsl_random_internal_pool_urbg.so\n"
          // Header code of theirs compiled into our binaries, synchronized by their uninstrumented
          // code: gRPC's thread pool queue (absl::AnyInvocable), absl::Status's reference count
          // (its last decrement happens inside libabsl_status).
@@ -34,6 +37,10 @@ extern "C" const char* __tsan_default_suppressions() {
          "race:grpc_core\n"
          "race:absl::debian3::Status::\n"
          "race:absl::debian3::Cord\n"
+         // A flag's first read initializes it under Abseil's uninstrumented call_once
+         // (FlagImpl::Init, then FlagImpl::Read in libabsl_flags_internal): two threads reading
+         // one flag first at once (two channels opening their device) look like a race.
+         "race:absl::debian3::flags_internal::FlagImpl\n"
          // The same for grpcpp's call operations (header templates compiled into our binaries):
          // a blocking call's status and message as it completes (a refused Connect's), and the
          // server's callback handlers (its health service) as they answer, both handed over by

@@ -290,6 +290,10 @@ def perftest(program, size, nominal_us):
         port = str(free_port())
         lib = os.path.join(ROOT, ctx.bin, SOFT_VERBS_LIB)
         env = {"LD_PRELOAD": lib}
+        if "TSAN_OPTIONS" in os.environ:
+            # A TSan build of the library (--config=tsan, the smoke test): TSan's runtime goes
+            # first, ahead of perftest's libc, or its interceptors are not the ones called.
+            env["LD_PRELOAD"] = "libtsan.so.2:" + lib
         args = [program, "-d", "soft0", "-x", "0", "-s", str(size), "-n", str(n), "-p", port, "-H"]
         state["command"] = (command_text(["taskset", "-c", str(SERVER_CORE)] + args, env) + "  &&  " +
                             command_text(["taskset", "-c", str(CLIENT_CORE)] + args + ["127.0.0.1"], env))

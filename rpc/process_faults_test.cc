@@ -20,8 +20,8 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "base/mutex.h"
 #include "gtest/gtest.h"
 #include "rpc/testing/process.h"
 #include "rpc/testing/test_client.h"
@@ -251,7 +251,7 @@ TEST(ProcessFaults, AServerKilledWithCallsAndTransfersInFlightFailsThemAndTheCli
   std::vector<std::unique_ptr<ClientCall>> calls;
   std::vector<std::string> ins(kCalls), outs(kCalls);  // the calls point into them
   std::vector<absl::Time> completed(kCalls);
-  std::vector<absl::Notification> done(kCalls);
+  std::vector<swirl::Notification> done(kCalls);
   // An early return (a failed ASSERT) closes the channel first: its calls complete while what
   // their callbacks touch is still there.
   absl::Cleanup close = [&] { ch.Close(); };

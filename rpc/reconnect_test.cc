@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "base/mutex.h"
 #include "gtest/gtest.h"
 #include "swirl/channel.h"
 #include "rpc/testing/process.h"
@@ -97,7 +97,7 @@ TEST(Reconnect, ACallInFlightWhenTheServerDiesCompletesUnavailableAndOnlyOnce) {
   ClientCall call;
   std::string out;
   std::atomic<int> completions{0};
-  absl::Notification done;
+  swirl::Notification done;
   // A blocking handler held at the test server's gate (for up to 20 s): the call is in the
   // server's hands when the server dies.
   call.SetMethod(MethodOf("/test.E2E/GateSum"));
@@ -137,7 +137,7 @@ TEST(Reconnect, AWaitForReadyCallWaitsForTheReconnectAndSucceeds) {
 
   ClientCall call;
   std::string out;
-  absl::Notification done;
+  swirl::Notification done;
   CallOptions options;
   options.wait_for_ready = true;
   options.timeout = absl::Seconds(60);

@@ -9,7 +9,6 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/notification.h"
 #include "base/log.h"
 #include "base/mutex.h"
 #include "proto/control.grpc.pb.h"
@@ -188,12 +187,12 @@ class Server::Impl final : public control::Control::Service {
     // Each worker closes its connections in its loop; the barrier after them means that
     // blocking handlers still running have been told (IsCancelled()) before the pool waits
     // for them. (Bounded: a worker that does not get there in time is not waited for.)
-    std::vector<std::shared_ptr<absl::Notification>> closed;
+    std::vector<std::shared_ptr<swirl::Notification>> closed;
     for (auto& w : workers_) {
       for (auto& c : w->Connections()) {
         w->Close(c->id(), absl::UnavailableError(std::string(kServerShutDown)));
       }
-      auto done = std::make_shared<absl::Notification>();
+      auto done = std::make_shared<swirl::Notification>();
       w->RunInLoop([done] { done->Notify(); });
       closed.push_back(std::move(done));
     }

@@ -51,7 +51,6 @@
 #include "absl/functional/any_invocable.h"
 #include "absl/random/random.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "base/check.h"
 #include "base/mpsc_queue.h"
@@ -575,7 +574,7 @@ class Worker {
   // Work under way that a drain waits for (rpc/gate.h); loop thread only. Its end, once a drain
   // began, is announced through drained_.
   Gate work_;
-  absl::Notification drained_;
+  swirl::Notification drained_;
   std::atomic<uint64_t> protocol_errors_{0};
   std::atomic<uint64_t> requests_{0};
   std::atomic<uint64_t> stray_{0};  // completions naming no connection we know

@@ -15,8 +15,8 @@
 
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "base/mutex.h"
 #include "examples/blockstore/client.h"
 #include "gtest/gtest.h"
 #include "swirl/channel.h"
@@ -56,7 +56,7 @@ std::pair<testing::ChildProcess, int> StartServer(const std::string& path, int p
 // zeros), and the generations written since whose outcome is unknown (the call failed: the
 // server may or may not have written them before it died).
 struct Ledger {
-  absl::Mutex mu;
+  swirl::Mutex mu;
   std::vector<uint64_t> acked = std::vector<uint64_t>(kBlocks, 0);
   std::vector<std::set<uint64_t>> unknown = std::vector<std::set<uint64_t>>(kBlocks);
   int acks = 0;
@@ -93,7 +93,7 @@ TEST(BlockstoreReconnect, AVerifiedLoadSurvivesTheServerKilledAndRestarted) {
       CallOptions call;
       call.timeout = absl::Seconds(5);
       const absl::Status s = c.Write("v", uint64_t(block) * kBlock, *buffer, nullptr, call);
-      absl::MutexLock lock(&ledger.mu);
+      swirl::MutexLock lock(&ledger.mu);
       if (s.ok()) {
         ledger.acked[block] = gen;
         ledger.unknown[block].clear();
@@ -113,7 +113,7 @@ TEST(BlockstoreReconnect, AVerifiedLoadSurvivesTheServerKilledAndRestarted) {
     }
   });
   auto wait_for = [&](auto done, absl::Duration limit) {
-    absl::MutexLock lock(&ledger.mu);
+    swirl::MutexLock lock(&ledger.mu);
     return ledger.mu.AwaitWithTimeout(absl::Condition(&done), limit);
   };
 
@@ -123,7 +123,7 @@ TEST(BlockstoreReconnect, AVerifiedLoadSurvivesTheServerKilledAndRestarted) {
       << "the writer never noticed the server's death";
   int acks_at_restart = 0;
   {
-    absl::MutexLock lock(&ledger.mu);
+    swirl::MutexLock lock(&ledger.mu);
     acks_at_restart = ledger.acks;
   }
   auto restarted = StartServer(path, port);

@@ -36,7 +36,6 @@
 #include "absl/random/random.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "examples/blockstore/client.h"
 #include "gtest/gtest.h"

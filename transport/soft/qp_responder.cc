@@ -314,8 +314,8 @@ bool ContinueRead(SoftQp* qp) {
         Nak(qp, r.msn, IBV_WC_REM_ACCESS_ERR);
         return true;
       }
-      std::memcpy(frame + sizeof(wire::FrameHeader),
-                  reinterpret_cast<const void*>(r.addr + r.offset), chunk);
+      wire::FetchLocalData(frame + sizeof(wire::FrameHeader),
+                           reinterpret_cast<const void*>(r.addr + r.offset), chunk);
       KeyTable::Unpin(e);
     }
     auto* h = reinterpret_cast<wire::FrameHeader*>(frame);

@@ -607,6 +607,10 @@ bool AcceptProof(Hca* hca, uint64_t id, LinkWatch& watch, const TcpProof& proof,
 void ApplyFrame(LinkSegment& seg, const TcpRecord& record, const char* data) {
   const int ring = record.ring;
   char* dst = seg.base + seg.ring_offset[ring] + (record.position & (seg.ring_size[ring] - 1));
+  // The peer sends a record only into space our consumer released (its index reached the peer
+  // over the socket): ordered after the consumer's last reads there, through a socket that
+  // ThreadSanitizer does not see, so TSan builds acquire what the consumer's publish released.
+  wire::SharedAcquire();
   std::memcpy(dst + sizeof(uint64_t), data + sizeof(uint64_t), record.length - sizeof(uint64_t));
   uint64_t stamp;
   std::memcpy(&stamp, data, sizeof(stamp));

@@ -182,6 +182,12 @@ def main():
     preload = os.environ.get("LD_PRELOAD", "")
     if preload:
         os.environ["LD_PRELOAD"] = os.path.abspath(preload)
+    # Under --config=tsan the library brings TSan into this interpreter, which is not built with
+    # it: TSan's runtime must be loaded first (before libc, so that its interceptors are the
+    # ones called), so the interpreter starts again that way before it opens any device.
+    if "TSAN_OPTIONS" in os.environ and preload and not preload.startswith("libtsan"):
+        os.environ["LD_PRELOAD"] = "libtsan.so.2:" + os.environ["LD_PRELOAD"]
+        os.execv(sys.executable, [sys.executable] + sys.argv)
     work = tempfile.mkdtemp(prefix="rdma-core-tests-", dir=os.environ.get("TEST_TMPDIR"))
     tests_dir = unpack(work)
     os.chdir(work)

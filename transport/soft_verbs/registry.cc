@@ -76,7 +76,7 @@ ibv_context* Registry::Open(ibv_device* device) {
   }
   context->cmd_fd = cmd_fd;
   verbs_context* vctx = verbs_get_ctx(context);
-  absl::MutexLock lock(&mu_);
+  swirl::MutexLock lock(&mu_);
   OpenContext& open = contexts_[context];
   open.ops = std::move(*ops);
   open.create_cq_ex = vctx->create_cq_ex;
@@ -92,7 +92,7 @@ ibv_cq_ex* Registry::CreateCqEx(ibv_context* context, ibv_cq_init_attr_ex* attr)
   Registry& r = Get();
   decltype(verbs_context::create_cq_ex) create = nullptr;
   {
-    absl::ReaderMutexLock lock(&r.mu_);
+    swirl::ReaderMutexLock lock(&r.mu_);
     auto it = r.contexts_.find(context);
     if (it != r.contexts_.end()) create = it->second.create_cq_ex;
   }
@@ -109,7 +109,7 @@ ibv_qp* Registry::CreateQpEx(ibv_context* context, ibv_qp_init_attr_ex* attr) {
   Registry& r = Get();
   decltype(verbs_context::create_qp_ex) create = nullptr;
   {
-    absl::ReaderMutexLock lock(&r.mu_);
+    swirl::ReaderMutexLock lock(&r.mu_);
     auto it = r.contexts_.find(context);
     if (it != r.contexts_.end()) create = it->second.create_qp_ex;
   }
@@ -125,7 +125,7 @@ ibv_qp* Registry::CreateQpEx(ibv_context* context, ibv_qp_init_attr_ex* attr) {
 bool Registry::IsSoftCmdFd(int fd) const {
   struct stat st;
   if (fstat(fd, &st) != 0) return false;
-  absl::ReaderMutexLock lock(&mu_);
+  swirl::ReaderMutexLock lock(&mu_);
   return cmd_fd_files_.contains({st.st_dev, st.st_ino});
 }
 
@@ -139,7 +139,7 @@ void Registry::ForgetLocked(OpenContext& open) {
 int Registry::Close(ibv_context* context) {
   std::unique_ptr<verbs::DeviceOps> ops;
   {
-    absl::MutexLock lock(&mu_);
+    swirl::MutexLock lock(&mu_);
     auto it = contexts_.find(context);
     if (it == contexts_.end() || it->second.closed) return ENODEV;
     if (it->second.live_objects > 0) {
@@ -155,13 +155,13 @@ int Registry::Close(ibv_context* context) {
 
 verbs::DeviceOps* Registry::Ops(const ibv_context* context) const {
   if (context == nullptr) return nullptr;
-  absl::ReaderMutexLock lock(&mu_);
+  swirl::ReaderMutexLock lock(&mu_);
   auto it = contexts_.find(context);
   return it == contexts_.end() ? nullptr : it->second.ops.get();
 }
 
 void Registry::Created(const ibv_context* context) {
-  absl::MutexLock lock(&mu_);
+  swirl::MutexLock lock(&mu_);
   auto it = contexts_.find(context);
   if (it != contexts_.end()) ++it->second.live_objects;
 }
@@ -169,7 +169,7 @@ void Registry::Created(const ibv_context* context) {
 void Registry::Destroyed(const ibv_context* context) {
   std::unique_ptr<verbs::DeviceOps> ops;
   {
-    absl::MutexLock lock(&mu_);
+    swirl::MutexLock lock(&mu_);
     auto it = contexts_.find(context);
     if (it == contexts_.end()) return;
     if (--it->second.live_objects > 0 || !it->second.closed) return;
@@ -179,13 +179,57 @@ void Registry::Destroyed(const ibv_context* context) {
   }
 }
 
+// The object an affiliated event names, or null for a port or device event.
+static const void* EventObject(const ibv_async_event& event) {
+  switch (event.event_type) {
+    case IBV_EVENT_CQ_ERR:
+      return event.element.cq;
+    case IBV_EVENT_QP_FATAL:
+    case IBV_EVENT_QP_REQ_ERR:
+    case IBV_EVENT_QP_ACCESS_ERR:
+    case IBV_EVENT_COMM_EST:
+    case IBV_EVENT_SQ_DRAINED:
+    case IBV_EVENT_PATH_MIG:
+    case IBV_EVENT_PATH_MIG_ERR:
+    case IBV_EVENT_QP_LAST_WQE_REACHED:
+      return event.element.qp;
+    case IBV_EVENT_SRQ_ERR:
+    case IBV_EVENT_SRQ_LIMIT_REACHED:
+      return event.element.srq;
+    default:
+      return nullptr;
+  }
+}
+
+bool Registry::Delivered(const ibv_async_event& event) {
+  const void* object = EventObject(event);
+  if (object == nullptr) return true;
+  swirl::MutexLock lock(&mu_);
+  if (destroying_.contains(object)) return false;
+  ++events_delivered_[object];
+  return true;
+}
+
+uint32_t Registry::BeginDestroy(const void* object) {
+  swirl::MutexLock lock(&mu_);
+  destroying_.insert(object);
+  auto it = events_delivered_.find(object);
+  return it == events_delivered_.end() ? 0 : it->second;
+}
+
+void Registry::EndDestroy(const void* object, bool destroyed) {
+  swirl::MutexLock lock(&mu_);
+  destroying_.erase(object);
+  if (destroyed) events_delivered_.erase(object);  // a new object at this address counts from 0
+}
+
 void Registry::AddList(ibv_device** ours, ibv_device** real) {
-  absl::MutexLock lock(&mu_);
+  swirl::MutexLock lock(&mu_);
   lists_[ours] = real;
 }
 
 bool Registry::TakeList(ibv_device** ours, ibv_device*** real) {
-  absl::MutexLock lock(&mu_);
+  swirl::MutexLock lock(&mu_);
   auto it = lists_.find(ours);
   if (it == lists_.end()) return false;
   *real = it->second;

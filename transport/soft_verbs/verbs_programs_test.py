@@ -32,6 +32,11 @@ def soft_env():
     # interposer_test checks ours.
     if "ASAN_OPTIONS" in env:
         env["ASAN_OPTIONS"] += ":detect_leaks=0"
+    # Under --config=tsan the library brings TSan into programs not built with it, whose
+    # libc would otherwise come before TSan's interceptors (malloc, pthread_create): its
+    # runtime must be loaded first.
+    if "TSAN_OPTIONS" in env:
+        env["LD_PRELOAD"] = "libtsan.so.2:" + env["LD_PRELOAD"]
     return env
 
 
