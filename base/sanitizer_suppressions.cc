@@ -27,6 +27,10 @@ extern "C" const char* __tsan_default_suppressions() {
          "called_from_lib:libabsl_cord_internal.so\n"
          "called_from_lib:libabsl_synchronization.so\n"
          "called_from_lib:libabsl_graphcycles_internal.so\n"
+         // OpenSSL (gRPC's TLS: the examples' --tls, examples/common/tls_e2e_test), which
+         // synchronizes through its own locks and atomics, uninstrumented.
+         "called_from_lib:libssl.so\n"
+         "called_from_lib:libcrypto.so\n"
          // absl::BitGen's seed pool, filled under Abseil's own (uninstrumented) call_once and
          // spinlock on first use from any thread.
          "called_from_lib:libabsl_random_internal_pool_urbg.so\n"

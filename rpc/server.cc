@@ -198,6 +198,10 @@ class Server::Impl final : public control::Control::Service {
     }
     for (auto& done : closed) done->WaitForNotificationWithTimeout(absl::Seconds(2));
     grpc_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Milliseconds(200)));
+    // gRPC's Shutdown returns once its handlers have, through gRPC's own (uninstrumented)
+    // synchronization; taking mu_ once orders their last use of what it guards (owners_, which
+    // the destructor frees) before what follows, where ThreadSanitizer can see it too.
+    { swirl::MutexLock lock(&mu_); }
     refusal_log_.Quiesce();
     // The pool stops before the workers do: a blocking handler hands its result to its worker
     // when it returns, so none may still run once a worker is gone. Queued handlers are

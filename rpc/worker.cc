@@ -281,7 +281,9 @@ void Worker::CancelCall(ClientCall* call) {
 }
 
 void Worker::FailUnstarted(ClientCall* call, absl::Status status) {
-  call->worker_ = nullptr;
+  // A call that waited in its channel (wait_for_ready) has no worker already, and its owner
+  // may be reading that field in Wait() on another thread right now: write only if needed.
+  if (call->worker_ != nullptr) call->worker_ = nullptr;
   NotifierWord::Reset(call->completion_);
   call->Complete(std::move(status));
 }
