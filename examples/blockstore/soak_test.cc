@@ -90,11 +90,15 @@ class Server {
   }
 
   int port() const { return port_; }
+  // Which server process this is (one more at each Start): a write the old one may still
+  // have queued can land no more once a new one runs.
+  const std::atomic<uint64_t>& incarnation() const { return incarnation_; }
   testing::ChildProcess& process() { return *process_; }
   bool has_rule() const { return !rule_.empty(); }
 
   // Starts it on its port (the first time: any), with SWIRL_SOFT_FAULTS `rule` unless empty.
   void Start(const std::string& rule) {
+    incarnation_.fetch_add(1);  // before it can serve: a write it takes counts as its own
     std::vector<std::string> env;
     if (!rule.empty()) env.push_back(absl::StrCat("SWIRL_SOFT_FAULTS=", rule));
     auto server = testing::SpawnServer(
@@ -126,16 +130,26 @@ class Server {
   int port_ = 0;
   std::string rule_;
   std::unique_ptr<testing::ChildProcess> process_;
+  std::atomic<uint64_t> incarnation_{0};
+};
+
+// A write whose call failed: the server may or may not have written it, and until that server
+// process is gone it may still do so, even after a later write to the block was acknowledged
+// (its handler may still be queued on the server's pool when the client gives up, by deadline
+// or by a keepalive that a stall outlasted, and the pool runs handlers in any order).
+struct UnknownWrite {
+  uint64_t gen = 0;
+  uint64_t incarnation = 0;  // the server process when the call ended (the latest it reached)
+  bool operator<(const UnknownWrite& o) const { return gen < o.gen; }
 };
 
 // What one load thread knows of each block of its region: the generation last acknowledged (0:
-// never written: zeros) and the generations written since whose calls failed (the server may
-// or may not have written them).
+// never written: zeros) and the failed writes that may still be there or land.
 struct Region {
   uint64_t base = 0;
   uint32_t block = 0;
   std::vector<uint64_t> acked;
-  std::vector<std::set<uint64_t>> unknown;
+  std::vector<std::set<UnknownWrite>> unknown;
   uint64_t writes = 0, reads = 0, failures = 0, mismatches = 0;
   std::string first_mismatch;
   std::string unexpected;  // a failure no fault explains
@@ -143,8 +157,8 @@ struct Region {
 
 // Whether `data` is a generation `r` allows for block `b`.
 bool Allowed(const Region& r, size_t b, const char* data, std::vector<char>& scratch) {
-  std::set<uint64_t> allowed = r.unknown[b];
-  allowed.insert(r.acked[b]);
+  std::set<uint64_t> allowed = {r.acked[b]};
+  for (const UnknownWrite& w : r.unknown[b]) allowed.insert(w.gen);
   scratch.resize(r.block);
   for (uint64_t gen : allowed) {
     if (gen == 0) {
@@ -158,7 +172,8 @@ bool Allowed(const Region& r, size_t b, const char* data, std::vector<char>& scr
 }
 
 // One load thread: random writes and verified reads of its region until `stop`.
-void RunLoad(BlockStoreClient& c, Region& r, std::atomic<bool>& stop, uint64_t seed) {
+void RunLoad(BlockStoreClient& c, Region& r, std::atomic<bool>& stop,
+             const std::atomic<uint64_t>& incarnation, uint64_t seed) {
   absl::BitGen random(std::seed_seq{seed});
   auto buffer = c.AllocateBuffer(r.block);
   if (!buffer.ok()) {
@@ -175,13 +190,17 @@ void RunLoad(BlockStoreClient& c, Region& r, std::atomic<bool>& stop, uint64_t s
     if (absl::Bernoulli(random, 0.5)) {
       Fill(buffer->data(), r.block, gen, offset);
       buffer->resize(r.block);
+      const uint64_t started_at = incarnation.load();
       s = c.Write("v", offset, *buffer, nullptr, call);
       ++r.writes;
       if (s.ok()) {
         r.acked[b] = gen;
-        r.unknown[b].clear();
+        // Failed writes that only a server process gone before this one started could have
+        // done are overwritten for good; the others may still land.
+        std::erase_if(r.unknown[b],
+                      [&](const UnknownWrite& w) { return w.incarnation < started_at; });
       } else {
-        r.unknown[b].insert(gen);
+        r.unknown[b].insert({gen, incarnation.load()});
       }
     } else {
       s = c.Read("v", offset, r.block, &*buffer, nullptr, call);
@@ -326,7 +345,10 @@ TEST(BlockstoreSoak, AVerifiedLoadThroughRandomFaultsEndsWithNoMismatchAndNoLeak
   std::vector<std::thread> threads;
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back(
-        [&, t] { RunLoad(*clients[t], regions[t], stop, seed + static_cast<uint64_t>(t)); });
+        [&, t] {
+          RunLoad(*clients[t], regions[t], stop, server.incarnation(),
+                  seed + static_cast<uint64_t>(t));
+        });
   }
 
   // The faults, and blockstore_load runs one after another, until the soak's end.
