@@ -179,50 +179,6 @@ void Registry::Destroyed(const ibv_context* context) {
   }
 }
 
-// The object an affiliated event names, or null for a port or device event.
-static const void* EventObject(const ibv_async_event& event) {
-  switch (event.event_type) {
-    case IBV_EVENT_CQ_ERR:
-      return event.element.cq;
-    case IBV_EVENT_QP_FATAL:
-    case IBV_EVENT_QP_REQ_ERR:
-    case IBV_EVENT_QP_ACCESS_ERR:
-    case IBV_EVENT_COMM_EST:
-    case IBV_EVENT_SQ_DRAINED:
-    case IBV_EVENT_PATH_MIG:
-    case IBV_EVENT_PATH_MIG_ERR:
-    case IBV_EVENT_QP_LAST_WQE_REACHED:
-      return event.element.qp;
-    case IBV_EVENT_SRQ_ERR:
-    case IBV_EVENT_SRQ_LIMIT_REACHED:
-      return event.element.srq;
-    default:
-      return nullptr;
-  }
-}
-
-bool Registry::Delivered(const ibv_async_event& event) {
-  const void* object = EventObject(event);
-  if (object == nullptr) return true;
-  swirl::MutexLock lock(&mu_);
-  if (destroying_.contains(object)) return false;
-  ++events_delivered_[object];
-  return true;
-}
-
-uint32_t Registry::BeginDestroy(const void* object) {
-  swirl::MutexLock lock(&mu_);
-  destroying_.insert(object);
-  auto it = events_delivered_.find(object);
-  return it == events_delivered_.end() ? 0 : it->second;
-}
-
-void Registry::EndDestroy(const void* object, bool destroyed) {
-  swirl::MutexLock lock(&mu_);
-  destroying_.erase(object);
-  if (destroyed) events_delivered_.erase(object);  // a new object at this address counts from 0
-}
-
 void Registry::AddList(ibv_device** ours, ibv_device** real) {
   swirl::MutexLock lock(&mu_);
   lists_[ours] = real;

@@ -20,7 +20,6 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
-#include "absl/container/flat_hash_set.h"
 #include "base/mutex.h"
 #include "transport/verbs/device_ops.h"
 
@@ -56,20 +55,6 @@ class Registry {
   void Created(const ibv_context* context);
   void Destroyed(const ibv_context* context);
 
-  // Affiliated asynchronous events (those naming a QP, CQ or SRQ), counted as libibverbs and
-  // the kernel count them, so that destroying an object waits for the acknowledgement of every
-  // event delivered on it (ibv_get_async_event(3): "destroy ... will wait"): without the wait,
-  // an ibv_ack_async_event racing the destroy locks the object's mutex as it is destroyed and
-  // freed. Delivered: counts an event being handed to the program, false (drop it) if its
-  // object is being destroyed (the soft device would have purged it). BeginDestroy: from now on
-  // the object's events are dropped; returns how many were delivered on it since it was made.
-  // EndDestroy: the destroy is over, done or refused (an object whose destroy is refused keeps
-  // its count; the events dropped meanwhile are lost, as the soft device would have purged
-  // them had it been destroyed).
-  bool Delivered(const ibv_async_event& event);
-  uint32_t BeginDestroy(const void* object);
-  void EndDestroy(const void* object, bool destroyed);
-
   // The device lists handed out: ours, with the real list they extend (null if none).
   void AddList(ibv_device** ours, ibv_device** real);
   // Forgets `ours`; true and the real list if it was one of ours.
@@ -101,10 +86,6 @@ class Registry {
   mutable swirl::Mutex mu_;
   absl::flat_hash_map<const ibv_context*, OpenContext> contexts_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<ibv_device**, ibv_device**> lists_ ABSL_GUARDED_BY(mu_);
-  // Affiliated events delivered per object (its ibv_qp*, ibv_cq* or ibv_srq*), and the objects
-  // being destroyed.
-  absl::flat_hash_map<const void*, uint32_t> events_delivered_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_set<const void*> destroying_ ABSL_GUARDED_BY(mu_);
   // (st_dev, st_ino) of each open soft context's cmd_fd.
   absl::flat_hash_map<std::pair<uint64_t, uint64_t>, int> cmd_fd_files_ ABSL_GUARDED_BY(mu_);
 };
