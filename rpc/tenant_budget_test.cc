@@ -105,20 +105,37 @@ void AwaitClosed(Channel& observer, const StatsReport& before, uint64_t n) {
 // MiB; from the other a third 16 MiB is refused (RESOURCE_EXHAUSTED), since her connections
 // share one budget wherever they come from; bob downloads 16 MiB meanwhile. Once alice's
 // connections end, her budget is hers again.
-TEST(TenantBudget, BulkMemoryCountsByPrincipalAcrossAddresses) {
-  auto server = testing::SpawnServer(
-      testing::kTestServer, TenantServer({absl::StrCat("--bulk_bytes_per_client=", 40 * kMiB)}));
-  ASSERT_TRUE(server.ok()) << server.status();
-  const int port = server->second;
-  auto bob = Bob(port);
-  ASSERT_TRUE(bob.ok()) << bob.status();
+// A tenant server with `flag`, bob's channel, and alice's two rogue connections, one from each
+// address; `before` is the server's view once all three are up.
+class TenantBudget : public ::testing::Test {
+ protected:
+  void Start(const std::string& flag) {
+    auto server = testing::SpawnServer(testing::kTestServer, TenantServer({flag}));
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = std::make_unique<testing::ChildProcess>(std::move(server->first));
+    port = server->second;
+    auto channel = Bob(port);
+    ASSERT_TRUE(channel.ok()) << channel.status();
+    bob = *channel;
+    v4 = AliceFrom("127.0.0.1", port);
+    v6 = AliceFrom("[::1]", port);
+    ASSERT_TRUE(v4 != nullptr && v6 != nullptr);
+    // Before ExpectAliceFromTwoAddresses' channel comes and goes: AwaitClosed then counts the
+    // two.
+    auto stats = bob->ServerStats();
+    ASSERT_TRUE(stats.ok()) << stats.status();
+    before = *stats;
+  }
 
-  auto v4 = AliceFrom("127.0.0.1", port);
-  auto v6 = AliceFrom("[::1]", port);
-  ASSERT_TRUE(v4 != nullptr && v6 != nullptr);
-  // Before ExpectAliceFromTwoAddresses' channel comes and goes: AwaitClosed then counts the two.
-  auto before = (*bob)->ServerStats();
-  ASSERT_TRUE(before.ok()) << before.status();
+  std::unique_ptr<testing::ChildProcess> server_;
+  int port = 0;
+  std::shared_ptr<Channel> bob;
+  std::unique_ptr<testing::RogueConnection> v4, v6;
+  StatsReport before;
+};
+
+TEST_F(TenantBudget, BulkMemoryCountsByPrincipalAcrossAddresses) {
+  ASSERT_NO_FATAL_FAILURE(Start(absl::StrCat("--bulk_bytes_per_client=", 40 * kMiB)));
   ASSERT_EQ(Download(*v4, 16 * kMiB), absl::StatusCode::kOk);
   ASSERT_EQ(Download(*v4, 16 * kMiB), absl::StatusCode::kOk);
   // Per address, the IPv6 connection would have 40 MiB of its own.
@@ -126,13 +143,13 @@ TEST(TenantBudget, BulkMemoryCountsByPrincipalAcrossAddresses) {
       << "alice's connection from a second address got a second share of bulk memory";
   EXPECT_EQ(Download(*v6, 4 * kMiB), absl::StatusCode::kOk) << "within her share, it fits";
   ASSERT_NO_FATAL_FAILURE(ExpectAliceFromTwoAddresses(port));
-  ASSERT_NO_FATAL_FAILURE(ExpectBobDownloads(**bob, 16 * kMiB));
+  ASSERT_NO_FATAL_FAILURE(ExpectBobDownloads(*bob, 16 * kMiB));
 
   // Gone (the server has closed both), her memory is uncharged: 32 MiB fits again, which it
   // would not beside the 36 MiB they held.
   v4.reset();
   v6.reset();
-  ASSERT_NO_FATAL_FAILURE(AwaitClosed(**bob, *before, 2));
+  ASSERT_NO_FATAL_FAILURE(AwaitClosed(*bob, before, 2));
   auto again = AliceFrom("[::1]", port);
   ASSERT_TRUE(again != nullptr);
   EXPECT_EQ(Download(*again, 16 * kMiB), absl::StatusCode::kOk);
@@ -144,20 +161,8 @@ TEST(TenantBudget, BulkMemoryCountsByPrincipalAcrossAddresses) {
 // and addresses it uses. Small downloads, each holding a window: 16 from one address, and from
 // the other only 8 more; bob's download gets a window meanwhile; and the windows come back when
 // alice's connections end.
-TEST(TenantBudget, WindowsCountByPrincipalAcrossAddresses) {
-  auto server =
-      testing::SpawnServer(testing::kTestServer, TenantServer({"--max_windows_per_client=24"}));
-  ASSERT_TRUE(server.ok()) << server.status();
-  const int port = server->second;
-  auto bob = Bob(port);
-  ASSERT_TRUE(bob.ok()) << bob.status();
-
-  auto v4 = AliceFrom("127.0.0.1", port);
-  auto v6 = AliceFrom("[::1]", port);
-  ASSERT_TRUE(v4 != nullptr && v6 != nullptr);
-  // Before ExpectAliceFromTwoAddresses' channel comes and goes: AwaitClosed then counts the two.
-  auto before = (*bob)->ServerStats();
-  ASSERT_TRUE(before.ok()) << before.status();
+TEST_F(TenantBudget, WindowsCountByPrincipalAcrossAddresses) {
+  ASSERT_NO_FATAL_FAILURE(Start("--max_windows_per_client=24"));
   constexpr size_t kSmall = 8192;  // above the eager threshold: a download through a window
   for (int i = 0; i < 16; ++i) ASSERT_EQ(Download(*v4, kSmall), absl::StatusCode::kOk) << i;
   int exposed = 0;
@@ -169,13 +174,13 @@ TEST(TenantBudget, WindowsCountByPrincipalAcrossAddresses) {
   }
   EXPECT_EQ(exposed, 8) << "alice's second address got more than her principal's windows";
   EXPECT_EQ(refused, 8);
-  ASSERT_NO_FATAL_FAILURE(ExpectBobDownloads(**bob, kSmall));
-  ASSERT_NO_FATAL_FAILURE(ExpectBobDownloads(**bob, 4 * kMiB));
+  ASSERT_NO_FATAL_FAILURE(ExpectBobDownloads(*bob, kSmall));
+  ASSERT_NO_FATAL_FAILURE(ExpectBobDownloads(*bob, 4 * kMiB));
 
   ASSERT_NO_FATAL_FAILURE(ExpectAliceFromTwoAddresses(port));
   v4.reset();
   v6.reset();
-  ASSERT_NO_FATAL_FAILURE(AwaitClosed(**bob, *before, 2));
+  ASSERT_NO_FATAL_FAILURE(AwaitClosed(*bob, before, 2));
   auto again = AliceFrom("127.0.0.1", port);
   ASSERT_TRUE(again != nullptr);
   for (int i = 0; i < 24; ++i) {
