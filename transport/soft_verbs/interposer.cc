@@ -28,8 +28,6 @@
 #include <cstring>
 #include <vector>
 
-#include "absl/functional/function_ref.h"
-
 #include "transport/soft_verbs/real_verbs.h"
 #include "transport/soft_verbs/registry.h"
 
