@@ -174,6 +174,8 @@ class CreditLedger {
     if (gate_ != nullptr) gate_->Enter();
   }
   size_t parked() const { return parked_.size(); }
+  // parked() > 0 without a deque's size arithmetic: AfterReceive asks it of every message.
+  bool has_parked() const { return !parked_.empty(); }
   // The oldest parked message, if a credit is free for it.
   bool Unpark(ParkedMessage* m) {
     if (parked_.empty() || send_ == 0) return false;

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "base/copy.h"
 #include "google/protobuf/message_lite.h"
 #include "rpc/wire.h"
 
@@ -26,7 +27,7 @@ class RawInvoker final : public Service::Invoker {
 bool ResponseWriter::Append(absl::string_view bytes) {
   char* p = Reserve(bytes.size());
   if (p == nullptr) return false;
-  std::memcpy(p, bytes.data(), bytes.size());
+  CopyBytes(p, bytes.data(), bytes.size());
   Commit(bytes.size());
   return true;
 }

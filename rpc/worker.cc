@@ -367,7 +367,8 @@ void Worker::SleepUntilWork() {
 }
 
 // The hot loop.
-bool Worker::RunOnce() {
+// Inlined into each of its callers here (the loop, TryDrive): a turn is the loop's whole body.
+[[gnu::always_inline]] inline bool Worker::RunOnce() {
   SWIRL_DCHECK(OnLoopThread());
   bool did = DrainSubmissions();
   ibv_wc wc[kPollBatch];

@@ -53,6 +53,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "base/check.h"
+#include "base/copy.h"
 #include "base/mpsc_queue.h"
 #include "base/mutex.h"
 #include "base/spinlock.h"
@@ -370,8 +371,8 @@ class Worker {
     } else if (std::string* out = call->response_bytes_; out != nullptr) {
       // A reused string of the same length (a steady stream of echoes) is overwritten in
       // place: assign() goes through its general replace path.
-      if (out->size() == message.size() && !message.empty()) {
-        std::memcpy(out->data(), message.data(), message.size());
+      if (out->size() == message.size()) {
+        CopyBytes(out->data(), message.data(), message.size());
       } else {
         out->assign(message.data(), message.size());
       }

@@ -47,6 +47,7 @@ const Service::Method* Worker::ResolveMethod(Connection* c, const MessageHeader&
     serving.last_method_id = h.method_id;
     serving.last_method = method;
     serving.last_invoker = nullptr;
+    serving.inline_invoker = nullptr;
   }
   const bool one_way = h.type == rpc_wire::kOneWay;
   if (method == nullptr) {
@@ -75,6 +76,8 @@ Service::Invoker* Worker::InvokerFor(Connection* c, const Service::Method* metho
     std::unique_ptr<Service::Invoker>& slot = serving.invokers[method];
     if (slot == nullptr) slot = const_cast<Service::Method*>(method)->new_invoker();
     serving.last_invoker = slot.get();
+    // InvokerFor runs for methods on the worker only (pool methods have their threads' own).
+    serving.inline_invoker = method->options.one_way ? nullptr : serving.last_invoker;
   }
   return serving.last_invoker;
 }
@@ -120,14 +123,12 @@ void Worker::DispatchCall(Connection* c, Incoming& in) {
 void Worker::ServeEager(Connection* c, const MessageHeader& h, const char* payload) {
   SWIRL_DCHECK(OnLoopThread());
   const ServeState& serving = c->serving;
-  const Service::Method* method = serving.last_method;
   // The common case in one pass: a request (not one-way) for the method this connection called
-  // last, run inline, while serving. Anything else (a first call, another method, one-way, a
-  // blocking method, a drain) takes DispatchCall's full path.
+  // last, when that runs inline (inline_invoker). Anything else (a first call, another method,
+  // one-way, a blocking method, a drain) takes DispatchCall's full path.
+  Service::Invoker* invoker = serving.inline_invoker;
   if (h.type != rpc_wire::kRequest || h.method_id != serving.last_method_id ||
-      serving.last_invoker == nullptr || method->options.one_way ||
-      (method->options.execution == Execution::kThreadPool && pool_ != nullptr) || draining_ ||
-      !c->active()) [[unlikely]] {
+      invoker == nullptr || draining_ || !c->active()) [[unlikely]] {
     Incoming in;
     in.header = h;
     in.eager = absl::string_view(payload, h.payload_len);
@@ -138,8 +139,8 @@ void Worker::ServeEager(Connection* c, const MessageHeader& h, const char* paylo
   Bump(requests_);
   ServerContext ctx = ServerContextAccess::Make(c, nullptr);
   MessageWriter writer(&outbox_, bulk_pool_.get(), c);
-  absl::Status status =
-      serving.last_invoker->Invoke(ctx, absl::string_view(payload, h.payload_len), writer);
+  writer.Prepare();
+  absl::Status status = invoker->Invoke(ctx, absl::string_view(payload, h.payload_len), writer);
   BulkBuffer& attachment = ServerContextAccess::response_bulk(ctx);
   if (status.ok() && !writer.in_bulk() && !attachment && writer.data() != nullptr) [[likely]] {
     EmitResponse(c, &writer, h.request_id, 0);

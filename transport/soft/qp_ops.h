@@ -5,6 +5,7 @@
 
 #include <cstring>
 
+#include "base/copy.h"  // CopyBytes
 #include "transport/soft/soft_internal.h"
 
 namespace swirl::soft {
@@ -25,37 +26,6 @@ inline void FullFence() {
 #else
   std::atomic_thread_fence(std::memory_order_seq_cst);
 #endif
-}
-
-// Copies n bytes, kN <= n <= 2 * kN, as the first and the last kN bytes (overlapping): every
-// length in the class without a loop.
-template <size_t kN>
-inline void CopyOverlapping(char* d, const char* s, size_t n) {
-  char first[kN], last[kN];
-  __builtin_memcpy(first, s, kN);
-  __builtin_memcpy(last, s + n - kN, kN);
-  __builtin_memcpy(d, first, kN);
-  __builtin_memcpy(d + n - kN, last, kN);
-}
-
-// memcpy for the sizes of small messages, inline: a call into libc costs more than copying 64
-// bytes.
-inline void CopyBytes(void* dst, const void* src, size_t n) {
-  auto* d = static_cast<char*>(dst);
-  const auto* s = static_cast<const char*>(src);
-  if (n > 64) {
-    std::memcpy(d, s, n);
-  } else if (n > 32) {
-    CopyOverlapping<32>(d, s, n);
-  } else if (n > 16) {
-    CopyOverlapping<16>(d, s, n);
-  } else if (n >= 8) {
-    CopyOverlapping<8>(d, s, n);
-  } else if (n >= 4) {
-    CopyOverlapping<4>(d, s, n);
-  } else {
-    for (size_t i = 0; i < n; ++i) d[i] = s[i];
-  }
 }
 
 // Copies `count` bytes between a flat buffer and local memory at `addr` under `lkey`, after the
