@@ -17,6 +17,7 @@
 #include "rpc/testing/process.h"
 #include "rpc/testing/rogue.h"
 #include "rpc/testing/server_stats.h"
+#include "rpc/testing/slowdown.h"
 #include "rpc/testing/test_data.h"
 #include "rpc/wire.h"
 #include "swirl/channel.h"
@@ -204,7 +205,12 @@ TEST(BulkUpload, AGivenUpUploadReturnsItsBufferOnlyOnceTheWriteIsDone) {
   // the machine's speed: the server process is stopped (SIGSTOP) while the call runs, and on
   // the soft device the responder that places a WRITE runs in the server's process, so the
   // WRITE cannot finish before SIGCONT.
-  auto server = testing::SpawnServer(kServer, {});
+  // The caller drives the channel, so between calls nobody answers the server's keepalive:
+  // filling and summing 16 MiB below on this thread must stay inside it (a ping after 1 s of
+  // silence, given up 3 s later, test_server's default), which a sanitizer build's slowdown
+  // would not.
+  auto server = testing::SpawnServer(
+      kServer, {absl::StrCat("--keepalive_ms=", 1000 * testing::kSlowdown)});
   ASSERT_TRUE(server.ok()) << server.status();
   ChannelOptions options;
   options.driver = ChannelOptions::Driver::kCaller;

@@ -28,6 +28,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -38,6 +39,7 @@
 #include "rpc/testing/e2e.h"
 #include "rpc/testing/process.h"
 #include "rpc/testing/rogue.h"
+#include "rpc/testing/slowdown.h"
 #include "rpc/testing/test_data.h"
 #include "rpc/wire.h"
 #include "swirl/channel.h"
@@ -50,10 +52,13 @@ using testing::ChildProcess;
 
 constexpr char kHostA[] = "10.99.0.1";
 constexpr char kHostB[] = "10.99.0.2";
-constexpr absl::Duration kKeepalive = absl::Milliseconds(200);
+// Every side's keepalive. Under load from three threads, a sanitizer build's worker can take
+// longer than three 200 ms keepalives to answer, and a healthy link is given up before it goes
+// down: scaled by the slowdown (and with it the bound below).
+constexpr absl::Duration kKeepalive = absl::Milliseconds(200 * testing::kSlowdown);
 // How long either side may take to see the link gone: the liveness check fails a silent peer
 // after three keepalives; the rest is room for a loaded machine.
-constexpr absl::Duration kNoticeBound = absl::Seconds(10);
+constexpr absl::Duration kNoticeBound = absl::Seconds(10 * testing::kSlowdown);
 
 // ---- Files the parts share -------------------------------------------------------------------
 
@@ -254,6 +259,14 @@ void TheLinkGoesDownMidLoadAndComesBack() {
       }
     });
   }
+  // A failed ASSERT below returns early: the load stops and its threads end first (a joinable
+  // std::thread destroyed would abort the process instead of failing the case).
+  absl::Cleanup join = [&] {
+    stop.store(true);
+    for (auto& t : threads) {
+      if (t.joinable()) t.join();
+    }
+  };
   const absl::Time loading_by = absl::Now() + absl::Seconds(30);
   while (ok_calls.load() < 30 && absl::Now() < loading_by) absl::SleepFor(absl::Milliseconds(5));
   ASSERT_GE(ok_calls.load(), 30) << "the load never got going";
@@ -297,8 +310,7 @@ void TheLinkGoesDownMidLoadAndComesBack() {
     absl::SleepFor(absl::Milliseconds(5));
   }
   EXPECT_GE(ok_calls.load(), before + 30) << "calls did not work again after the reconnect";
-  stop.store(true);
-  for (auto& t : threads) t.join();
+  std::move(join).Invoke();
   EXPECT_EQ(wrong.load(), 0) << "a call that succeeded returned wrong data";
   EXPECT_GE(channel->reconnects(), 1u);
   bulk_testing::ExpectHealthy(*channel, 4);

@@ -24,6 +24,7 @@
 #include "base/mutex.h"
 #include "gtest/gtest.h"
 #include "rpc/testing/process.h"
+#include "rpc/testing/slowdown.h"
 #include "rpc/testing/test_client.h"
 #include "rpc/testing/test_data.h"
 #include "swirl/call.h"
@@ -37,10 +38,17 @@ using testing::ChildProcess;
 using testing::MethodOf;
 
 constexpr char kLoadClient[] = "rpc/testing/load_client";
-constexpr absl::Duration kKeepalive = absl::Milliseconds(200);
+// Every side's keepalive (servers, channels, load_client). A stop of the catch loop below
+// (SIGSTOP, read the state file, ask the server) must stay well inside three of them, or the
+// resumed client rightly gives up its server; sanitizer builds scale it (and the bounds below
+// that follow from it) by their slowdown.
+constexpr absl::Duration kKeepalive = absl::Milliseconds(200 * testing::kSlowdown);
 // How long a survivor may take to see a loss and clean up after it: a few keepalives (the
 // liveness check fails a silent peer after three), with room for a loaded machine.
-constexpr absl::Duration kNoticeBound = absl::Seconds(15);
+constexpr absl::Duration kNoticeBound = absl::Seconds(15 * testing::kSlowdown);
+// A call to a server stalled past the keepalive: long enough that it fails when the keepalive
+// finds the server silent, not at its deadline.
+constexpr absl::Duration kStalledCallTimeout = absl::Seconds(10 * testing::kSlowdown);
 
 std::string TempPath(const std::string& name) {
   const char* dir = std::getenv("TEST_TMPDIR");
@@ -171,7 +179,9 @@ void KillTheClientMidTransfer(const char* mode) {
   const std::string state = TempPath("load-state");
   auto client = ChildProcess::Spawn({kLoadClient, absl::StrCat("--server=127.0.0.1:", port),
                                      absl::StrCat("--mode=", mode), "--size=8388608",
-                                     absl::StrCat("--state_file=", state)});
+                                     absl::StrCat("--state_file=", state),
+                                     absl::StrCat("--keepalive_ms=",
+                                                  absl::ToInt64Milliseconds(kKeepalive))});
   ASSERT_TRUE(client.ok()) << client.status();
   // Stopped, the client is frozen where it was: it counts as caught if a transfer of its (not
   // its first: it is under way for real) is in flight and the server has a window out.
@@ -414,9 +424,9 @@ TEST(ProcessFaults, AServerStalledPastTheKeepaliveFailsTheCallsAndIsReachedAgain
   ASSERT_TRUE(server.StopAndWait().ok());
   std::string out;
   const absl::Time started = absl::Now();
-  absl::Status s = Call(ch, "/test.E2E/Echo", "stalled", &out, absl::Seconds(10));
+  absl::Status s = Call(ch, "/test.E2E/Echo", "stalled", &out, kStalledCallTimeout);
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
-  EXPECT_LT(absl::Now() - started, absl::Seconds(10)) << "found only at the call's deadline";
+  EXPECT_LT(absl::Now() - started, kStalledCallTimeout) << "found only at the call's deadline";
   RuntimeCounters lost = base;
   lost.queue_pairs_live = 0;
   lost.recv_buffers_free = own.runtime->Counters().recv_buffers_free;
@@ -448,7 +458,9 @@ TEST(ProcessFaults, AClientStalledPastTheKeepaliveIsLetGoAndLearnsOfItWhenItResu
   const std::string state = TempPath("load-state");
   auto client = ChildProcess::Spawn({kLoadClient, absl::StrCat("--server=127.0.0.1:", port),
                                      "--mode=download", "--size=1048576",
-                                     absl::StrCat("--state_file=", state)});
+                                     absl::StrCat("--state_file=", state),
+                                     absl::StrCat("--keepalive_ms=",
+                                                  absl::ToInt64Milliseconds(kKeepalive))});
   ASSERT_TRUE(client.ok()) << client.status();
   const absl::Time loading_by = absl::Now() + absl::Seconds(30);
   while (ReadState(state).second < 3 && absl::Now() < loading_by) {

@@ -371,6 +371,14 @@ struct PeerSegment {
 // A poller that reads the hint without the lock holds the attach lock of the CQ it polls, and
 // the peer's segment is unmapped only after passing through the attach locks of both of the
 // QP's CQs (TeardownLink), so the words the hint points at stay mapped while anyone reads them.
+//
+// A reader held up between loading a stamp pointer and loading through it can find the ring
+// lapped: the word is then inside some later frame. Stamps are at kFrameAlign-aligned offsets,
+// so that word is one as well, and whoever writes ring space that this process reads stores
+// every such word atomically: on the TCP fabric, the HCA thread copying an arriving record into
+// the mirror (ApplyFrame, tcp_link.cc). On shared memory the writer is the peer, through its own
+// mapping of the segment (another process, or another address in this one): outside the C++
+// memory model and ThreadSanitizer's view; a torn value there is just another wrong answer.
 class QpLock {
  public:
   void lock() {

@@ -611,7 +611,22 @@ void ApplyFrame(LinkSegment& seg, const TcpRecord& record, const char* data) {
   // over the socket): ordered after the consumer's last reads there, through a socket that
   // ThreadSanitizer does not see, so TSan builds acquire what the consumer's publish released.
   wire::SharedAcquire();
-  std::memcpy(dst + sizeof(uint64_t), data + sizeof(uint64_t), record.length - sizeof(uint64_t));
+  // Every kFrameAlign-aligned word of ring space is where some frame's stamp may be, and an
+  // idle hint that went stale (QpLock::StillIdle, soft_internal.h: a poller that read the hint's
+  // pointer, then was held up while the ring lapped) may load it atomically without the QP's
+  // lock, at any time. So those words are stored atomically too (relaxed: only the stamp orders
+  // anything), and only the bytes between them are copied plainly. The record's length is a
+  // multiple of kFrameAlign (checked by the caller) and `dst` starts a frame, so the words are
+  // at dst + k * kFrameAlign; this is the HCA thread's receive path, not the poll.
+  constexpr size_t kWord = sizeof(uint64_t);
+  for (uint64_t at = 0; at < record.length; at += wire::kFrameAlign) {
+    if (at != 0) {
+      uint64_t word;
+      std::memcpy(&word, data + at, kWord);
+      __atomic_store_n(reinterpret_cast<uint64_t*>(dst + at), word, __ATOMIC_RELAXED);
+    }
+    std::memcpy(dst + at + kWord, data + at + kWord, wire::kFrameAlign - kWord);
+  }
   uint64_t stamp;
   std::memcpy(&stamp, data, sizeof(stamp));
   wire::SharedRelease();
