@@ -182,9 +182,9 @@ TEST(ScaleTest, OneWorkerHoldsThousandsOfConnectionsThatAllAnswer) {
   std::printf("sanitizer build: memory per connection printed, not checked\n");
 #else
   EXPECT_LT(per_server, 64.0) << "KiB of server memory per connection";
-  // The target is 64 KiB on this side too; measured 67 KiB (docs/RELIABILITY.md "Scale"), so
-  // the bound here guards what is reached (the client took 1.5 MiB per channel before) until
-  // the rest is found.
+  // The target is 64 KiB on this side too; measured 63.6 KiB (docs/RELIABILITY.md "Scale"),
+  // too close to the target to assert it on a shared machine, so the bound here guards what is
+  // reached (the client took 1.5 MiB per channel before) with room for the noise.
   EXPECT_LT(per_client, 80.0) << "KiB of client memory per connection";
 #endif
   channels.clear();
