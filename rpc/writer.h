@@ -27,9 +27,10 @@ class MessageWriter final : public ResponseWriter {
   ~MessageWriter() override { Abandon(); }
 
   // The common case first: the bytes fit the space taken already, below the eager threshold
-  // and the message size limit (fast_end_ folds the three together; 0 before any space).
+  // and the message size limit (fast_end_ folds the three together, one past the largest
+  // length they allow; 0 while there is no space, so that even Reserve(0) takes some then).
   char* Reserve(size_t size) override {
-    if (length_ + size <= fast_end_) [[likely]] return data_ + kHeader + length_;
+    if (length_ + size < fast_end_) [[likely]] return data_ + kHeader + length_;
     return ReserveSlow(size);
   }
   // Takes an inline slot (or a send buffer) ahead of the handler, so that its first Reserve is
@@ -107,7 +108,7 @@ class MessageWriter final : public ResponseWriter {
     if (bulk_pool_ != nullptr && c_->negotiated().max_bulk_size() > 0) {
       end = std::min<size_t>(end, c_->negotiated().eager_threshold());
     }
-    fast_end_ = end;
+    fast_end_ = end + 1;
   }
   char* ReserveBulk(size_t size) {
     const size_t needed = length_ + size;
