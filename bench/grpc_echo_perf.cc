@@ -4,6 +4,7 @@
 //
 //   grpc_echo_perf -s 64 -n 20000 --json         # synchronous unary calls, one in flight
 //   grpc_echo_perf -s 64 -D 2 --inflight 8       # 8 in flight (the async API), for 2 s
+//   grpc_echo_perf --connections 1000            # connection setup: see RunConnections
 //
 // With neither --server nor --connect it starts the server itself (a second process pinned to
 // --server_core; gRPC's synchronous server and its thread pool all run on that core) and runs
@@ -13,6 +14,7 @@
 #include <limits.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -30,6 +32,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "bench/perf_common.h"
 #include "examples/echo/echo.grpc.pb.h"
@@ -40,6 +43,9 @@ ABSL_FLAG(std::string, connect, "", "run only the client, against this host:port
 ABSL_FLAG(int, port, 0, "--server: the port (0: pick)");
 ABSL_FLAG(std::string, port_file, "", "--server: write the chosen port here");
 ABSL_FLAG(int, spawned_by, 0, "internal: the client process that started this server");
+ABSL_FLAG(int, connections, 0,
+          "instead of timing calls: open this many channels one after another, one call on "
+          "each, all held open; report setups per second and memory per connection");
 
 namespace swirl::bench {
 namespace {
@@ -268,6 +274,94 @@ int RunClient(const std::string& address, Report& report) {
   return 0;
 }
 
+// Resident memory of process `pid` (0: this one), KiB, from /proc.
+long RssKb(pid_t pid) {
+  std::ifstream in(pid == 0 ? std::string("/proc/self/status")
+                            : absl::StrCat("/proc/", pid, "/status"));
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::strtol(line.c_str() + 6, nullptr, 10);
+  }
+  return -1;
+}
+
+// Connection setup, as rpc/scale_test measures swirl's: `n` channels opened one after another
+// from this thread, each its own TCP connection (a local subchannel pool), each answering one
+// unary echo before the next is opened, and all of them held open to the end. A setup is timed
+// from creating the channel to its first call's response. Prints the rate per quarter of the
+// run; the row's latency is the time per setup. Memory per connection: the growth of each
+// process's VmRSS after the first 10% of the connections, divided by the rest.
+int RunConnections(const std::string& address, int n, pid_t server, Report& report) {
+  TickClock::Init();
+  if (n < 10) Die("--connections: at least 10");
+  const int core = ClientCore();
+  if (core >= 0) PinOrDie(core, "client");
+  std::vector<std::shared_ptr<grpc::Channel>> channels;
+  channels.reserve(n);
+  EchoRequest request;
+  request.set_payload(std::string(64, 'x'));
+  LatencyRecorder recorder;
+  const int base_count = n / 10;
+  long client_base = 0, server_base = 0;
+  const int64_t begin = MonoNs();
+  int64_t quarter_begin = begin;
+  int64_t measured_begin = begin;
+  for (int i = 0; i < n; ++i) {
+    if (i == base_count) {
+      client_base = RssKb(0);
+      server_base = server > 0 ? RssKb(server) : -1;
+      measured_begin = MonoNs();
+    }
+    const uint64_t start = Ticks();
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    auto channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+    auto stub = examples::Echo::NewStub(channel);
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    context.set_wait_for_ready(true);
+    EchoResponse response;
+    request.set_sequence(static_cast<uint64_t>(i));
+    grpc::Status s = stub->Echo(&context, request, &response);
+    if (!s.ok()) Die("connection %d: Echo: %s", i, s.error_message().c_str());
+    if (response.sequence() != static_cast<uint64_t>(i)) Die("the echo came back wrong");
+    recorder.Add(Ticks() - start);
+    channels.push_back(std::move(channel));
+    if ((i + 1) % (n / 4) == 0 && report.text()) {
+      const int64_t now = MonoNs();
+      std::printf(" %d held: %.0f setups/s over the last %d\n", i + 1,
+                  (n / 4) * 1e9 / static_cast<double>(now - quarter_begin), n / 4);
+      quarter_begin = now;
+    }
+  }
+  const int64_t end = MonoNs();
+  const long client_kb = RssKb(0) - client_base;
+  const long server_kb = server > 0 ? RssKb(server) - server_base : -1;
+  const int measured = n - base_count;
+  ResultRow row;
+  row.test = "grpc_connect";
+  row.size = 64;
+  row.has_latency = true;
+  row.one_way_divisor = 1;
+  row.rtt_ns = recorder.histogram();
+  row.iters = static_cast<uint64_t>(n);
+  row.seconds = static_cast<double>(end - begin) / 1e9;
+  row.ops_per_s = measured * 1e9 / static_cast<double>(end - measured_begin);
+  row.AddInt("connections", n);
+  row.Add("client_kib_per_connection", static_cast<double>(client_kb) / measured);
+  if (server_kb >= 0) row.Add("server_kib_per_connection", static_cast<double>(server_kb) / measured);
+  row.Add("transport", "TCP loopback (gRPC " + grpc::Version() + ")");
+  row.notes.push_back(absl::StrFormat(
+      "gRPC %s: %d channels (a TCP connection each) opened one after another, one unary echo "
+      "on each, all held; %.0f setups/s after the first %d; memory per connection: client "
+      "%.1f KiB, server %s",
+      grpc::Version(), n, row.ops_per_s, base_count, static_cast<double>(client_kb) / measured,
+      server_kb >= 0 ? absl::StrFormat("%.1f KiB", static_cast<double>(server_kb) / measured)
+                     : std::string("not measured (--connect)")));
+  report.Row(std::move(row));
+  return 0;
+}
+
 }  // namespace
 }  // namespace swirl::bench
 
@@ -279,6 +373,14 @@ int main(int argc, char** argv) {
                           "                 [--json | --csv] [--out_json [--out_json_file F]] [-H]");
   std::signal(SIGPIPE, SIG_IGN);
   if (absl::GetFlag(FLAGS_server)) return RunServer();
+  if (absl::GetFlag(FLAGS_connections) > 0) {
+    // A socket per connection on each side (the server, spawned below, inherits the limit).
+    rlimit limit;
+    if (getrlimit(RLIMIT_NOFILE, &limit) == 0) {
+      limit.rlim_cur = limit.rlim_max;
+      setrlimit(RLIMIT_NOFILE, &limit);
+    }
+  }
   std::string address = absl::GetFlag(FLAGS_connect);
   pid_t server = -1;
   if (address.empty()) {
@@ -291,7 +393,9 @@ int main(int argc, char** argv) {
                      {"client_core", absl::StrCat(ClientCore())},
                      {"server_core", absl::StrCat(ServerCore())}});
   if (report.text()) Report::PrintLatencyHeader();
-  const int rc = RunClient(address, report);
+  const int connections = absl::GetFlag(FLAGS_connections);
+  const int rc = connections > 0 ? RunConnections(address, connections, server, report)
+                                 : RunClient(address, report);
   if (server > 0) {
     kill(server, SIGTERM);
     const int status = WaitChild(server, 10000);
