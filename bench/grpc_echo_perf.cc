@@ -34,6 +34,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "base/proc_status.h"
 #include "bench/perf_common.h"
 #include "examples/echo/echo.grpc.pb.h"
 #include "examples/echo/echo.pb.h"
@@ -274,17 +275,6 @@ int RunClient(const std::string& address, Report& report) {
   return 0;
 }
 
-// Resident memory of process `pid` (0: this one), KiB, from /proc.
-long RssKb(pid_t pid) {
-  std::ifstream in(pid == 0 ? std::string("/proc/self/status")
-                            : absl::StrCat("/proc/", pid, "/status"));
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("VmRSS:", 0) == 0) return std::strtol(line.c_str() + 6, nullptr, 10);
-  }
-  return -1;
-}
-
 // Connection setup, as rpc/scale_test measures swirl's: `n` channels opened one after another
 // from this thread, each its own TCP connection (a local subchannel pool), each answering one
 // unary echo before the next is opened, and all of them held open to the end. A setup is timed
@@ -302,14 +292,14 @@ int RunConnections(const std::string& address, int n, pid_t server, Report& repo
   request.set_payload(std::string(64, 'x'));
   LatencyRecorder recorder;
   const int base_count = n / 10;
-  long client_base = 0, server_base = 0;
+  int64_t client_base = 0, server_base = 0;
   const int64_t begin = MonoNs();
   int64_t quarter_begin = begin;
   int64_t measured_begin = begin;
   for (int i = 0; i < n; ++i) {
     if (i == base_count) {
-      client_base = RssKb(0);
-      server_base = server > 0 ? RssKb(server) : -1;
+      client_base = ResidentKib(0);
+      server_base = server > 0 ? ResidentKib(server) : -1;
       measured_begin = MonoNs();
     }
     const uint64_t start = Ticks();
@@ -335,8 +325,8 @@ int RunConnections(const std::string& address, int n, pid_t server, Report& repo
     }
   }
   const int64_t end = MonoNs();
-  const long client_kb = RssKb(0) - client_base;
-  const long server_kb = server > 0 ? RssKb(server) - server_base : -1;
+  const int64_t client_kb = ResidentKib(0) - client_base;
+  const int64_t server_kb = server > 0 ? ResidentKib(server) - server_base : -1;
   const int measured = n - base_count;
   ResultRow row;
   row.test = "grpc_connect";

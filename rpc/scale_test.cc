@@ -17,6 +17,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "base/proc_status.h"
 #include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
 #include "rpc/testing/e2e.h"
@@ -52,23 +53,6 @@ const int kSetupThreads = [] {
   }
   return n;
 }();
-
-// Resident memory of process `pid` ("self" for this one), in KiB, from /proc.
-int64_t RssKib(const std::string& pid) {
-  std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("VmRSS:", 0) == 0) {
-      int64_t kib = 0;
-      std::string digits;
-      for (char ch : line) {
-        if (ch >= '0' && ch <= '9') digits += ch;
-      }
-      return absl::SimpleAtoi(digits, &kib) ? kib : -1;
-    }
-  }
-  return -1;
-}
 
 // CPU time (user + system) process `pid` has used, in milliseconds, from /proc/<pid>/stat: what
 // connection setup costs whatever else the machine runs (a wall-clock rate on a shared 2-core
@@ -154,8 +138,8 @@ TEST(ScaleTest, OneWorkerHoldsThousandsOfConnectionsThatAllAnswer) {
       in_connect = in_call = absl::ZeroDuration();
     }
     if (i + 1 == kWarmup) {
-      server_base = RssKib(server_pid);
-      client_base = RssKib("self");
+      server_base = swirl::ResidentKib(child.pid());
+      client_base = swirl::ResidentKib(0);
     }
   }
   if (kSetupThreads > 1) {
@@ -199,8 +183,8 @@ TEST(ScaleTest, OneWorkerHoldsThousandsOfConnectionsThatAllAnswer) {
   // each message costs (receive buffers touched for the first time, say), not the connection's
   // own; measured 0.1 KiB per connection on each side, so the figure per idle connection below
   // is what the connections hold.
-  const int64_t server_before_second = RssKib(server_pid);
-  const int64_t client_before_second = RssKib("self");
+  const int64_t server_before_second = swirl::ResidentKib(child.pid());
+  const int64_t client_before_second = swirl::ResidentKib(0);
   const absl::Time second_start = absl::Now();
   for (int i = 0; i < kConnections; ++i) {
     const std::string again = absl::StrCat("second ", i);
@@ -209,15 +193,16 @@ TEST(ScaleTest, OneWorkerHoldsThousandsOfConnectionsThatAllAnswer) {
   std::printf("second call on each: %.0f/s; memory it added per connection: server %.1f KiB, "
               "client %.1f KiB\n",
               kConnections / absl::ToDoubleSeconds(absl::Now() - second_start),
-              static_cast<double>(RssKib(server_pid) - server_before_second) / kConnections,
-              static_cast<double>(RssKib("self") - client_before_second) / kConnections);
+              static_cast<double>(swirl::ResidentKib(child.pid()) - server_before_second) /
+                  kConnections,
+              static_cast<double>(swirl::ResidentKib(0) - client_before_second) / kConnections);
   auto stats = Stats(port);
   ASSERT_TRUE(stats.ok()) << stats.status();
   EXPECT_EQ(stats->server().connections_active(), static_cast<uint64_t>(kConnections));
   EXPECT_GT(stats->server().connections_active(), static_cast<uint64_t>(kOldLimit));
 
-  const int64_t server_now = RssKib(server_pid);
-  const int64_t client_now = RssKib("self");
+  const int64_t server_now = swirl::ResidentKib(child.pid());
+  const int64_t client_now = swirl::ResidentKib(0);
   ASSERT_GT(server_base, 0);
   ASSERT_GT(client_base, 0);
   const double per_server = static_cast<double>(server_now - server_base) / (kConnections - kWarmup);

@@ -14,6 +14,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "base/proc_status.h"
 #include "absl/time/clock.h"
 
 extern char** environ;
@@ -127,18 +128,7 @@ absl::Status ChildProcess::StopAndWait(absl::Duration timeout) {
   }
 }
 
-int64_t ChildProcess::RssKb() const {
-  std::ifstream in(absl::StrCat("/proc/", pid_, "/status"));
-  std::string key;
-  while (in >> key) {
-    if (key == "VmRSS:") {
-      int64_t kb;
-      in >> kb;
-      return kb;
-    }
-  }
-  return -1;
-}
+int64_t ChildProcess::RssKb() const { return ResidentKib(pid_); }
 
 int ChildProcess::OpenFds() const {
   DIR* dir = opendir(absl::StrCat("/proc/", pid_, "/fd").c_str());
