@@ -5,7 +5,8 @@
   ./swirl bench --quick              # about one minute
   ./swirl bench --only rpc,grpc      # some rows (ids or groups; --list shows them)
   ./swirl bench --plots docs/bench   # the table, then size sweeps and the plots (PNG, SVG)
-  ./swirl bench --install-peers      # apt-get install the peers first (ucx-utils, libfabric-bin)
+  ./swirl bench --install-peers      # apt-get install the peers first (ucx-utils, libfabric-bin,
+                                     # libucx-dev for ./swirl bench ucx_connect)
 
 Rows alternate in rounds: each round runs every row once, in an order that rotates from round to
 round (and reverses on odd rounds), because this VM changes speed within seconds. A row's
