@@ -127,7 +127,7 @@ class ShmFabric final : public Fabric {
   void CloseLink(uint64_t, LinkWatch&) override {}
   void OpenLink(SoftQp* qp) override;
   void LinkAdopted(SoftQp* qp) override;
-  bool RetryLink(SoftQp*) override { return false; }
+  bool RetryLink(SoftQp* qp) override;
   void SetLinkTimeout(SoftQp*, int64_t) override {}
 
   // Publish's part: the peer reads our segment as we write it; it only has to be woken if its

@@ -73,8 +73,10 @@ constexpr int64_t kAssistSpinMaxNs = 2 * 1000 * 1000;
 // What a QP sends when it reaches RTR: without a link key, with SCM_RIGHTS [segment memfd,
 // HCA wake eventfd]; with one (kHelloKeyed), nothing attached: the accepter answers with a
 // Challenge, and the opener's Proof carries the descriptors (docs/SOFT_WIRE.md, "Link keys").
-// 3: flags and a nonce (2: neither; its version was the segment's).
-constexpr uint32_t kHelloVersion = 3;
+// A QP whose peer's hello came first answers on that connection with a reply (kHelloReply,
+// with its descriptors) instead of opening one: one connection per QP pair, not two.
+// 4: replies (3: flags and a nonce; 2: neither; its version was the segment's).
+constexpr uint32_t kHelloVersion = 4;
 struct Hello {
   uint64_t magic;
   uint32_t version;
@@ -108,6 +110,8 @@ static_assert(sizeof(Proof) == 40);
 // accepter waits for the proof once it has sent its challenge.
 constexpr int64_t kParkedHelloNs = int64_t{30} * 1000 * 1000 * 1000;
 constexpr int64_t kProofTimeoutNs = int64_t{5} * 1000 * 1000 * 1000;
+// A QP that waited for the peer's hello to reply on, and lost it, opens its own after this.
+constexpr int64_t kReopenAfterNs = 50 * 1000 * 1000;
 
 sockaddr_un AddressFor(const ibv_gid& gid, socklen_t* len) {
   sockaddr_un addr;
@@ -184,6 +188,7 @@ bool MapPeerSegment(const Hello& hello, int memfd, PeerSegment* out, std::string
 }  // namespace
 
 LinkAuth::~LinkAuth() {
+  if (toward_hca != nullptr) toward_hca->CountHandshakeToward(toward_qpn, -1);
   if (memfd >= 0) close(memfd);
   OPENSSL_cleanse(key.data(), key.size());
 }
@@ -335,7 +340,7 @@ bool SendChallenge(Hca* hca, int fd, LinkAuth& auth) {
 // Validates and maps the segment of a hello that passed (keyless, or keyed and proved) and
 // offers it to its QP. Consumes `fds` (memfd, wake eventfd) either way.
 bool OfferHello(Hca* hca, uint64_t watch_id, const Hello& hello, int fds[2],
-                uint64_t auth_serial, std::string* why) {
+                uint64_t auth_serial, pid_t peer_pid, std::string* why) {
   PeerSegment segment;
   if (!IsEventFd(fds[1])) {
     *why = "wake descriptor is not an eventfd";
@@ -344,7 +349,8 @@ bool OfferHello(Hca* hca, uint64_t watch_id, const Hello& hello, int fds[2],
     fds[0] = -1;
     // Writing the peer's eventfd must never block us.
     fcntl(fds[1], F_SETFL, fcntl(fds[1], F_GETFL) | O_NONBLOCK);
-    segment.wake_fd = fds[1];
+    segment.wake_fd = hca->SharePeerWake(peer_pid, hello.src_gid, fds[1]);
+    segment.wake_pid = peer_pid;
     fds[1] = -1;
     segment.watch = watch_id;
     segment.auth_serial = auth_serial;
@@ -356,7 +362,7 @@ bool OfferHello(Hca* hca, uint64_t watch_id, const Hello& hello, int fds[2],
     }
     if (offered) return true;
     munmap(const_cast<char*>(segment.base), segment.size);
-    close(segment.wake_fd);
+    hca->ReleasePeerWake(segment.wake_pid, segment.gid, segment.wake_fd);
   }
   CloseFds(fds, 2);
   return false;
@@ -365,7 +371,7 @@ bool OfferHello(Hca* hca, uint64_t watch_id, const Hello& hello, int fds[2],
 // A message on a connection a peer opened to us: its hello, or (keyed) its proof. Returns
 // false if the connection should be dropped. Only this thread touches such a connection's
 // watch until it is offered to a QP, so its handshake state is read without watch_mu.
-bool ReceiveHello(Hca* hca, uint64_t watch_id, int fd, LinkAuth* auth) {
+bool ReceiveHello(Hca* hca, uint64_t watch_id, int fd, LinkAuth* auth, pid_t peer_pid) {
   union {
     Hello hello;
     Proof proof;
@@ -393,7 +399,7 @@ bool ReceiveHello(Hca* hca, uint64_t watch_id, int fd, LinkAuth* auth) {
       if (!MacEqual(mac, HelloMac(auth->key, AuthRole::kOpener, AuthFabric::kShm, auth->hello,
                                   auth->accepter_gid, auth->nonce, auth->accepter_flags))) {
         why = "proof does not match the QP's link key";
-      } else if (OfferHello(hca, watch_id, hello, fds, auth->key_serial, &why)) {
+      } else if (OfferHello(hca, watch_id, hello, fds, auth->key_serial, peer_pid, &why)) {
         swirl::MutexLock watch_lock(&hca->watch_mu);
         auto it = hca->watches.find(watch_id);
         if (it != hca->watches.end()) it->second.auth.reset();
@@ -423,7 +429,7 @@ bool ReceiveHello(Hca* hca, uint64_t watch_id, int fd, LinkAuth* auth) {
       } else if (keyed && state == QpKeyState::kKeyless) {
         why = "keyed hello for a QP without a link key";
       } else if (!keyed) {
-        if (OfferHello(hca, watch_id, hello, fds, 0, &why)) return true;
+        if (OfferHello(hca, watch_id, hello, fds, 0, peer_pid, &why)) return true;
       } else {
         // Nothing is mapped or offered before the proof: a hello costs this state only.
         auto fresh = std::make_unique<LinkAuth>();
@@ -431,6 +437,9 @@ bool ReceiveHello(Hca* hca, uint64_t watch_id, int fd, LinkAuth* auth) {
                             reinterpret_cast<const uint8_t*>(&hello) + sizeof(hello));
         fresh->key = key;
         fresh->key_serial = serial;
+        fresh->toward_hca = hca;
+        fresh->toward_qpn = hello.dst_qpn;
+        hca->CountHandshakeToward(hello.dst_qpn, 1);
         bool ok = true;
         if (state == QpKeyState::kWait) {
           fresh->phase = LinkAuth::kAwaitKey;  // ResumeParkedShm answers once the key is set
@@ -516,6 +525,42 @@ bool ReceiveChallenge(Hca* hca, LinkWatch& watch) {
   return false;
 }
 
+// The peer's reply on the connection our QP opened (watch_mu held, as the QP may drop the
+// watch at any time): its segment, sent back on our connection because our hello reached it
+// first. Taken once; the rest of the checks are OfferHello's and the QP's (IsExpectedPeer).
+// False if the connection is to be treated as refused. Leaves what it received in *reply,
+// `fds` and *serial for the caller to offer once watch_mu is released.
+bool ReceiveReply(Hca* hca, LinkWatch& watch, Hello* reply, int fds[2], uint64_t* serial) {
+  union {
+    Hello hello;
+    char bytes[128];
+  } message;
+  int nfds;
+  const ssize_t n = ReceiveMessage(watch.fd, &message, sizeof(message), fds, &nfds);
+  if (n < 0) return true;
+  std::string why;
+  const Hello& hello = message.hello;
+  if (n == 0) {
+    why = "closed";
+  } else if (n != static_cast<ssize_t>(sizeof(Hello)) || hello.magic != kHelloMagic ||
+             hello.version != kHelloVersion || hello.flags != kHelloReply || nfds != 2) {
+    why = "malformed reply";
+  } else if (hello.dst_qpn != watch.qp->qp_num) {
+    why = "reply for another QP";  // it would move our watch to that QP
+  } else {
+    watch.reply_allowed = false;
+    *reply = hello;
+    *serial = watch.hello_serial;
+    return true;
+  }
+  CloseFds(fds, 2);
+  if (n != 0) {
+    SWIRL_LOG_LIMITED(hca->peer_log, WARNING, "soft %s: QP 0x%x refused its peer's reply: %s",
+                      hca->name, watch.qp->qp_num, why);
+  }
+  return false;
+}
+
 AcceptResult AcceptAll(Hca* hca) {
   for (;;) {
     int fd = accept4(hca->listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
@@ -535,7 +580,7 @@ AcceptResult AcceptAll(Hca* hca) {
       close(fd);
       continue;
     }
-    hca->Watch(fd, nullptr);
+    hca->Watch(fd, nullptr, nullptr, cred.pid);
   }
 }
 
@@ -545,6 +590,10 @@ void HandleShmEvent(Hca* hca, uint64_t id, uint32_t events) {
   int fd = -1;
   SoftQp* qp = nullptr;
   LinkAuth* auth = nullptr;
+  pid_t peer_pid = 0;
+  Hello reply;
+  int reply_fds[2] = {-1, -1};
+  uint64_t reply_serial = 0;
   {
     swirl::MutexLock lock(&hca->watch_mu);
     auto it = hca->watches.find(id);
@@ -552,16 +601,42 @@ void HandleShmEvent(Hca* hca, uint64_t id, uint32_t events) {
     fd = it->second.fd;
     qp = it->second.qp;
     auth = it->second.auth.get();
-    if (qp != nullptr && auth != nullptr && (events & EPOLLIN)) {
-      // Our keyed hello's answer. Under watch_mu: the QP may drop this watch at any time.
-      if (ReceiveChallenge(hca, it->second)) return;
-      epoll_ctl(hca->epoll_fd, EPOLL_CTL_DEL, it->second.fd, nullptr);
-      WatchEnded(it->second);  // as if the accepter had refused the hello
-      return;
+    peer_pid = it->second.peer_pid;
+    if (qp != nullptr && (events & EPOLLIN) && (auth != nullptr || it->second.reply_allowed)) {
+      // Our keyed hello's answer, or the peer's reply. Under watch_mu: the QP may drop this
+      // watch at any time.
+      const bool ok = auth != nullptr
+                          ? ReceiveChallenge(hca, it->second)
+                          : ReceiveReply(hca, it->second, &reply, reply_fds, &reply_serial);
+      if (!ok) {
+        epoll_ctl(hca->epoll_fd, EPOLL_CTL_DEL, it->second.fd, nullptr);
+        WatchEnded(it->second);  // as if the accepter had refused the hello
+        // A bad reply is the peer's last word: it sees the connection end (the QP keeps the
+        // descriptor until it lets go of the watch).
+        if (auth == nullptr) shutdown(it->second.fd, SHUT_RDWR);
+        return;
+      }
+      if (reply_fds[0] < 0) return;  // (a challenge answered, or nothing there yet)
     }
   }
+  if (reply_fds[0] >= 0) {
+    // Mapped and offered as a hello would be, to the QP whose connection it came on.
+    std::string why;
+    if (!OfferHello(hca, id, reply, reply_fds, reply_serial, peer_pid, &why)) {
+      SWIRL_LOG_LIMITED(hca->peer_log, WARNING, "soft %s: refused a reply to QP 0x%x: %s",
+                        hca->name, reply.dst_qpn, why);
+      swirl::MutexLock lock(&hca->watch_mu);
+      auto it = hca->watches.find(id);
+      if (it != hca->watches.end()) {
+        epoll_ctl(hca->epoll_fd, EPOLL_CTL_DEL, it->second.fd, nullptr);
+        WatchEnded(it->second);
+        shutdown(it->second.fd, SHUT_RDWR);
+      }
+    }
+    return;
+  }
   if (qp == nullptr && (events & EPOLLIN)) {
-    if (!ReceiveHello(hca, id, fd, auth)) hca->Unwatch(id);
+    if (!ReceiveHello(hca, id, fd, auth, peer_pid)) hca->Unwatch(id);
     return;
   }
   if (events & (EPOLLHUP | EPOLLRDHUP | EPOLLERR)) {
@@ -852,13 +927,78 @@ int SendHelloFor(SoftQp* qp) {
   LinkKey key;
   const uint64_t serial = LinkKeyOf(qp, &key);
   std::unique_ptr<LinkAuth> auth;
-  const int fd = SendHello(qp->hca, qp->attr.ah_attr.grh.dgid, qp->qp_num, qp->attr.dest_qp_num,
-                           qp->memfd, qp->own_size, serial != 0 ? &key : nullptr, serial, &auth);
+  pid_t peer_pid = 0;
+  const int fd =
+      SendHello(qp->hca, qp->attr.ah_attr.grh.dgid, qp->qp_num, qp->attr.dest_qp_num, qp->memfd,
+                qp->own_size, serial != 0 ? &key : nullptr, serial, &auth, &peer_pid);
   OPENSSL_cleanse(key.data(), key.size());
   if (fd < 0) return fd;
   qp->out_socket = fd;
-  qp->out_watch = qp->hca->Watch(fd, qp, std::move(auth));
+  qp->out_watch = qp->hca->Watch(fd, qp, std::move(auth), peer_pid);
+  swirl::MutexLock lock(&qp->hca->watch_mu);
+  auto it = qp->hca->watches.find(qp->out_watch);
+  if (it != qp->hca->watches.end()) {
+    it->second.reply_allowed = true;
+    it->second.hello_serial = serial;
+  }
   return fd;
+}
+
+// Our segment, sent back on the connection the peer's hello came on (the QP adopted it):
+// a reply, with [memfd, wake eventfd]. On a keyed link that connection is the one the peer
+// proved the key on, so the reply needs no MAC of its own. False if it could not be sent.
+bool SendReply(SoftQp* qp) {
+  Hca* hca = qp->hca;
+  Hello hello;
+  std::memset(&hello, 0, sizeof(hello));
+  hello.magic = kHelloMagic;
+  hello.version = kHelloVersion;
+  hello.src_qpn = qp->qp_num;
+  hello.dst_qpn = qp->attr.dest_qp_num;
+  hello.flags = kHelloReply;
+  hello.src_gid = hca->gid;
+  hello.segment_size = qp->own_size;
+  int fds[2] = {qp->memfd, hca->wake_fd};
+  char control[CMSG_SPACE(sizeof(fds))];
+  std::memset(control, 0, sizeof(control));
+  iovec iov{&hello, sizeof(hello)};
+  msghdr msg;
+  std::memset(&msg, 0, sizeof(msg));
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof(fds));
+  std::memcpy(CMSG_DATA(c), fds, sizeof(fds));
+  // Under watch_mu: the HCA thread may end the watch, and close its descriptor, at any time.
+  swirl::MutexLock lock(&hca->watch_mu);
+  auto it = hca->watches.find(qp->in_watch);
+  if (it == hca->watches.end() || it->second.dead) return false;
+  return sendmsg(it->second.fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT) ==
+         static_cast<ssize_t>(sizeof(hello));
+}
+
+// Whether a hello from the peer `qp` expects already waits for it (it reached RTR first), or
+// a keyed hello's handshake toward it is under way (from its peer, presumably: a stranger's
+// fails, and RetryLink opens a connection of ours after all): then the QP answers on that
+// connection instead of opening one.
+bool ExpectedPeerWaiting(SoftQp* qp) {
+  std::vector<uint64_t> watches;
+  {
+    swirl::MutexLock lock(&qp->incoming_mu);
+    for (const PeerSegment& c : qp->incoming) {
+      if (IsExpectedPeer(qp, c)) watches.push_back(c.watch);
+    }
+  }
+  // (watch_mu is taken before incoming_mu, never inside it.) A candidate whose connection
+  // ended is not one to answer on.
+  for (uint64_t watch : watches) {
+    if (!WatchDead(qp->hca, watch)) return true;
+  }
+  return qp->hca->HandshakeToward(qp->qp_num);
 }
 
 }  // namespace
@@ -885,6 +1025,12 @@ void ShmFabric::HandleEvent(uint64_t id, uint32_t events) { HandleShmEvent(hca_,
 void ShmFabric::ResumeParked() { ResumeParkedShm(hca_); }
 
 void ShmFabric::OpenLink(SoftQp* qp) {
+  if (ExpectedPeerWaiting(qp)) {
+    // The QP adopts it at its next progress and replies (LinkAdopted). Should the candidate die
+    // first, RetryLink opens a connection of our own after all.
+    qp->next_link_attempt_ns = NowNs() + kReopenAfterNs;
+    return;
+  }
   const int fd = SendHelloFor(qp);
   if (fd >= 0) return;
   // Like a real link to an absent peer: nothing fails now; requests time out at RTS.
@@ -901,19 +1047,48 @@ void ShmFabric::OpenLink(SoftQp* qp) {
 }
 
 void ShmFabric::LinkAdopted(SoftQp* qp) {
-  if (!WatchDead(qp->hca, qp->out_watch)) return;  // the peer has our segment, or will
-  // Our hello reached the peer when it could not take it (in ERR, about to be reset and
-  // connected again, as rdma-core's tests restate their QPs) and was closed. The peer is
-  // back, and without our segment it could never link: it gets the hello again. That close
-  // marked the peer gone (a hello's hang-up is how a linked peer's death shows), but it was a
-  // refusal, which the live link just adopted answers: the peer is not gone.
-  if (qp->out_watch != 0) qp->hca->Unwatch(qp->out_watch);
-  qp->out_watch = 0;
-  qp->peer_gone.store(false, std::memory_order_release);
-  SendHelloFor(qp);
+  // The peer has our segment, or will: it replied on our connection, or our hello's
+  // connection lives (the peer takes it at its RTR, or both hellos crossed).
+  if (qp->out_watch != qp->in_watch && WatchDead(qp->hca, qp->out_watch)) {
+    // Either we sent nothing (the peer's hello was here first), or our hello reached the
+    // peer when it could not take it (in ERR, about to be reset and connected again, as
+    // rdma-core's tests restate their QPs) and was closed: the peer is back, and without our
+    // segment could never link. It gets it as a reply on its own connection, or, if that
+    // cannot be sent, a hello on one of ours. The refusal's close marked the peer gone (a
+    // hello's hang-up is how a linked peer's death shows), but the live link just adopted
+    // answers it: the peer is not gone.
+    if (qp->out_watch != 0) {
+      qp->hca->Unwatch(qp->out_watch);
+      qp->out_watch = 0;
+      qp->peer_gone.store(false, std::memory_order_release);
+    }
+    if (SendReply(qp)) {
+      qp->out_watch = qp->in_watch;  // one connection both ways: it goes with the peer segment
+    } else {
+      SendHelloFor(qp);
+    }
+  }
+  // Whatever happens next, nothing sends this segment again: a new link (after RESET) makes
+  // a new one. Mapped, it lives on without its descriptor, one fewer per QP.
+  if (qp->memfd >= 0) close(qp->memfd);
+  qp->memfd = -1;
 }
 
-uint64_t Hca::Watch(int fd, SoftQp* qp, std::unique_ptr<LinkAuth> auth) {
+bool ShmFabric::RetryLink(SoftQp* qp) {
+  // Only a QP that skipped its hello for a waiting candidate or handshake (OpenLink) and is
+  // still unlinked a while later (the candidate's connection ended, the handshake failed or
+  // is slow) needs one: it opens its own, once. A candidate that has arrived meanwhile is
+  // adopted first (HandleLinkEvent runs before this).
+  if (qp->next_link_attempt_ns == 0 || qp->out_watch != 0 || qp->memfd < 0 ||
+      (qp->qstate != IBV_QPS_RTR && qp->qstate != IBV_QPS_RTS) ||
+      NowNs() < qp->next_link_attempt_ns) {
+    return false;
+  }
+  qp->next_link_attempt_ns = 0;
+  return SendHelloFor(qp) >= 0;
+}
+
+uint64_t Hca::Watch(int fd, SoftQp* qp, std::unique_ptr<LinkAuth> auth, pid_t peer_pid) {
   uint64_t id;
   {
     swirl::MutexLock lock(&watch_mu);
@@ -921,6 +1096,7 @@ uint64_t Hca::Watch(int fd, SoftQp* qp, std::unique_ptr<LinkAuth> auth) {
     LinkWatch& watch = watches[id];
     watch = LinkWatch{qp, fd, nullptr, /*adopted=*/qp != nullptr};
     watch.auth = std::move(auth);
+    watch.peer_pid = peer_pid;
   }
   epoll_event ev;
   ev.events = EPOLLIN | EPOLLRDHUP;
@@ -955,6 +1131,47 @@ void Hca::UnwatchLocked(uint64_t id) {
   fabric->CloseLink(id, it->second);
   close(it->second.fd);
   watches.erase(it);
+}
+
+void Hca::CountHandshakeToward(uint32_t qpn, int delta) {
+  swirl::MutexLock lock(&toward_mu);
+  int& count = handshakes_toward[qpn];
+  count += delta;
+  if (count <= 0) handshakes_toward.erase(qpn);
+}
+
+bool Hca::HandshakeToward(uint32_t qpn) {
+  swirl::MutexLock lock(&toward_mu);
+  return handshakes_toward.contains(qpn);
+}
+
+int Hca::SharePeerWake(pid_t pid, const ibv_gid& gid, int received) {
+  if (pid <= 0) return received;
+  swirl::MutexLock lock(&peer_wake_mu);
+  PeerWake& wake = peer_wakes[{pid, std::string(reinterpret_cast<const char*>(gid.raw), 16)}];
+  if (wake.refs++ == 0) {
+    wake.fd = received;
+  } else {
+    close(received);
+  }
+  return wake.fd;
+}
+
+void Hca::ReleasePeerWake(pid_t pid, const ibv_gid& gid, int fd) {
+  if (pid <= 0) {
+    close(fd);
+    return;
+  }
+  swirl::MutexLock lock(&peer_wake_mu);
+  auto it = peer_wakes.find({pid, std::string(reinterpret_cast<const char*>(gid.raw), 16)});
+  if (it == peer_wakes.end() || it->second.fd != fd) {
+    close(fd);  // (not shared after all: cannot happen, but never leak it)
+    return;
+  }
+  if (--it->second.refs == 0) {
+    close(it->second.fd);
+    peer_wakes.erase(it);
+  }
 }
 
 void Hca::Kick() {
@@ -1002,7 +1219,7 @@ void WatchEnded(LinkWatch& watch) {
 
 void PeerSegment::Close(Hca* hca) {
   if (base != nullptr && !mirror) munmap(const_cast<char*>(base), size);
-  if (wake_fd >= 0) close(wake_fd);
+  if (wake_fd >= 0) hca->ReleasePeerWake(wake_pid, gid, wake_fd);
   if (watch != 0) hca->Unwatch(watch);
   base = nullptr;
   wake_fd = -1;
@@ -1050,7 +1267,7 @@ void ReleaseHca(Hca* hca) {
 
 int SendHello(Hca* hca, const ibv_gid& gid, uint32_t src_qpn, uint32_t dst_qpn, int memfd,
               uint64_t segment_size, const LinkKey* key, uint64_t key_serial,
-              std::unique_ptr<LinkAuth>* auth) {
+              std::unique_ptr<LinkAuth>* auth, pid_t* peer_pid) {
   int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
   if (fd < 0) return -errno;
   socklen_t len;
@@ -1124,6 +1341,7 @@ int SendHello(Hca* hca, const ibv_gid& gid, uint32_t src_qpn, uint32_t dst_qpn, 
   }
   fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
   if (auth != nullptr) *auth = std::move(pending);
+  if (peer_pid != nullptr) *peer_pid = cred.pid;
   return fd;
 }
 

@@ -43,6 +43,8 @@ using Mac = std::array<uint8_t, kMacBytes>;
 // Hello flags (both fabrics).
 inline constexpr uint32_t kHelloKeyed = 1;  // the opener's QP has a link key: challenge it
 inline constexpr uint32_t kHelloCrypt = 2;  // TCP: seal records (either side asking is enough)
+// Shared memory: a reply, the accepter's own segment sent back on the opener's connection.
+inline constexpr uint32_t kHelloReply = 4;
 
 enum class AuthRole : uint8_t { kAccepter, kOpener };
 enum class AuthFabric : uint8_t { kShm, kTcp };

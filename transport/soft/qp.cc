@@ -115,9 +115,7 @@ bool HandleLinkEvent(SoftQp* qp) {
     }
     // The peer proved the key this QP has (keyed), or the QP has none and neither did the
     // hello: a candidate offered before SetLinkKey, or under an earlier key, is not the peer.
-    const bool match = ready && !qp->linked && c.qp_num == qp->attr.dest_qp_num &&
-                       std::memcmp(&c.gid, &qp->attr.ah_attr.grh.dgid, sizeof(ibv_gid)) == 0 &&
-                       c.auth_serial == LinkKeyOf(qp, nullptr);
+    const bool match = ready && !qp->linked && IsExpectedPeer(qp, c);
     // A matching candidate whose connection already ended (a stale link of a QP that was reset,
     // or a stranger posing as the peer) is dropped like a wrong one: a live match may follow.
     // Except on the connection this QP opened to its peer's address (TCP): what came back on it
@@ -188,8 +186,8 @@ void TeardownLink(SoftQp* qp) {
       qp->ctrl_for_hca.store(nullptr, std::memory_order_release);
     }
     munmap(qp->own_base, qp->own_size);
-    close(qp->memfd);
   }
+  if (qp->memfd >= 0) close(qp->memfd);
   qp->own_base = nullptr;
   qp->own_ctrl = nullptr;
   qp->memfd = -1;
@@ -600,6 +598,12 @@ void PublishAndWake(SoftQp* qp, bool wrote) {
   }
   if (!published || !qp->linked) return;
   qp->fabric->Publish(qp, wrote);
+}
+
+bool IsExpectedPeer(SoftQp* qp, const PeerSegment& c) {
+  return c.qp_num == qp->attr.dest_qp_num &&
+         std::memcmp(&c.gid, &qp->attr.ah_attr.grh.dgid, sizeof(ibv_gid)) == 0 &&
+         c.auth_serial == LinkKeyOf(qp, nullptr);
 }
 
 uint64_t LinkKeyOf(SoftQp* qp, LinkKey* key) {

@@ -11,6 +11,7 @@
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <dirent.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -26,7 +27,9 @@
 #include "absl/time/clock.h"
 #include "rpc/testing/process.h"
 #include "transport/soft/link_auth.h"
+#include "transport/soft/qp_ops.h"
 #include "transport/soft/soft_device.h"
+#include "transport/soft/soft_internal.h"
 #include "transport/soft/test_side.h"
 #include "transport/soft/wire.h"
 #include "transport/verbs/verbs.h"
@@ -37,7 +40,7 @@ namespace {
 // The shared-memory handshake's messages, written from the document.
 struct Hello {
   uint64_t magic = 0x4f4c4c4548575331ull;  // "1SWHELLO"
-  uint32_t version = 3;
+  uint32_t version = 4;
   uint32_t src_qpn = 0;
   uint32_t dst_qpn = 0;
   uint32_t flags = 0;  // 1: keyed
@@ -120,6 +123,11 @@ class FakeHca {
   }
   ~FakeHca() { close(listen_fd_); }
   const ibv_gid& gid() const { return gid_; }
+  // Whether a device has opened a connection to us that we have not accepted.
+  bool Pending() {
+    pollfd p{listen_fd_, POLLIN, 0};
+    return poll(&p, 1, 0) == 1;
+  }
   // The connection a device opened to us (it is in the backlog by now), or -1.
   int Accept() {
     pollfd p{listen_fd_, POLLIN, 0};
@@ -530,6 +538,174 @@ TEST(ShmLinkKey, KeylessHellosWrongProofsAndReplaysAreRefused) {
   close(fd);
   close(memfd);
   close(wake);
+}
+
+
+// ---- Replies: one connection per QP pair -------------------------------------------------------
+
+// Whether `side`'s QP holds a peer's hello it has not adopted yet (the HCA thread offered it),
+// within 10 s.
+bool WaitForCandidate(Side& side) {
+  SoftQp* qp = AsSoft(side.qp->get());
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (absl::Now() < deadline) {
+    {
+      swirl::MutexLock lock(&qp->incoming_mu);
+      if (!qp->incoming.empty()) return true;
+    }
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  return false;
+}
+
+int OpenDescriptors() {
+  DIR* dir = opendir("/proc/self/fd");
+  int n = 0;
+  while (dirent* e = readdir(dir)) n += e->d_name[0] != '.';
+  closedir(dir);
+  return n - 1;  // opendir's own
+}
+
+// A QP whose peer's hello is already there when it reaches RTR opens no connection of its own:
+// it replies on the peer's, with its segment and wake eventfd.
+TEST(ShmReply, AQpWhosePeersHelloCameFirstRepliesOnThatConnection) {
+  FakeHca peer;
+  Side victim = MakeSide("soft0");
+  uint64_t size;
+  const int memfd = MakeSegment(
+      kPeerQpn, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE | F_SEAL_SEAL, &size);
+  const int wake = eventfd(0, EFD_CLOEXEC);
+  const int fd = ConnectTo(GidOf(victim));
+  Hello hello = HelloFor(peer.gid(), victim, size, /*keyed=*/false);
+  SendWithFds(fd, &hello, sizeof(hello), {memfd, wake});
+  ASSERT_TRUE(WaitForCandidate(victim)) << "the device never offered the hello to its QP";
+  ASSERT_NO_FATAL_FAILURE(Connect(victim, peer.gid(), nullptr));
+  Message reply;
+  Receive(fd, &reply);
+  ASSERT_EQ(reply.length, static_cast<ssize_t>(sizeof(Hello)));
+  ASSERT_EQ(reply.fds.size(), 2u);
+  Hello h;
+  std::memcpy(&h, reply.bytes, sizeof(h));
+  EXPECT_EQ(h.magic, hello.magic);
+  EXPECT_EQ(h.version, 4u);
+  EXPECT_EQ(h.flags, 4u);
+  EXPECT_EQ(h.src_qpn, victim.qp->qp_num());
+  EXPECT_EQ(h.dst_qpn, kPeerQpn);
+  const ibv_gid victim_gid = GidOf(victim);
+  EXPECT_EQ(std::memcmp(&h.src_gid, &victim_gid, sizeof(ibv_gid)), 0);
+  EXPECT_TRUE(fcntl(reply.fds[0], F_GET_SEALS) & F_SEAL_FUTURE_WRITE);
+  // Had it also opened one, the connection would be in our backlog: connect(2) returned
+  // before the QP reached RTR, and the reply comes after that.
+  EXPECT_FALSE(peer.Pending()) << "the QP opened a connection of its own as well";
+  close(fd);
+  close(memfd);
+  close(wake);
+}
+
+// If the hello it waited for goes away before the QP can adopt it, the QP opens its own.
+TEST(ShmReply, AQpWhoseWaitingHelloDiedOpensItsOwn) {
+  FakeHca peer;
+  Side victim = MakeSide("soft0");
+  uint64_t size;
+  const int memfd = MakeSegment(
+      kPeerQpn, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE | F_SEAL_SEAL, &size);
+  const int wake = eventfd(0, EFD_CLOEXEC);
+  const int fd = ConnectTo(GidOf(victim));
+  Hello hello = HelloFor(peer.gid(), victim, size, /*keyed=*/false);
+  SendWithFds(fd, &hello, sizeof(hello), {memfd, wake});
+  ASSERT_TRUE(WaitForCandidate(victim));
+  close(fd);
+  ASSERT_NO_FATAL_FAILURE(Connect(victim, peer.gid(), nullptr));
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (!peer.Pending() && absl::Now() < deadline) victim.cq->Poll(0, nullptr);
+  const int opened = peer.Accept();
+  ASSERT_GE(opened, 0) << "the QP never opened a connection of its own";
+  Message own;
+  Receive(opened, &own);
+  ASSERT_EQ(own.length, static_cast<ssize_t>(sizeof(Hello)));
+  Hello h;
+  std::memcpy(&h, own.bytes, sizeof(h));
+  EXPECT_EQ(h.flags, 0u) << "a hello, not a reply";
+  EXPECT_EQ(own.fds.size(), 2u);
+  close(opened);
+  close(memfd);
+  close(wake);
+}
+
+// A reply is taken only for the QP whose connection it came on, and only well-formed.
+TEST(ShmReply, RepliesForAnotherQpOrMalformedAreRefused) {
+  Side victim = MakeSide("soft0");
+  Side other = MakeSide("soft0");
+  uint64_t size;
+  const int memfd = MakeSegment(
+      kPeerQpn, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE | F_SEAL_SEAL, &size);
+  const int wake = eventfd(0, EFD_CLOEXEC);
+  for (int variant = 0; variant < 3; ++variant) {
+    FakeHca peer;
+    ASSERT_TRUE(victim.qp->ToReset().ok());
+    ASSERT_NO_FATAL_FAILURE(Connect(victim, peer.gid(), nullptr));
+    const int fd = peer.Accept();
+    ASSERT_GE(fd, 0);
+    Message hello;
+    Receive(fd, &hello);
+    ASSERT_EQ(hello.length, static_cast<ssize_t>(sizeof(Hello)));
+    Hello reply;
+    reply.flags = 4;
+    reply.src_qpn = kPeerQpn;
+    reply.dst_qpn = victim.qp->qp_num();
+    reply.src_gid = peer.gid();
+    reply.segment_size = size;
+    std::vector<int> fds = {memfd, wake};
+    if (variant == 0) reply.dst_qpn = other.qp->qp_num();  // another QP of that device
+    if (variant == 1) reply.flags = 4 | 1;                  // a reply is never keyed
+    if (variant == 2) fds = {memfd};                        // no wake eventfd
+    SendWithFds(fd, &reply, sizeof(reply), fds);
+    EXPECT_TRUE(DroppedBy(fd)) << "variant " << variant << " was taken";
+    close(fd);
+  }
+  close(memfd);
+  close(wake);
+}
+
+// Linked pairs between two devices of this process: each QP holds one descriptor (its end of
+// the pair's one connection), and each device one copy of the other's wake eventfd, however
+// many QPs; all of them go with the QPs.
+TEST(ShmReply, ALinkedQpHoldsOneDescriptor) {
+  constexpr int kPairs = 16;
+  std::vector<Side> a, b;
+  for (int i = 0; i < kPairs; ++i) {
+    a.push_back(MakeSide("soft0"));
+    b.push_back(MakeSide("soft1"));
+  }
+  const int base = OpenDescriptors();
+  for (int i = 0; i < kPairs; ++i) {
+    auto aa = a[i].qp->LocalAddress(100, {});
+    auto ba = b[i].qp->LocalAddress(200, {});
+    ASSERT_TRUE(aa.ok() && ba.ok());
+    ASSERT_TRUE(a[i].qp->Connect(*ba, 100, {}).ok());
+    ASSERT_TRUE(WaitForCandidate(b[i])) << "pair " << i;
+    ASSERT_TRUE(b[i].qp->Connect(*aa, 200, {}).ok());
+  }
+  for (int i = 0; i < kPairs; ++i) {
+    PostRecv(b[i], 1);
+    PostRecv(a[i], 2);
+    PostSend(a[i], 3, "to b");
+    PostSend(b[i], 4, "to a");
+    for (Side* s : {&a[i], &b[i]}) {
+      Side* other = s == &a[i] ? &b[i] : &a[i];
+      for (int n = 0; n < 2; ++n) {
+        ibv_wc wc = Wait(*s, other);
+        ASSERT_EQ(wc.status, IBV_WC_SUCCESS) << "pair " << i << ": " << ibv_wc_status_str(wc.status);
+      }
+    }
+  }
+  EXPECT_EQ(OpenDescriptors() - base, 2 * kPairs + 2)
+      << "descriptors held by " << kPairs << " linked pairs";
+  for (int i = 0; i < kPairs; ++i) {
+    a[i].qp.reset();
+    b[i].qp.reset();
+  }
+  EXPECT_EQ(OpenDescriptors(), base) << "descriptors left once the QPs are gone";
 }
 
 }  // namespace

@@ -56,7 +56,7 @@ sockaddr_un AddressFor(const std::string& gid_hex, socklen_t* len) {
 // The shared-memory hello (docs/SOFT_WIRE.md), keyless.
 struct Hello {
   uint64_t magic = 0x4f4c4c4548575331ull;
-  uint32_t version = 3;
+  uint32_t version = 4;
   uint32_t src_qpn = 0x321;
   uint32_t dst_qpn = 0;
   uint32_t flags = 0;

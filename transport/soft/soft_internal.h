@@ -5,6 +5,7 @@
 #define SWIRL_TRANSPORT_SOFT_SOFT_INTERNAL_H_
 
 #include <infiniband/verbs.h>
+#include <sys/types.h>
 
 #include <atomic>
 #include <cstddef>
@@ -17,6 +18,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -345,6 +347,10 @@ struct PeerSegment {
   uint64_t response_ring_offset = 0, response_ring_size = 0;
   uint64_t watch = 0;  // the HCA watch on the connection it came on (liveness)
   int wake_fd = -1;  // the peer HCA's wake eventfd (TCP fabric: none, -1)
+  // Shared memory: the peer process (its pid, as the kernel reported it) whose HCA's wake
+  // eventfd `wake_fd` is, shared by every QP linked to that HCA (Hca::SharePeerWake); 0: not
+  // shared, `wake_fd` is this segment's own.
+  pid_t wake_pid = 0;
   ibv_gid gid{};
   uint32_t qp_num = 0;
   // TCP fabric: `base` is a private mirror owned by the link's TcpLink, unmapped with it.
@@ -574,7 +580,8 @@ struct SoftQp : VerbsQp {
   PollSink* poll_sink = nullptr;
   bool entering_error = false;
 
-  // Link: our segment and the peer's.
+  // Link: our segment and the peer's. Shared memory closes `memfd` once the link is adopted
+  // (the peer has it, or never will: ShmFabric::LinkAdopted); TCP keeps it.
   int memfd = -1;
   // Our segment's control block, for the HCA thread's sleeping flag (read under hca->mu).
   std::atomic<wire::SegmentControl*> ctrl_for_hca{nullptr};
@@ -667,6 +674,11 @@ struct LinkAuth {
   uint32_t accepter_flags = 0;
   int memfd = -1;               // shared memory, opener: our segment until the proof carries it
   int64_t deadline_ns = 0;      // accepter: when a parked hello or a missing proof is given up
+  // Shared memory, accepter: counted in toward_hca->handshakes_toward[toward_qpn] while it
+  // lives (Hca::CountHandshakeToward), so that QP replies on this connection instead of
+  // opening its own.
+  Hca* toward_hca = nullptr;
+  uint32_t toward_qpn = 0;
   LinkAuth() = default;
   LinkAuth(const LinkAuth&) = delete;
   LinkAuth& operator=(const LinkAuth&) = delete;
@@ -684,6 +696,13 @@ struct LinkWatch {
   bool dead = false;
   // Shared memory: the keyed handshake in progress on this connection (null: none, or done).
   std::unique_ptr<LinkAuth> auth;
+  // Shared memory: the process at the other end (SO_PEERCRED; 0 if the kernel could not name
+  // it), which keys the wake eventfd its hellos carry.
+  pid_t peer_pid = 0;
+  // Shared memory, the connection a QP opened with its hello: the peer may answer on it with
+  // its own segment (a reply hello) once, instead of opening a connection of its own.
+  bool reply_allowed = false;
+  uint64_t hello_serial = 0;  // the link key serial our hello was proved with (0: keyless)
 };
 
 // Ends watch `id`'s connection both ways (shutdown(2)) as a failed link would: each end's HCA
@@ -754,10 +773,35 @@ struct Hca {
   // before authentication (TakeFromSource; tests read it).
   std::atomic<uint64_t> tcp_turned_away{0};
 
+  // Peers' wake eventfds, one per peer HCA, whatever the number of QPs linked to it: each
+  // hello carries a copy, and 10,000 QPs to one peer process would otherwise hold 10,000
+  // descriptors of one eventfd. Keyed by the peer's pid as the kernel reports it (SO_PEERCRED:
+  // a process cannot claim another's) and the GID its hello names (random per HCA, so a pid
+  // reused by a later process, or a device reopened, is a new key).
+  struct PeerWake {
+    int fd = -1;
+    int refs = 0;
+  };
+  // Keyed hellos toward each of our QPs whose handshake is under way here (LinkAuth).
+  swirl::Mutex toward_mu;
+  absl::flat_hash_map<uint32_t, int> handshakes_toward ABSL_GUARDED_BY(toward_mu);
+  void CountHandshakeToward(uint32_t qpn, int delta);
+  bool HandshakeToward(uint32_t qpn);
+  swirl::Mutex peer_wake_mu;
+  absl::flat_hash_map<std::pair<pid_t, std::string>, PeerWake> peer_wakes
+      ABSL_GUARDED_BY(peer_wake_mu);
+  // Takes `received` (a validated eventfd from peer `pid`'s HCA `gid`) and returns the
+  // descriptor to wake that HCA with: the one already held for it (closing `received`), or
+  // `received`. pid 0 (a process the kernel cannot name to us) is never shared.
+  int SharePeerWake(pid_t pid, const ibv_gid& gid, int received);
+  // Gives back a descriptor SharePeerWake returned; the last user closes it.
+  void ReleasePeerWake(pid_t pid, const ibv_gid& gid, int fd);
+
   // Registers `fd` with the HCA thread for hangup detection; returns the watch id.
   // (`qp` non-null: the QP's own outgoing link, adopted from the start; `auth`: its keyed
-  // handshake, which the HCA thread finishes.)
-  uint64_t Watch(int fd, SoftQp* qp, std::unique_ptr<LinkAuth> auth = nullptr);
+  // handshake, which the HCA thread finishes; `peer_pid`: the process at the other end.)
+  uint64_t Watch(int fd, SoftQp* qp, std::unique_ptr<LinkAuth> auth = nullptr,
+                 pid_t peer_pid = 0);
   // The same for a TCP link (takes ownership of `link`), with the epoll events it starts with.
   uint64_t WatchTcp(int fd, SoftQp* qp, TcpLink* link, uint32_t events);
   // Stops watching and closes the fd.
@@ -831,10 +875,11 @@ std::string GidHex(const ibv_gid& gid);
 // Connects to the HCA owning `gid`, handing it our segment for QP `dst_qpn` (keyless), or
 // opening a keyed handshake (`key` non-null: the HCA thread finishes it, ReceiveChallenge).
 // Refuses a listener of a user we do not trust (SO_PEERCRED). On success returns the
-// connected socket and, for a keyed hello, the handshake's state in *auth; else -errno.
+// connected socket, the listener's pid in *peer_pid and, for a keyed hello, the handshake's
+// state in *auth; else -errno.
 int SendHello(Hca* hca, const ibv_gid& gid, uint32_t src_qpn, uint32_t dst_qpn, int memfd,
               uint64_t segment_size, const LinkKey* key, uint64_t key_serial,
-              std::unique_ptr<LinkAuth>* auth);
+              std::unique_ptr<LinkAuth>* auth, pid_t* peer_pid);
 // What QP `qpn` answers a keyed or keyless hello with (HCA thread; caller holds hca->mu as a
 // reader): kNoQp; kKeyed (with its key and serial); kWait (no key yet and still before RTR:
 // the hello waits for SetLinkKey); kKeyless (no key, and none can come).
@@ -931,6 +976,9 @@ int PostSrqRecv(ibv_srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad_wr);
 int BindMw(ibv_qp* qp, ibv_mw* mw, ibv_mw_bind* bind);
 // The QP's link key, if it has one, into *key (if non-null); returns its serial, else 0.
 uint64_t LinkKeyOf(SoftQp* qp, LinkKey* key);
+// Whether candidate `c` is the peer `qp` was told about at RTR (QPN and GID) and proved the
+// key the QP has, or none if it has none. Caller holds qp->lock.
+bool IsExpectedPeer(SoftQp* qp, const PeerSegment& c);
 // Progress on `qp`; the caller holds qp->lock. Returns true if anything happened.
 // ProgressLocked is inline because every poll runs it, and most polls find nothing: the steady
 // state (Normal) with no frame on either ring, nothing queued and no send completion wanted
