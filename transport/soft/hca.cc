@@ -250,6 +250,44 @@ bool SegmentGeometryOk(uint64_t segment_size, uint64_t request_ring_offset,
           response_ring_offset + response_ring_size <= request_ring_offset);
 }
 
+namespace {
+
+// `qp`'s reply on connection `fd` (the one its peer's hello came on): our segment back, with
+// [memfd, HCA wake eventfd]. On a keyed link that connection is the one the peer proved the key
+// on, so the reply needs no MAC of its own. The caller holds watch_mu (the watch, and so `fd`,
+// stay) and qp->incoming_mu (the memfd stays). False if it could not be sent.
+bool SendReplyOn(int fd, SoftQp* qp) {
+  Hca* hca = qp->hca;
+  if (qp->memfd < 0) return false;
+  Hello hello;
+  std::memset(&hello, 0, sizeof(hello));
+  hello.magic = kHelloMagic;
+  hello.version = kHelloVersion;
+  hello.src_qpn = qp->qp_num;
+  hello.dst_qpn = qp->attr.dest_qp_num;
+  hello.flags = kHelloReply;
+  hello.src_gid = hca->gid;
+  hello.segment_size = qp->own_size;
+  int fds[2] = {qp->memfd, hca->wake_fd};
+  char control[CMSG_SPACE(sizeof(fds))];
+  std::memset(control, 0, sizeof(control));
+  iovec iov{&hello, sizeof(hello)};
+  msghdr msg;
+  std::memset(&msg, 0, sizeof(msg));
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof(fds));
+  std::memcpy(CMSG_DATA(c), fds, sizeof(fds));
+  return sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT) == static_cast<ssize_t>(sizeof(hello));
+}
+
+}  // namespace
+
 bool OfferSegment(Hca* hca, uint64_t watch_id, uint32_t dst_qpn, const PeerSegment& segment,
                   std::string* why) {
   auto qp = hca->qps.find(dst_qpn);
@@ -265,6 +303,14 @@ bool OfferSegment(Hca* hca, uint64_t watch_id, uint32_t dst_qpn, const PeerSegme
       return false;
     }
     qp->second->incoming.push_back(segment);
+    SoftQp* target = qp->second;
+    if (target->want_reply && watch->second.tcp == nullptr && IsExpectedPeer(target, segment) &&
+        SendReplyOn(watch->second.fd, target)) {
+      // Sent now, not when the QP adopts the hello: its owner may not drive it for a while
+      // (a caller-driven channel), and the peer needs our segment to read what we send.
+      target->want_reply = false;
+      target->replied_watch = watch_id;
+    }
   }
   watch->second.qp = qp->second;
   // The QP picks it up at its next progress.
@@ -944,61 +990,42 @@ int SendHelloFor(SoftQp* qp) {
   return fd;
 }
 
-// Our segment, sent back on the connection the peer's hello came on (the QP adopted it):
-// a reply, with [memfd, wake eventfd]. On a keyed link that connection is the one the peer
-// proved the key on, so the reply needs no MAC of its own. False if it could not be sent.
-bool SendReply(SoftQp* qp) {
-  Hca* hca = qp->hca;
-  Hello hello;
-  std::memset(&hello, 0, sizeof(hello));
-  hello.magic = kHelloMagic;
-  hello.version = kHelloVersion;
-  hello.src_qpn = qp->qp_num;
-  hello.dst_qpn = qp->attr.dest_qp_num;
-  hello.flags = kHelloReply;
-  hello.src_gid = hca->gid;
-  hello.segment_size = qp->own_size;
-  int fds[2] = {qp->memfd, hca->wake_fd};
-  char control[CMSG_SPACE(sizeof(fds))];
-  std::memset(control, 0, sizeof(control));
-  iovec iov{&hello, sizeof(hello)};
-  msghdr msg;
-  std::memset(&msg, 0, sizeof(msg));
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof(control);
-  cmsghdr* c = CMSG_FIRSTHDR(&msg);
-  c->cmsg_level = SOL_SOCKET;
-  c->cmsg_type = SCM_RIGHTS;
-  c->cmsg_len = CMSG_LEN(sizeof(fds));
-  std::memcpy(CMSG_DATA(c), fds, sizeof(fds));
-  // Under watch_mu: the HCA thread may end the watch, and close its descriptor, at any time.
-  swirl::MutexLock lock(&hca->watch_mu);
-  auto it = hca->watches.find(qp->in_watch);
-  if (it == hca->watches.end() || it->second.dead) return false;
-  return sendmsg(it->second.fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT) ==
-         static_cast<ssize_t>(sizeof(hello));
+// `qp`'s reply on watch `id`'s connection; false if there is none or it could not be sent.
+bool SendReply(SoftQp* qp, uint64_t id) {
+  swirl::MutexLock lock(&qp->hca->watch_mu);
+  auto it = qp->hca->watches.find(id);
+  if (it == qp->hca->watches.end() || it->second.dead) return false;
+  swirl::MutexLock incoming(&qp->incoming_mu);
+  if (!SendReplyOn(it->second.fd, qp)) return false;
+  qp->replied_watch = id;
+  return true;
 }
 
-// Whether a hello from the peer `qp` expects already waits for it (it reached RTR first), or
-// a keyed hello's handshake toward it is under way (from its peer, presumably: a stranger's
-// fails, and RetryLink opens a connection of ours after all): then the QP answers on that
-// connection instead of opening one.
-bool ExpectedPeerWaiting(SoftQp* qp) {
-  std::vector<uint64_t> watches;
+enum class AtRtr { kReplied, kAwaitingHandshake, kNothing };
+
+// At RTR: if the hello of the peer `qp` expects is already here (the peer reached RTR first),
+// the QP replies on its connection and opens none of its own; if a keyed hello's handshake
+// toward it is under way (from its peer, presumably: a stranger's fails, and RetryLink opens
+// a connection of ours after all), it replies when that hello is offered.
+AtRtr ReplyAtRtr(SoftQp* qp) {
+  Hca* hca = qp->hca;
   {
-    swirl::MutexLock lock(&qp->incoming_mu);
+    swirl::MutexLock lock(&hca->watch_mu);
+    swirl::MutexLock incoming(&qp->incoming_mu);
     for (const PeerSegment& c : qp->incoming) {
-      if (IsExpectedPeer(qp, c)) watches.push_back(c.watch);
+      if (!IsExpectedPeer(qp, c)) continue;
+      auto it = hca->watches.find(c.watch);
+      if (it == hca->watches.end() || it->second.dead) continue;
+      if (SendReplyOn(it->second.fd, qp)) {
+        qp->replied_watch = c.watch;
+        return AtRtr::kReplied;
+      }
     }
   }
-  // (watch_mu is taken before incoming_mu, never inside it.) A candidate whose connection
-  // ended is not one to answer on.
-  for (uint64_t watch : watches) {
-    if (!WatchDead(qp->hca, watch)) return true;
-  }
-  return qp->hca->HandshakeToward(qp->qp_num);
+  if (!hca->HandshakeToward(qp->qp_num)) return AtRtr::kNothing;
+  swirl::MutexLock incoming(&qp->incoming_mu);
+  qp->want_reply = true;
+  return AtRtr::kAwaitingHandshake;
 }
 
 }  // namespace
@@ -1025,11 +1052,15 @@ void ShmFabric::HandleEvent(uint64_t id, uint32_t events) { HandleShmEvent(hca_,
 void ShmFabric::ResumeParked() { ResumeParkedShm(hca_); }
 
 void ShmFabric::OpenLink(SoftQp* qp) {
-  if (ExpectedPeerWaiting(qp)) {
-    // The QP adopts it at its next progress and replies (LinkAdopted). Should the candidate die
-    // first, RetryLink opens a connection of our own after all.
-    qp->next_link_attempt_ns = NowNs() + kReopenAfterNs;
-    return;
+  switch (ReplyAtRtr(qp)) {
+    case AtRtr::kReplied:
+      return;  // the QP adopts that hello at its next progress (this RTR's, normally)
+    case AtRtr::kAwaitingHandshake:
+      // Should the handshake fail or the hello not come, RetryLink opens a connection of ours.
+      qp->next_link_attempt_ns = NowNs() + kReopenAfterNs;
+      return;
+    case AtRtr::kNothing:
+      break;
   }
   const int fd = SendHelloFor(qp);
   if (fd >= 0) return;
@@ -1047,9 +1078,19 @@ void ShmFabric::OpenLink(SoftQp* qp) {
 }
 
 void ShmFabric::LinkAdopted(SoftQp* qp) {
-  // The peer has our segment, or will: it replied on our connection, or our hello's
-  // connection lives (the peer takes it at its RTR, or both hellos crossed).
-  if (qp->out_watch != qp->in_watch && WatchDead(qp->hca, qp->out_watch)) {
+  uint64_t replied;
+  {
+    swirl::MutexLock incoming(&qp->incoming_mu);
+    replied = qp->replied_watch;
+    qp->want_reply = false;
+  }
+  if (replied != 0 && replied == qp->in_watch && qp->out_watch == 0) {
+    qp->out_watch = qp->in_watch;  // our reply went on it: one connection both ways
+  } else if (replied == qp->in_watch && replied != 0) {
+    // (We replied, and opened one of our own as well: RetryLink gave up waiting first.)
+  } else if (qp->out_watch != qp->in_watch && WatchDead(qp->hca, qp->out_watch)) {
+    // The peer has our segment, or will, unless this branch: it replied on our connection,
+    // or our hello's connection lives (the peer takes it at its RTR, or both hellos crossed).
     // Either we sent nothing (the peer's hello was here first), or our hello reached the
     // peer when it could not take it (in ERR, about to be reset and connected again, as
     // rdma-core's tests restate their QPs) and was closed: the peer is back, and without our
@@ -1062,7 +1103,7 @@ void ShmFabric::LinkAdopted(SoftQp* qp) {
       qp->out_watch = 0;
       qp->peer_gone.store(false, std::memory_order_release);
     }
-    if (SendReply(qp)) {
+    if (SendReply(qp, qp->in_watch)) {
       qp->out_watch = qp->in_watch;  // one connection both ways: it goes with the peer segment
     } else {
       SendHelloFor(qp);
@@ -1070,6 +1111,7 @@ void ShmFabric::LinkAdopted(SoftQp* qp) {
   }
   // Whatever happens next, nothing sends this segment again: a new link (after RESET) makes
   // a new one. Mapped, it lives on without its descriptor, one fewer per QP.
+  swirl::MutexLock incoming(&qp->incoming_mu);
   if (qp->memfd >= 0) close(qp->memfd);
   qp->memfd = -1;
 }
@@ -1085,6 +1127,10 @@ bool ShmFabric::RetryLink(SoftQp* qp) {
     return false;
   }
   qp->next_link_attempt_ns = 0;
+  {
+    swirl::MutexLock incoming(&qp->incoming_mu);
+    qp->want_reply = false;
+  }
   return SendHelloFor(qp) >= 0;
 }
 

@@ -187,7 +187,13 @@ void TeardownLink(SoftQp* qp) {
     }
     munmap(qp->own_base, qp->own_size);
   }
-  if (qp->memfd >= 0) close(qp->memfd);
+  {
+    swirl::MutexLock lock(&qp->incoming_mu);  // the HCA thread may be replying with it
+    if (qp->memfd >= 0) close(qp->memfd);
+    qp->memfd = -1;
+    qp->want_reply = false;
+    qp->replied_watch = 0;
+  }
   qp->own_base = nullptr;
   qp->own_ctrl = nullptr;
   qp->memfd = -1;

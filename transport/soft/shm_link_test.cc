@@ -602,6 +602,47 @@ TEST(ShmReply, AQpWhosePeersHelloCameFirstRepliesOnThatConnection) {
   close(wake);
 }
 
+// A keyed hello still in its handshake when the QP reaches RTR: the QP opens nothing, and its
+// reply goes out as soon as the proof is checked, from the device's own thread (nobody polls
+// the QP here: a caller-driven owner may not for a long while).
+TEST(ShmReply, AQpWaitingForAKeyedHandshakeRepliesWhenItIsProved) {
+  FakeHca peer;
+  Side victim = MakeSide("soft0");
+  const LinkKey key = KeyFrom(7);
+  ASSERT_TRUE(SetLinkKey(victim.qp->get(), key).ok());
+  uint64_t size;
+  const int memfd = MakeSegment(
+      kPeerQpn, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE | F_SEAL_SEAL, &size);
+  const int wake = eventfd(0, EFD_CLOEXEC);
+  const int fd = ConnectTo(GidOf(victim));
+  Hello hello = HelloFor(peer.gid(), victim, size, /*keyed=*/true);
+  SendWithFds(fd, &hello, sizeof(hello), {});
+  Message message;
+  Receive(fd, &message);
+  ASSERT_EQ(message.length, static_cast<ssize_t>(sizeof(Challenge)));
+  ASSERT_NO_FATAL_FAILURE(Connect(victim, peer.gid(), nullptr));  // (its key is set above)
+  EXPECT_FALSE(peer.Pending()) << "the QP opened a connection while a handshake was under way";
+  Challenge challenge;
+  std::memcpy(&challenge, message.bytes, sizeof(challenge));
+  Proof proof;
+  const Mac mac = MacOf(key, AuthRole::kOpener, hello, GidOf(victim), challenge.nonce,
+                        challenge.flags);
+  std::memcpy(proof.mac, mac.data(), mac.size());
+  SendWithFds(fd, &proof, sizeof(proof), {memfd, wake});
+  Message reply;
+  Receive(fd, &reply);
+  ASSERT_EQ(reply.length, static_cast<ssize_t>(sizeof(Hello)));
+  EXPECT_EQ(reply.fds.size(), 2u);
+  Hello h;
+  std::memcpy(&h, reply.bytes, sizeof(h));
+  EXPECT_EQ(h.flags, 4u);
+  EXPECT_EQ(h.dst_qpn, kPeerQpn);
+  EXPECT_FALSE(peer.Pending()) << "the QP opened a connection of its own as well";
+  close(fd);
+  close(memfd);
+  close(wake);
+}
+
 // If the hello it waited for goes away before the QP can adopt it, the QP opens its own.
 TEST(ShmReply, AQpWhoseWaitingHelloDiedOpensItsOwn) {
   FakeHca peer;

@@ -605,6 +605,12 @@ struct SoftQp : VerbsQp {
   std::atomic<bool> tcp_control_due{false};
   swirl::Mutex incoming_mu;
   std::vector<PeerSegment> incoming ABSL_GUARDED_BY(incoming_mu);
+  // Shared memory: the QP reached RTR while its peer's keyed hello was still in its handshake,
+  // and sends its reply (its segment) when that hello is offered (OfferSegment, HCA thread),
+  // whatever its owner is doing; `replied_watch`: the connection the reply went on. (memfd is
+  // closed, and these cleared, under incoming_mu: the HCA thread reads them under it.)
+  bool want_reply = false;
+  uint64_t replied_watch = 0;
 
   // ibv_qp_ex's work-request builders (null unless created for them; qp_ex.cc).
   std::unique_ptr<WrBatch> wr_batch;
