@@ -26,6 +26,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <thread>
 
 #include <openssl/crypto.h>
 
@@ -38,6 +39,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "base/log.h"
 #include "base/log_limiter.h"
 #include "transport/soft/fabric.h"
@@ -814,6 +817,8 @@ void HcaLoop(Hca* hca) {
                        ? -1
                        : 10;
     }
+    const bool waited_for = hca->pass_waiters.load(std::memory_order_acquire) > 0;
+    if (waited_for) timeout_ms = 0;
     if (assist) {
       // Ask peers to kick our eventfd, then look once more: a frame published before a peer
       // saw the flag is found here instead of being slept through.
@@ -850,7 +855,12 @@ void HcaLoop(Hca* hca) {
         hca->fabric->HandleEvent(id, events[i].events);
       }
     }
-    if (assist) {
+    if (waited_for) {
+      swirl::MutexLock lock(&hca->pass_mu);
+      ++hca->passes;
+      hca->pass_cv.SignalAll();
+    }
+    if (assist && !waited_for) {
       // A passive target with traffic flowing (RDMA WRITEs into memory nobody polls, a server
       // asleep in ibv_get_cq_event) is served as a NIC would serve it, without a sleep and a
       // wakeup (~10 us here) between frames: only a quiet spell ends the spin.
@@ -980,13 +990,8 @@ int SendHelloFor(SoftQp* qp) {
   OPENSSL_cleanse(key.data(), key.size());
   if (fd < 0) return fd;
   qp->out_socket = fd;
-  qp->out_watch = qp->hca->Watch(fd, qp, std::move(auth), peer_pid);
-  swirl::MutexLock lock(&qp->hca->watch_mu);
-  auto it = qp->hca->watches.find(qp->out_watch);
-  if (it != qp->hca->watches.end()) {
-    it->second.reply_allowed = true;
-    it->second.hello_serial = serial;
-  }
+  // The peer may reply before Watch returns: the watch says so from the start.
+  qp->out_watch = qp->hca->Watch(fd, qp, std::move(auth), peer_pid, serial);
   return fd;
 }
 
@@ -1051,6 +1056,25 @@ void ShmFabric::HandleEvent(uint64_t id, uint32_t events) { HandleShmEvent(hca_,
 
 void ShmFabric::ResumeParked() { ResumeParkedShm(hca_); }
 
+namespace {
+
+// Waits until the HCA thread has completed `n` passes of its loop (kicked at once, and not
+// sleeping meanwhile), or `timeout`. Never on the HCA thread itself.
+void WaitForHcaPasses(Hca* hca, int n, absl::Duration timeout) {
+  if (std::this_thread::get_id() == hca->thread.get_id()) return;
+  const absl::Time deadline = absl::Now() + timeout;
+  swirl::MutexLock lock(&hca->pass_mu);
+  const uint64_t target = hca->passes + n;
+  hca->pass_waiters.fetch_add(1, std::memory_order_acq_rel);
+  hca->Kick();
+  while (hca->passes < target) {
+    if (hca->pass_cv.WaitWithDeadline(&hca->pass_mu, deadline)) break;
+  }
+  hca->pass_waiters.fetch_sub(1, std::memory_order_acq_rel);
+}
+
+}  // namespace
+
 void ShmFabric::OpenLink(SoftQp* qp) {
   switch (ReplyAtRtr(qp)) {
     case AtRtr::kReplied:
@@ -1061,6 +1085,23 @@ void ShmFabric::OpenLink(SoftQp* qp) {
       return;
     case AtRtr::kNothing:
       break;
+  }
+  // The peer's hello may be in our listener's backlog already, not yet accepted and read by
+  // the HCA thread (a busy one takes a while: at thousands of QPs it lagged behind a client's
+  // RTR for about half the connections). Two passes of its loop accept it and read it; we
+  // wait for them (2 ms at most) rather than open a second connection for the pair.
+  pollfd backlog{qp->hca->listen_fd, POLLIN, 0};
+  if (poll(&backlog, 1, 0) == 1) {
+    WaitForHcaPasses(qp->hca, 3, absl::Milliseconds(2));
+    switch (ReplyAtRtr(qp)) {
+      case AtRtr::kReplied:
+        return;
+      case AtRtr::kAwaitingHandshake:
+        qp->next_link_attempt_ns = NowNs() + kReopenAfterNs;
+        return;
+      case AtRtr::kNothing:
+        break;
+    }
   }
   const int fd = SendHelloFor(qp);
   if (fd >= 0) return;
@@ -1134,7 +1175,8 @@ bool ShmFabric::RetryLink(SoftQp* qp) {
   return SendHelloFor(qp) >= 0;
 }
 
-uint64_t Hca::Watch(int fd, SoftQp* qp, std::unique_ptr<LinkAuth> auth, pid_t peer_pid) {
+uint64_t Hca::Watch(int fd, SoftQp* qp, std::unique_ptr<LinkAuth> auth, pid_t peer_pid,
+                    std::optional<uint64_t> reply_serial) {
   uint64_t id;
   {
     swirl::MutexLock lock(&watch_mu);
@@ -1143,6 +1185,8 @@ uint64_t Hca::Watch(int fd, SoftQp* qp, std::unique_ptr<LinkAuth> auth, pid_t pe
     watch = LinkWatch{qp, fd, nullptr, /*adopted=*/qp != nullptr};
     watch.auth = std::move(auth);
     watch.peer_pid = peer_pid;
+    watch.reply_allowed = reply_serial.has_value();
+    watch.hello_serial = reply_serial.value_or(0);
   }
   epoll_event ev;
   ev.events = EPOLLIN | EPOLLRDHUP;

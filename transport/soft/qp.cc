@@ -125,10 +125,11 @@ bool HandleLinkEvent(SoftQp* qp) {
     const bool own_connection = c.watch == qp->out_watch;
     if (!match || (!own_connection && !AdoptWatch(qp->hca, c.watch))) {
       SWIRL_LOG(DEBUG, "soft: QP 0x%x drops a link from QP 0x%x", qp->qp_num, c.qp_num);
-      // Not the connection we opened (TCP): that one carries our own frames, and closing it
-      // would leave the QP with no way out and nothing to fail it. What arrived on it stays
-      // unread until the link goes.
-      if (!own_connection) c.Close(qp->hca);
+      // Not the connection we opened: that one carries our own frames (TCP) or hello, and
+      // closing it would leave the QP with no way out and nothing to fail it. What arrived on
+      // it (TCP) stays unread until the link goes; a reply's mapping (shared memory) goes now.
+      if (own_connection) c.watch = 0;
+      c.Close(qp->hca);
       continue;
     }
     qp->peer = c;

@@ -14,6 +14,7 @@
 #include <deque>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <map>
 #include <memory>
 #include <string>
@@ -752,6 +753,13 @@ struct Hca {
   int epoll_fd = -1;
   int stop_fd = -1;
   std::thread thread;
+  // Passes of that thread's loop, for an application thread that needs it to have looked at
+  // what is already on its sockets (WaitForHcaPasses); while anyone waits, the loop neither
+  // sleeps nor spins between passes.
+  swirl::Mutex pass_mu;
+  swirl::CondVar pass_cv;
+  uint64_t passes ABSL_GUARDED_BY(pass_mu) = 0;
+  std::atomic<int> pass_waiters{0};
   bool assist = true;  // make progress for CQs nobody polls
 
   // Serializes memory-window state changes: binds and local invalidations (SQ processing of any
@@ -806,8 +814,10 @@ struct Hca {
   // Registers `fd` with the HCA thread for hangup detection; returns the watch id.
   // (`qp` non-null: the QP's own outgoing link, adopted from the start; `auth`: its keyed
   // handshake, which the HCA thread finishes; `peer_pid`: the process at the other end.)
+  // `reply_serial`: shared memory, the QP's own hello with that key serial (0: keyless), on
+  // which the peer may reply (set before the HCA thread can see the connection's first byte).
   uint64_t Watch(int fd, SoftQp* qp, std::unique_ptr<LinkAuth> auth = nullptr,
-                 pid_t peer_pid = 0);
+                 pid_t peer_pid = 0, std::optional<uint64_t> reply_serial = std::nullopt);
   // The same for a TCP link (takes ownership of `link`), with the epoll events it starts with.
   uint64_t WatchTcp(int fd, SoftQp* qp, TcpLink* link, uint32_t events);
   // Stops watching and closes the fd.
