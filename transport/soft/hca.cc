@@ -143,6 +143,28 @@ bool IsEventFd(int fd) {
 }
 
 
+// Sends one handshake message (SOCK_SEQPACKET: whole or not at all) with `fds` attached
+// (SCM_RIGHTS; none if `nfds` is 0). True if all of it went.
+bool SendMessage(int fd, const void* data, size_t length, const int* fds, int nfds, int flags) {
+  char control[CMSG_SPACE(2 * sizeof(int))];
+  std::memset(control, 0, sizeof(control));
+  iovec iov{const_cast<void*>(data), length};
+  msghdr msg;
+  std::memset(&msg, 0, sizeof(msg));
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  if (nfds > 0) {
+    msg.msg_control = control;
+    msg.msg_controllen = CMSG_SPACE(nfds * sizeof(int));
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(nfds * sizeof(int));
+    std::memcpy(CMSG_DATA(c), fds, nfds * sizeof(int));
+  }
+  return sendmsg(fd, &msg, flags) == static_cast<ssize_t>(length);
+}
+
 // Validates and maps a peer's segment. Everything here comes from another process.
 bool MapPeerSegment(const Hello& hello, int memfd, PeerSegment* out, std::string* why) {
   // What we rely on: its size never changes under our mapping (a shrunk file would fault our
@@ -271,22 +293,8 @@ bool SendReplyOn(int fd, SoftQp* qp) {
   hello.flags = kHelloReply;
   hello.src_gid = hca->gid;
   hello.segment_size = qp->own_size;
-  int fds[2] = {qp->memfd, hca->wake_fd};
-  char control[CMSG_SPACE(sizeof(fds))];
-  std::memset(control, 0, sizeof(control));
-  iovec iov{&hello, sizeof(hello)};
-  msghdr msg;
-  std::memset(&msg, 0, sizeof(msg));
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof(control);
-  cmsghdr* c = CMSG_FIRSTHDR(&msg);
-  c->cmsg_level = SOL_SOCKET;
-  c->cmsg_type = SCM_RIGHTS;
-  c->cmsg_len = CMSG_LEN(sizeof(fds));
-  std::memcpy(CMSG_DATA(c), fds, sizeof(fds));
-  return sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT) == static_cast<ssize_t>(sizeof(hello));
+  const int fds[2] = {qp->memfd, hca->wake_fd};
+  return SendMessage(fd, &hello, sizeof(hello), fds, 2, MSG_NOSIGNAL | MSG_DONTWAIT);
 }
 
 }  // namespace
@@ -545,22 +553,9 @@ bool ReceiveChallenge(Hca* hca, LinkWatch& watch) {
       Proof proof;
       proof.magic = kProofMagic;
       std::memcpy(proof.mac, proof_mac.data(), kMacBytes);
-      int send_fds[2] = {auth.memfd, hca->wake_fd};
-      char control[CMSG_SPACE(sizeof(send_fds))];
-      std::memset(control, 0, sizeof(control));
-      iovec iov{&proof, sizeof(proof)};
-      msghdr msg;
-      std::memset(&msg, 0, sizeof(msg));
-      msg.msg_iov = &iov;
-      msg.msg_iovlen = 1;
-      msg.msg_control = control;
-      msg.msg_controllen = sizeof(control);
-      cmsghdr* c = CMSG_FIRSTHDR(&msg);
-      c->cmsg_level = SOL_SOCKET;
-      c->cmsg_type = SCM_RIGHTS;
-      c->cmsg_len = CMSG_LEN(sizeof(send_fds));
-      std::memcpy(CMSG_DATA(c), send_fds, sizeof(send_fds));
-      if (sendmsg(watch.fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT) == static_cast<ssize_t>(sizeof(proof))) {
+      const int send_fds[2] = {auth.memfd, hca->wake_fd};
+      if (SendMessage(watch.fd, &proof, sizeof(proof), send_fds, 2,
+                      MSG_NOSIGNAL | MSG_DONTWAIT)) {
         watch.auth.reset();  // closes our copy of the memfd
         return true;
       }
@@ -1407,24 +1402,9 @@ int SendHello(Hca* hca, const ibv_gid& gid, uint32_t src_qpn, uint32_t dst_qpn, 
       return -err;
     }
   }
-  int fds[2] = {memfd, hca->wake_fd};
-  char control[CMSG_SPACE(sizeof(fds))];
-  std::memset(control, 0, sizeof(control));
-  iovec iov{&hello, sizeof(hello)};
-  msghdr msg;
-  std::memset(&msg, 0, sizeof(msg));
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  if (key == nullptr) {  // keyed: nothing goes before the peer has proved itself
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof(control);
-    cmsghdr* c = CMSG_FIRSTHDR(&msg);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(fds));
-    std::memcpy(CMSG_DATA(c), fds, sizeof(fds));
-  }
-  if (sendmsg(fd, &msg, MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof(hello))) {
+  const int fds[2] = {memfd, hca->wake_fd};
+  // Keyed: nothing goes before the peer has proved itself.
+  if (!SendMessage(fd, &hello, sizeof(hello), fds, key == nullptr ? 2 : 0, MSG_NOSIGNAL)) {
     int err = errno;
     close(fd);
     return -err;
