@@ -95,14 +95,20 @@ void ProgressAttached(SoftCq* cq, PollSink* sink) {
   }
   const size_t walk = std::min(
       n, cq->idle_streak >= SoftCq::kIdleStreak ? SoftCq::kPollWalkIdle : SoftCq::kPollWalk);
-  for (size_t i = 0; i < walk; ++i) {
-    if (cq->walk_next >= n) cq->walk_next = 0;
-    SoftQp* qp = cq->qps[cq->walk_next++];
-    if (progress(qp) && busy_count < SoftCq::kHot &&
-        std::find(busy, busy + busy_count, qp) == busy + busy_count) {
-      busy[busy_count++] = qp;
-    }
-  }
+  const size_t start = cq->walk_next >= n ? 0 : cq->walk_next;
+  WalkPrefetched(
+      walk,
+      [&](size_t k) {
+        const size_t j = start + k;  // walk <= n: laps at most once
+        return cq->qps[j >= n ? j - n : j];
+      },
+      [&](size_t k, SoftQp* qp) {
+        cq->walk_next = start + k + 1 >= n ? start + k + 1 - n : start + k + 1;
+        if (progress(qp) && busy_count < SoftCq::kHot &&
+            std::find(busy, busy + busy_count, qp) == busy + busy_count) {
+          busy[busy_count++] = qp;
+        }
+      });
   cq->idle_streak = busy_count > 0 ? 0 : cq->idle_streak + 1;
   // The busy ones (most recent first), then the warm ones the busy left room for; a QP both
   // busy and warm (the walk reached a warm one) is kept once.

@@ -733,34 +733,36 @@ bool Assisted(const SoftQp* qp) { return HcaAssists(qp); }
 bool ProgressAll(Hca* hca) {
   bool did = false;
   swirl::ReaderMutexLock lock(&hca->mu);
-  for (auto& [qpn, qp] : hca->qps) {
+  const std::vector<SoftQp*>& qps = hca->qp_list;
+  WalkPrefetched(qps.size(), [&](size_t k) { return qps[k]; }, [&](size_t, SoftQp* qp) {
     // The CQ poll's own test (ProgressAssisted): a QP idle under its hint, with nothing arrived
     // since, has nothing to progress, and a kick for one stalled request must not cost a
     // server with 10,000 quiet connections a round of progress on each.
-    if (IdleWithoutLock(qp) || !qp->lock.try_lock()) continue;
+    if (IdleWithoutLock(qp) || !qp->lock.try_lock()) return;
     did |= ProgressLocked(qp);
     qp->lock.unlock();
-  }
+  });
   return did;
 }
 
 bool ProgressAssisted(Hca* hca) {
   bool did = false;
   swirl::ReaderMutexLock lock(&hca->mu);
-  for (auto& [qpn, qp] : hca->qps) {
+  const std::vector<SoftQp*>& qps = hca->qp_list;
+  WalkPrefetched(qps.size(), [&](size_t k) { return qps[k]; }, [&](size_t, SoftQp* qp) {
     // An idle QP with nothing arrived since (the CQ poll's own test) has nothing to progress:
     // without the test, a server holding thousands of quiet connections had its HCA thread
     // run every one of them through progress on every round while its worker slept.
-    if (!Assisted(qp) || IdleWithoutLock(qp) || !qp->lock.try_lock()) continue;
+    if (IdleWithoutLock(qp) || !Assisted(qp) || !qp->lock.try_lock()) return;
     did |= ProgressLocked(qp);
     qp->lock.unlock();
-  }
+  });
   return did;
 }
 
 void SetSleeping(Hca* hca, uint64_t value) {
   swirl::ReaderMutexLock lock(&hca->mu);
-  for (auto& [qpn, qp] : hca->qps) {
+  for (SoftQp* qp : hca->qp_list) {
     if (value != 0 && !Assisted(qp)) continue;
     if (wire::SegmentControl* ctrl = qp->ctrl_for_hca.load(std::memory_order_acquire)) {
       ctrl->sleeping.value.store(value, std::memory_order_relaxed);

@@ -832,6 +832,8 @@ int CreateQp(SoftContext* sctx, ibv_pd* pd, ibv_qp_init_attr* attr, ibv_qp** out
     qp->qp_num = qpn;
     qp->handle = qpn;
     qp->hca->qps[qpn] = qp;
+    qp->hca_index = qp->hca->qp_list.size();
+    qp->hca->qp_list.push_back(qp);
   }
   {
     // Injected faults (faults.cc): a QP of an armed process gets its QpFaults before any poll
@@ -924,6 +926,10 @@ int DestroyQp(ibv_qp* ibqp) {
   {
     swirl::MutexLock lock(&qp->hca->mu);
     qp->hca->qps.erase(qp->qp_num);
+    std::vector<SoftQp*>& list = qp->hca->qp_list;
+    list[qp->hca_index] = list.back();
+    list[qp->hca_index]->hca_index = qp->hca_index;
+    list.pop_back();
   }
   // After these, no poller or HCA thread can be inside this QP.
   DetachQp(qp->scq, qp);
