@@ -31,9 +31,9 @@ namespace {
 
 // What the old reservation admitted on one worker of the soft device.
 constexpr int kOldLimit = 509;
-// 1,000 by default: setup still slows as connections accumulate (docs/RELIABILITY.md "Scale"),
-// and 2,000 took over 3 minutes on the shared 2-core machine, too long for the default suite.
-// SWIRL_SCALE_CONNECTIONS runs it with more (10,000 checked: about 5 minutes here).
+// 1,000 by default (about 4 s): setup slows as connections accumulate (docs/RELIABILITY.md
+// "Scale"), and the default suite runs on a shared 2-core machine. SWIRL_SCALE_CONNECTIONS runs
+// it with more (10,000 checked: 97 s on a quiet machine, 5 minutes on a busy one).
 const int kConnections = [] {
   int n = 1000;
   if (const char* env = std::getenv("SWIRL_SCALE_CONNECTIONS")) {

@@ -200,7 +200,8 @@ int ResizeCq(ibv_cq* ibcq, int cqe) {
 int DestroyCq(ibv_cq* ibcq) {
   SoftCq* cq = AsSoft(ibcq);
   if (cq->attached.load() != 0) return EBUSY;
-  cq->sctx->PurgeAsyncEvents(cq);
+  WaitForAsyncAcks(&cq->mutex, &cq->cond, &cq->async_events_completed,
+                   cq->sctx->EndAsyncEvents(cq), "CQ");
   {
     swirl::MutexLock lock(&cq->sctx->hca->mu);
     auto& cqs = cq->sctx->hca->cqs;

@@ -218,10 +218,12 @@ class SoftDeviceOps final : public verbs::DeviceOps {
   int DestroySrq(ibv_srq* ibsrq) override {
     auto* srq = static_cast<SoftSrq*>(ibsrq);
     if (srq->qp_count.load() != 0) return EBUSY;
+    // Its undelivered IBV_EVENT_SRQ_LIMIT_REACHED go; those handed out must be acknowledged.
+    WaitForAsyncAcks(&srq->mutex, &srq->cond, &srq->events_completed,
+                     sctx_->EndAsyncEvents(srq), "SRQ");
     pthread_mutex_destroy(&srq->mutex);
     pthread_cond_destroy(&srq->cond);
     srq->spd->users.fetch_sub(1, std::memory_order_release);
-    sctx_->PurgeAsyncEvents(srq);  // its undelivered IBV_EVENT_SRQ_LIMIT_REACHED
     delete srq;
     return 0;
   }
@@ -240,7 +242,7 @@ class SoftDeviceOps final : public verbs::DeviceOps {
   }
   int DestroyQp(ibv_qp* qp) override { return soft::DestroyQp(qp); }
   int GetAsyncEvent(ibv_async_event* event) override { return sctx_->TakeAsyncEvent(event); }
-  void AckAsyncEvent(ibv_async_event*) override {}
+  void AckAsyncEvent(ibv_async_event* event) override { CountAsyncAck(*event); }
   // A QP links only within one fabric: shared memory (fe80:: GIDs) or TCP (::ffff:<IPv4>).
   int CheckReachable(const ibv_gid& local, const ibv_gid& remote, std::string* why) override {
     return Fabric::CheckReachable(name_, local, remote, why);

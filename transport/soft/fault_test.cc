@@ -14,10 +14,12 @@
 #include <infiniband/verbs.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include "absl/time/clock.h"
@@ -299,6 +301,50 @@ TEST_F(Faults, KilledQpFlushesRaisesFatalAndItsPeerFails) {
   EXPECT_EQ(p->b_send_wcs[0].status, IBV_WC_RETRY_EXC_ERR)
       << ibv_wc_status_str(p->b_send_wcs[0].status);
   EXPECT_FALSE(AnySuccess(p->b_recv_wcs)) << "B received the SEND of a QP that died sending it";
+}
+
+// As libibverbs' destroys (and the kernel's count of events read) promise: a QP's destroy
+// waits until every asynchronous event handed out on it is acknowledged, since the
+// acknowledgement locks the QP's mutex; events never handed out go with the QP, unawaited.
+TEST_F(Faults, ADestroyWaitsForTheAcknowledgementOfEachEventHandedOutOnItsQp) {
+  auto p = MakePair(/*post_recvs=*/true, NoTimer());
+  ASSERT_NE(p, nullptr);
+  ASSERT_NO_FATAL_FAILURE(PostReceiveOnA(*p));
+  ASSERT_TRUE(InjectFault(p->a_qp->get(), {Action::kErr, 1, 0}).ok());
+  PostSend(*p, /*from_a=*/true, kSendWrId, 0, 64);  // frame 1: the QP dies, FATAL is raised
+  ASSERT_TRUE(PollUntil(*p, [&] { return p->a_wcs.size() == 2; }));
+  ibv_async_event event;
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  int err = EAGAIN;
+  while (err == EAGAIN && absl::Now() < deadline) err = p->a_ctx->ops().GetAsyncEvent(&event);
+  ASSERT_EQ(err, 0);
+  ASSERT_EQ(event.event_type, IBV_EVENT_QP_FATAL);
+  ASSERT_EQ(event.element.qp, p->a_qp->get());
+
+  std::atomic<bool> destroyed{false};
+  std::thread destroyer([&] {
+    p->a_qp.reset();
+    destroyed.store(true);
+  });
+  // Not acknowledged yet: the destroy must still be waiting a while later.
+  absl::SleepFor(absl::Milliseconds(200));
+  EXPECT_FALSE(destroyed.load()) << "the QP was destroyed under an unacknowledged event";
+  p->a_ctx->ops().AckAsyncEvent(&event);
+  const absl::Time ack_deadline = absl::Now() + absl::Seconds(5);
+  while (!destroyed.load() && absl::Now() < ack_deadline) absl::SleepFor(absl::Milliseconds(1));
+  EXPECT_TRUE(destroyed.load()) << "the destroy did not end after the acknowledgement";
+  destroyer.join();
+
+  // B's QP, killed the same way, its event left queued: its destroy drops the event and does
+  // not wait (well within the 10 s a missing acknowledgement is given).
+  ASSERT_TRUE(InjectFault(p->b_qp->get(), {Action::kErr, 0, 0}).ok());
+  PostSend(*p, /*from_a=*/false, kSendWrId, 0, 64);
+  ASSERT_TRUE(PollUntil(*p, [&] { return !p->b_send_wcs.empty(); }));
+  const absl::Time start = absl::Now();
+  p->b_qp.reset();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  absl::StatusOr<ibv_async_event> left = p->b_ctx->NextAsyncEvent(absl::ZeroDuration());
+  EXPECT_FALSE(left.ok()) << "an event of a destroyed QP was handed out: " << left->event_type;
 }
 
 // A corrupted request: the responder refuses the frame (a protocol error: it fails, flushing its

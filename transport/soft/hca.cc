@@ -1436,17 +1436,49 @@ int QueryPkey(uint8_t port_num, int index, __be16* pkey) {
   return 0;
 }
 
-void SoftContext::PurgeAsyncEvents(const void* object) {
+namespace {
+
+// The object an event names, or null for port and device events.
+const void* EventObject(const ibv_async_event& event) {
+  switch (event.event_type) {
+    case IBV_EVENT_CQ_ERR:
+      return event.element.cq;
+    case IBV_EVENT_QP_FATAL:
+    case IBV_EVENT_QP_REQ_ERR:
+    case IBV_EVENT_QP_ACCESS_ERR:
+    case IBV_EVENT_COMM_EST:
+    case IBV_EVENT_SQ_DRAINED:
+    case IBV_EVENT_PATH_MIG:
+    case IBV_EVENT_PATH_MIG_ERR:
+    case IBV_EVENT_QP_LAST_WQE_REACHED:
+      return event.element.qp;
+    case IBV_EVENT_SRQ_ERR:
+    case IBV_EVENT_SRQ_LIMIT_REACHED:
+      return event.element.srq;
+    default:
+      return nullptr;
+  }
+}
+
+constexpr absl::Duration kAsyncAckWait = absl::Seconds(10);
+
+}  // namespace
+
+uint32_t SoftContext::EndAsyncEvents(const void* object) {
   swirl::MutexLock lock(&async.mu);
   for (auto it = async.queue.begin(); it != async.queue.end();) {
-    // element is a union of pointers (and a port number): compare the pointer form.
-    if (static_cast<const void*>(it->element.qp) == object) {
+    if (EventObject(*it) == object) {
       it = async.queue.erase(it);
     } else {
       ++it;
     }
   }
   UnsignalIfEmptyLocked();  // poll() on async_fd must not announce events that are gone
+  auto it = async.delivered.find(object);
+  if (it == async.delivered.end()) return 0;
+  const uint32_t delivered = it->second;
+  async.delivered.erase(it);
+  return delivered;
 }
 
 int SoftContext::TakeAsyncEvent(ibv_async_event* event) {
@@ -1454,8 +1486,56 @@ int SoftContext::TakeAsyncEvent(ibv_async_event* event) {
   if (async.queue.empty()) return EAGAIN;
   *event = async.queue.front();
   async.queue.pop_front();
+  if (const void* object = EventObject(*event)) ++async.delivered[object];
   UnsignalIfEmptyLocked();
   return 0;
+}
+
+void WaitForAsyncAcks(pthread_mutex_t* mutex, pthread_cond_t* cond, const uint32_t* completed,
+                      uint32_t delivered, const char* what) {
+  if (delivered == 0) return;
+  const absl::Time deadline = absl::Now() + kAsyncAckWait;
+  const timespec until = absl::ToTimespec(deadline);
+  pthread_mutex_lock(mutex);
+  while (*completed < delivered) {
+    if (pthread_cond_timedwait(cond, mutex, &until) == ETIMEDOUT && *completed < delivered) {
+      SWIRL_LOG(ERROR,
+                "soft: destroying a %s whose %u asynchronous event(s) handed out were not all "
+                "acknowledged (%u) within %s: ibv_ack_async_event must come before the destroy",
+                what, delivered, *completed, absl::FormatDuration(kAsyncAckWait));
+      break;
+    }
+  }
+  pthread_mutex_unlock(mutex);
+}
+
+void CountAsyncAck(const ibv_async_event& event) {
+  pthread_mutex_t* mutex = nullptr;
+  pthread_cond_t* cond = nullptr;
+  uint32_t* counter = nullptr;
+  switch (event.event_type) {
+    case IBV_EVENT_CQ_ERR:
+      mutex = &event.element.cq->mutex;
+      cond = &event.element.cq->cond;
+      counter = &event.element.cq->async_events_completed;
+      break;
+    case IBV_EVENT_SRQ_ERR:
+    case IBV_EVENT_SRQ_LIMIT_REACHED:
+      mutex = &event.element.srq->mutex;
+      cond = &event.element.srq->cond;
+      counter = &event.element.srq->events_completed;
+      break;
+    default:
+      if (EventObject(event) == nullptr) return;  // port and device events: nothing to count
+      mutex = &event.element.qp->mutex;
+      cond = &event.element.qp->cond;
+      counter = &event.element.qp->events_completed;
+      break;
+  }
+  pthread_mutex_lock(mutex);
+  ++*counter;
+  pthread_cond_signal(cond);
+  pthread_mutex_unlock(mutex);
 }
 
 void SoftContext::UnsignalIfEmptyLocked() {

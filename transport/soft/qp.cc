@@ -940,7 +940,8 @@ int DestroyQp(ibv_qp* ibqp) {
   }
   PurgeQp(qp->scq, qp);
   if (qp->rcq != qp->scq) PurgeQp(qp->rcq, qp);
-  qp->sctx->PurgeAsyncEvents(qp);
+  WaitForAsyncAcks(&qp->mutex, &qp->cond, &qp->events_completed, qp->sctx->EndAsyncEvents(qp),
+                   "QP");
   if (qp->ssrq) qp->ssrq->qp_count.fetch_sub(1);
   qp->spd->users.fetch_sub(1, std::memory_order_release);
   pthread_mutex_destroy(&qp->mutex);

@@ -872,6 +872,11 @@ struct AsyncEvents {
   swirl::Mutex mu;
   std::deque<ibv_async_event> queue ABSL_GUARDED_BY(mu);
   bool signalled ABSL_GUARDED_BY(mu) = false;
+  // Events handed out (TakeAsyncEvent) per object they name, until the object's destroy takes
+  // the count (EndAsyncEvents): what the kernel reports to libibverbs' destroy as
+  // events_reported. Counted in the same step as the event leaves the queue, so a destroy sees
+  // every event handed out before it, and an object made later at the same address starts at 0.
+  absl::flat_hash_map<const void*, uint32_t> delivered ABSL_GUARDED_BY(mu);
 };
 
 // The context. verbs_context must be first so ibv_context* maps back to it.
@@ -886,14 +891,26 @@ struct SoftContext {
   int TakeAsyncEvent(ibv_async_event* event);
   // An event affiliated with `qp`.
   void RaiseQpEvent(ibv_event_type type, ibv_qp* qp);
-  // Drops the undelivered events that name `object` (a QP or CQ being destroyed), as the kernel
-  // does for a destroyed object's events: the application could not use their pointers.
-  void PurgeAsyncEvents(const void* object);
+  // For `object` (a QP, CQ or SRQ being destroyed), as the kernel's destroy does: drops its
+  // events not handed out yet (the application could not use their pointers) and returns how
+  // many were handed out, which the destroy then waits to see acknowledged (WaitForAsyncAcks).
+  uint32_t EndAsyncEvents(const void* object);
 
  private:
   // Clears async_fd once the queue is empty.
   void UnsignalIfEmptyLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(async.mu);
 };
+
+// Waits, as libibverbs' destroys do, until `*completed` (the object's public count of
+// acknowledged events, which AckAsyncEvent raises under `mutex` and signals on `cond`) reaches
+// `delivered`: ibv_ack_async_event locks the object's mutex, which the destroy frees. Bounded
+// (kAsyncAckWait; then logged and abandoned), where libibverbs would wait forever for an
+// application that never acknowledges.
+void WaitForAsyncAcks(pthread_mutex_t* mutex, pthread_cond_t* cond, const uint32_t* completed,
+                      uint32_t delivered, const char* what);
+// Acknowledges `event` on its object (ibv_ack_async_event's bookkeeping; device.cc's
+// AckAsyncEvent for both the embedded device and the interposer).
+void CountAsyncAck(const ibv_async_event& event);
 
 inline SoftContext* ToSoft(ibv_context* ctx) {
   verbs_context* vctx = reinterpret_cast<verbs_context*>(reinterpret_cast<char*>(ctx) -

@@ -673,19 +673,12 @@ int ibv_get_async_event(ibv_context* context, ibv_async_event* event) {
 }
 
 void ibv_ack_async_event(ibv_async_event* event) {
-  // The bookkeeping libibverbs does, on the object's public fields. (The soft device's destroys
-  // do not wait for it: a wait as libibverbs' destroy does hung rpc:e2e_test_rdma_core's
-  // server, issue 21.)
+  // The soft device does libibverbs' bookkeeping itself (the object's count of acknowledged
+  // events, which its destroys wait for: soft::CountAsyncAck, soft::WaitForAsyncAcks).
   ibv_context* context = nullptr;
-  pthread_mutex_t* mutex = nullptr;
-  pthread_cond_t* cond = nullptr;
-  uint32_t* counter = nullptr;
   switch (event->event_type) {
     case IBV_EVENT_CQ_ERR:
       context = event->element.cq->context;
-      mutex = &event->element.cq->mutex;
-      cond = &event->element.cq->cond;
-      counter = &event->element.cq->async_events_completed;
       break;
     case IBV_EVENT_QP_FATAL:
     case IBV_EVENT_QP_REQ_ERR:
@@ -696,25 +689,15 @@ void ibv_ack_async_event(ibv_async_event* event) {
     case IBV_EVENT_PATH_MIG_ERR:
     case IBV_EVENT_QP_LAST_WQE_REACHED:
       context = event->element.qp->context;
-      mutex = &event->element.qp->mutex;
-      cond = &event->element.qp->cond;
-      counter = &event->element.qp->events_completed;
       break;
     case IBV_EVENT_SRQ_ERR:
     case IBV_EVENT_SRQ_LIMIT_REACHED:
       context = event->element.srq->context;
-      mutex = &event->element.srq->mutex;
-      cond = &event->element.srq->cond;
-      counter = &event->element.srq->events_completed;
       break;
     default:
       break;  // port and device events name no object: nothing to count, on either device
   }
   if (verbs::DeviceOps* ops = SoftOps(context)) {
-    pthread_mutex_lock(mutex);
-    ++*counter;
-    pthread_cond_signal(cond);
-    pthread_mutex_unlock(mutex);
     ops->AckAsyncEvent(event);
     return;
   }
