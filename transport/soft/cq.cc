@@ -200,8 +200,8 @@ int ResizeCq(ibv_cq* ibcq, int cqe) {
 int DestroyCq(ibv_cq* ibcq) {
   SoftCq* cq = AsSoft(ibcq);
   if (cq->attached.load() != 0) return EBUSY;
-  WaitForAsyncAcks(&cq->mutex, &cq->cond, &cq->async_events_completed,
-                   cq->sctx->EndAsyncEvents(cq), "CQ");
+  const bool acked = WaitForAsyncAcks(&cq->mutex, &cq->cond, &cq->async_events_completed,
+                                      cq->sctx->EndAsyncEvents(cq), "CQ");
   {
     swirl::MutexLock lock(&cq->sctx->hca->mu);
     auto& cqs = cq->sctx->hca->cqs;
@@ -218,6 +218,7 @@ int DestroyCq(ibv_cq* ibcq) {
     while (cq->events_acked < cq->events_delivered) cq->events_cv.Wait(&cq->events_mu);
   }
   if (cq->sc != nullptr) cq->sc->refcnt--;
+  if (!acked) return 0;  // left allocated: a late acknowledgement locks its mutex
   pthread_mutex_destroy(&cq->mutex);
   pthread_cond_destroy(&cq->cond);
   delete cq;

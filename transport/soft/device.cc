@@ -219,11 +219,12 @@ class SoftDeviceOps final : public verbs::DeviceOps {
     auto* srq = static_cast<SoftSrq*>(ibsrq);
     if (srq->qp_count.load() != 0) return EBUSY;
     // Its undelivered IBV_EVENT_SRQ_LIMIT_REACHED go; those handed out must be acknowledged.
-    WaitForAsyncAcks(&srq->mutex, &srq->cond, &srq->events_completed,
-                     sctx_->EndAsyncEvents(srq), "SRQ");
+    const bool acked = WaitForAsyncAcks(&srq->mutex, &srq->cond, &srq->events_completed,
+                                        sctx_->EndAsyncEvents(srq), "SRQ");
+    srq->spd->users.fetch_sub(1, std::memory_order_release);
+    if (!acked) return 0;  // left allocated: a late acknowledgement locks its mutex
     pthread_mutex_destroy(&srq->mutex);
     pthread_cond_destroy(&srq->cond);
-    srq->spd->users.fetch_sub(1, std::memory_order_release);
     delete srq;
     return 0;
   }

@@ -10,6 +10,8 @@
 // the cases that must not depend on the timer connect with timeout 0 (no timer), so only the
 // fault itself can end their requests.
 
+#include <poll.h>
+
 #include <gtest/gtest.h>
 #include <infiniband/verbs.h>
 
@@ -318,6 +320,14 @@ TEST_F(Faults, ADestroyWaitsForTheAcknowledgementOfEachEventHandedOutOnItsQp) {
   int err = EAGAIN;
   while (err == EAGAIN && absl::Now() < deadline) err = p->a_ctx->ops().GetAsyncEvent(&event);
   ASSERT_EQ(err, 0);
+  // Acknowledged below; on an early return too, or the pair's teardown waits out the bound.
+  bool acked = false;
+  struct AckGuard {
+    std::function<void()> fn;
+    ~AckGuard() { fn(); }
+  } guard{[&] {
+    if (!acked) p->a_ctx->ops().AckAsyncEvent(&event);
+  }};
   ASSERT_EQ(event.event_type, IBV_EVENT_QP_FATAL);
   ASSERT_EQ(event.element.qp, p->a_qp->get());
 
@@ -330,6 +340,7 @@ TEST_F(Faults, ADestroyWaitsForTheAcknowledgementOfEachEventHandedOutOnItsQp) {
   absl::SleepFor(absl::Milliseconds(200));
   EXPECT_FALSE(destroyed.load()) << "the QP was destroyed under an unacknowledged event";
   p->a_ctx->ops().AckAsyncEvent(&event);
+  acked = true;
   const absl::Time ack_deadline = absl::Now() + absl::Seconds(5);
   while (!destroyed.load() && absl::Now() < ack_deadline) absl::SleepFor(absl::Milliseconds(1));
   EXPECT_TRUE(destroyed.load()) << "the destroy did not end after the acknowledgement";
@@ -340,6 +351,8 @@ TEST_F(Faults, ADestroyWaitsForTheAcknowledgementOfEachEventHandedOutOnItsQp) {
   ASSERT_TRUE(InjectFault(p->b_qp->get(), {Action::kErr, 0, 0}).ok());
   PostSend(*p, /*from_a=*/false, kSendWrId, 0, 64);
   ASSERT_TRUE(PollUntil(*p, [&] { return !p->b_send_wcs.empty(); }));
+  pollfd raised{p->b_ctx->get()->async_fd, POLLIN, 0};
+  ASSERT_EQ(poll(&raised, 1, 5000), 1) << "B's QP raised no event to leave queued";
   const absl::Time start = absl::Now();
   p->b_qp.reset();
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));

@@ -1086,10 +1086,10 @@ void ShmFabric::OpenLink(SoftQp* qp) {
   // The peer's hello may be in our listener's backlog already, not yet accepted and read by
   // the HCA thread (a busy one takes a while: at thousands of QPs it lagged behind a client's
   // RTR for about half the connections). Two passes of its loop accept it and read it; we
-  // wait for them rather than open a second connection for the pair: 10 ms at most, which only
-  // an overloaded HCA thread takes, and then a second connection is more work for it still
-  // (64 setups at once up to 10,000 held: 1.72 descriptors per connection and 1,554 setups/s
-  // with 2 ms at most, 1.17 and 1,888/s with 10).
+  // wait for three rather than open a second connection for the pair: 10 ms at most, which
+  // only an overloaded HCA thread takes, and then a second connection is more work for it
+  // still (64 setups at once up to 10,000 held: 1.59-1.72 descriptors per connection and
+  // 1,512-1,635 setups/s with 2 ms at most, 1.17 and 1,888/s with 10).
   pollfd backlog{qp->hca->listen_fd, POLLIN, 0};
   if (poll(&backlog, 1, 0) == 1) {
     WaitForHcaPasses(qp->hca, 3, absl::Milliseconds(10));
@@ -1491,22 +1491,26 @@ int SoftContext::TakeAsyncEvent(ibv_async_event* event) {
   return 0;
 }
 
-void WaitForAsyncAcks(pthread_mutex_t* mutex, pthread_cond_t* cond, const uint32_t* completed,
+bool WaitForAsyncAcks(pthread_mutex_t* mutex, pthread_cond_t* cond, const uint32_t* completed,
                       uint32_t delivered, const char* what) {
-  if (delivered == 0) return;
+  if (delivered == 0) return true;
   const absl::Time deadline = absl::Now() + kAsyncAckWait;
   const timespec until = absl::ToTimespec(deadline);
+  bool acked = true;
   pthread_mutex_lock(mutex);
   while (*completed < delivered) {
     if (pthread_cond_timedwait(cond, mutex, &until) == ETIMEDOUT && *completed < delivered) {
       SWIRL_LOG(ERROR,
                 "soft: destroying a %s whose %u asynchronous event(s) handed out were not all "
-                "acknowledged (%u) within %s: ibv_ack_async_event must come before the destroy",
+                "acknowledged (%u) within %s: ibv_ack_async_event must come before the destroy; "
+                "its memory is left allocated for the late acknowledgement",
                 what, delivered, *completed, absl::FormatDuration(kAsyncAckWait));
+      acked = false;
       break;
     }
   }
   pthread_mutex_unlock(mutex);
+  return acked;
 }
 
 void CountAsyncAck(const ibv_async_event& event) {

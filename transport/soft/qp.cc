@@ -159,11 +159,14 @@ void TeardownLink(SoftQp* qp) {
   qp->out_watch = 0;
   if (qp->linked) {
     // A poller may be reading the idle hint, which points into the peer's segment, without our
-    // lock (taking it withdrew the hint). Pollers read it only under their CQ's attach lock:
-    // once we have passed through both, none still can, and the segment may go.
+    // lock (taking it withdrew the hint). Pollers read it only under their CQ's attach lock,
+    // and the HCA thread's passes (ProgressAll, ProgressAssisted) under hca->mu: once we have
+    // passed through all three, none still can, and the segment may go. (QP lock, then
+    // hca->mu, as below; the passes only try QP locks.)
     for (SoftCq* cq : {qp->scq, qp->rcq}) {
       std::lock_guard<SpinLock> pass(cq->attach_lock);
     }
+    { swirl::MutexLock pass(&qp->hca->mu); }
     qp->peer.Close(qp->hca);
   }
   qp->peer = PeerSegment();
@@ -940,13 +943,14 @@ int DestroyQp(ibv_qp* ibqp) {
   }
   PurgeQp(qp->scq, qp);
   if (qp->rcq != qp->scq) PurgeQp(qp->rcq, qp);
-  WaitForAsyncAcks(&qp->mutex, &qp->cond, &qp->events_completed, qp->sctx->EndAsyncEvents(qp),
-                   "QP");
+  const bool acked = WaitForAsyncAcks(&qp->mutex, &qp->cond, &qp->events_completed,
+                                      qp->sctx->EndAsyncEvents(qp), "QP");
   if (qp->ssrq) qp->ssrq->qp_count.fetch_sub(1);
   qp->spd->users.fetch_sub(1, std::memory_order_release);
+  delete qp->faults.exchange(nullptr, std::memory_order_acq_rel);
+  if (!acked) return 0;  // left allocated: a late acknowledgement locks its mutex
   pthread_mutex_destroy(&qp->mutex);
   pthread_cond_destroy(&qp->cond);
-  delete qp->faults.load(std::memory_order_acquire);
   delete qp;
   return 0;
 }

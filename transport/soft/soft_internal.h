@@ -680,7 +680,7 @@ inline bool IdleWithoutLock(const SoftQp* qp) {
          !qp->peer_gone.load(std::memory_order_relaxed);
 }
 
-// Calls fn(at(k)) for k in [0, count), loading ahead what each IdleWithoutLock reads: the QP's
+// Calls fn(k, at(k)) for k in [0, count), loading ahead what each IdleWithoutLock reads: the QP's
 // line kLineAhead QPs on, the words it watches in the peer's segment kWatchAhead on (that
 // needs the QP's line, prefetched earlier). With thousands of QPs each is a likely cache miss,
 // and taken one after another an idle walk over 1,024 QPs cost about 200 us.
@@ -904,10 +904,12 @@ struct SoftContext {
 // Waits, as libibverbs' destroys do, until `*completed` (the object's public count of
 // acknowledged events, which AckAsyncEvent raises under `mutex` and signals on `cond`) reaches
 // `delivered`: ibv_ack_async_event locks the object's mutex, which the destroy frees. Bounded
-// (kAsyncAckWait; then logged and abandoned), where libibverbs would wait forever for an
-// application that never acknowledges.
-void WaitForAsyncAcks(pthread_mutex_t* mutex, pthread_cond_t* cond, const uint32_t* completed,
-                      uint32_t delivered, const char* what);
+// (kAsyncAckWait), where libibverbs would wait forever for an application that never
+// acknowledges: false then (logged), and the caller must not free the object (its mutex, its
+// address) but leak it, or a late acknowledgement would write freed memory.
+[[nodiscard]] bool WaitForAsyncAcks(pthread_mutex_t* mutex, pthread_cond_t* cond,
+                                    const uint32_t* completed, uint32_t delivered,
+                                    const char* what);
 // Acknowledges `event` on its object (ibv_ack_async_event's bookkeeping; device.cc's
 // AckAsyncEvent for both the embedded device and the interposer).
 void CountAsyncAck(const ibv_async_event& event);
