@@ -44,6 +44,7 @@
 #include "base/log.h"
 #include "base/log_limiter.h"
 #include "transport/soft/fabric.h"
+#include "transport/soft/soft_device.h"
 #include "transport/soft/qp_ops.h"
 
 namespace swirl::soft {
@@ -1438,11 +1439,14 @@ int QueryPkey(uint8_t port_num, int index, __be16* pkey) {
 
 namespace {
 
-// The object an event names, or null for port and device events.
-const void* EventObject(const ibv_async_event& event) {
-  switch (event.event_type) {
+// What kind of object an event names: the one list of event types the queue, the destroys,
+// the acknowledgement and the interposer all go by.
+enum class EventObjectKind { kNone, kCq, kQp, kSrq };
+
+EventObjectKind KindOf(ibv_event_type type) {
+  switch (type) {
     case IBV_EVENT_CQ_ERR:
-      return event.element.cq;
+      return EventObjectKind::kCq;
     case IBV_EVENT_QP_FATAL:
     case IBV_EVENT_QP_REQ_ERR:
     case IBV_EVENT_QP_ACCESS_ERR:
@@ -1451,13 +1455,28 @@ const void* EventObject(const ibv_async_event& event) {
     case IBV_EVENT_PATH_MIG:
     case IBV_EVENT_PATH_MIG_ERR:
     case IBV_EVENT_QP_LAST_WQE_REACHED:
-      return event.element.qp;
+      return EventObjectKind::kQp;
     case IBV_EVENT_SRQ_ERR:
     case IBV_EVENT_SRQ_LIMIT_REACHED:
-      return event.element.srq;
+      return EventObjectKind::kSrq;
     default:
-      return nullptr;
+      return EventObjectKind::kNone;  // port and device events
   }
+}
+
+// The object an event names, or null for port and device events.
+const void* EventObject(const ibv_async_event& event) {
+  switch (KindOf(event.event_type)) {
+    case EventObjectKind::kCq:
+      return event.element.cq;
+    case EventObjectKind::kQp:
+      return event.element.qp;
+    case EventObjectKind::kSrq:
+      return event.element.srq;
+    case EventObjectKind::kNone:
+      break;
+  }
+  return nullptr;
 }
 
 constexpr absl::Duration kAsyncAckWait = absl::Seconds(10);
@@ -1513,28 +1532,42 @@ bool WaitForAsyncAcks(pthread_mutex_t* mutex, pthread_cond_t* cond, const uint32
   return acked;
 }
 
+ibv_context* AsyncEventContext(const ibv_async_event& event) {
+  switch (KindOf(event.event_type)) {
+    case EventObjectKind::kCq:
+      return event.element.cq->context;
+    case EventObjectKind::kQp:
+      return event.element.qp->context;
+    case EventObjectKind::kSrq:
+      return event.element.srq->context;
+    case EventObjectKind::kNone:
+      break;
+  }
+  return nullptr;
+}
+
 void CountAsyncAck(const ibv_async_event& event) {
   pthread_mutex_t* mutex = nullptr;
   pthread_cond_t* cond = nullptr;
   uint32_t* counter = nullptr;
-  switch (event.event_type) {
-    case IBV_EVENT_CQ_ERR:
+  switch (KindOf(event.event_type)) {
+    case EventObjectKind::kCq:
       mutex = &event.element.cq->mutex;
       cond = &event.element.cq->cond;
       counter = &event.element.cq->async_events_completed;
       break;
-    case IBV_EVENT_SRQ_ERR:
-    case IBV_EVENT_SRQ_LIMIT_REACHED:
-      mutex = &event.element.srq->mutex;
-      cond = &event.element.srq->cond;
-      counter = &event.element.srq->events_completed;
-      break;
-    default:
-      if (EventObject(event) == nullptr) return;  // port and device events: nothing to count
+    case EventObjectKind::kQp:
       mutex = &event.element.qp->mutex;
       cond = &event.element.qp->cond;
       counter = &event.element.qp->events_completed;
       break;
+    case EventObjectKind::kSrq:
+      mutex = &event.element.srq->mutex;
+      cond = &event.element.srq->cond;
+      counter = &event.element.srq->events_completed;
+      break;
+    case EventObjectKind::kNone:
+      return;  // port and device events: nothing to count
   }
   pthread_mutex_lock(mutex);
   ++*counter;

@@ -84,6 +84,10 @@ bool ParseTrustedUids(const char* text, std::vector<uid_t>* uids);
 // True if `qp` belongs to a soft device (of this library or the interposer's).
 bool IsSoftQp(const ibv_qp* qp);
 
+// The context of the object (QP, CQ or SRQ) an asynchronous event names, on any device; null
+// for port and device events, which name none.
+ibv_context* AsyncEventContext(const ibv_async_event& event);
+
 // Binds `qp`'s link to whoever knows `key` (32 random bytes, the same on both QPs of the pair,
 // handed over by the control plane, e.g. over TLS). Set it in RESET or INIT, before RTR
 // (FailedPrecondition after); an empty key removes it. With a key, the QP links only with a

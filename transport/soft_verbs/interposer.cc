@@ -28,6 +28,7 @@
 #include <cstring>
 #include <vector>
 
+#include "transport/soft/soft_device.h"
 #include "transport/soft_verbs/real_verbs.h"
 #include "transport/soft_verbs/registry.h"
 
@@ -675,28 +676,7 @@ int ibv_get_async_event(ibv_context* context, ibv_async_event* event) {
 void ibv_ack_async_event(ibv_async_event* event) {
   // The soft device does libibverbs' bookkeeping itself (the object's count of acknowledged
   // events, which its destroys wait for: soft::CountAsyncAck, soft::WaitForAsyncAcks).
-  ibv_context* context = nullptr;
-  switch (event->event_type) {
-    case IBV_EVENT_CQ_ERR:
-      context = event->element.cq->context;
-      break;
-    case IBV_EVENT_QP_FATAL:
-    case IBV_EVENT_QP_REQ_ERR:
-    case IBV_EVENT_QP_ACCESS_ERR:
-    case IBV_EVENT_COMM_EST:
-    case IBV_EVENT_SQ_DRAINED:
-    case IBV_EVENT_PATH_MIG:
-    case IBV_EVENT_PATH_MIG_ERR:
-    case IBV_EVENT_QP_LAST_WQE_REACHED:
-      context = event->element.qp->context;
-      break;
-    case IBV_EVENT_SRQ_ERR:
-    case IBV_EVENT_SRQ_LIMIT_REACHED:
-      context = event->element.srq->context;
-      break;
-    default:
-      break;  // port and device events name no object: nothing to count, on either device
-  }
+  ibv_context* context = swirl::soft::AsyncEventContext(*event);  // null: a port or device event
   if (verbs::DeviceOps* ops = SoftOps(context)) {
     ops->AckAsyncEvent(event);
     return;
