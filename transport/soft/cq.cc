@@ -102,13 +102,13 @@ void ProgressAttached(SoftCq* cq, PollSink* sink) {
         const size_t j = start + k;  // walk <= n: laps at most once
         return cq->qps[j >= n ? j - n : j];
       },
-      [&](size_t k, SoftQp* qp) {
-        cq->walk_next = start + k + 1 >= n ? start + k + 1 - n : start + k + 1;
+      [&](SoftQp* qp) {
         if (progress(qp) && busy_count < SoftCq::kHot &&
             std::find(busy, busy + busy_count, qp) == busy + busy_count) {
           busy[busy_count++] = qp;
         }
       });
+  cq->walk_next = start + walk >= n ? start + walk - n : start + walk;
   cq->idle_streak = busy_count > 0 ? 0 : cq->idle_streak + 1;
   // The busy ones (most recent first), then the warm ones the busy left room for; a QP both
   // busy and warm (the walk reached a warm one) is kept once.

@@ -735,7 +735,7 @@ bool ProgressAll(Hca* hca) {
   bool did = false;
   swirl::ReaderMutexLock lock(&hca->mu);
   const std::vector<SoftQp*>& qps = hca->qp_list;
-  WalkPrefetched(qps.size(), [&](size_t k) { return qps[k]; }, [&](size_t, SoftQp* qp) {
+  WalkPrefetched(qps.size(), [&](size_t k) { return qps[k]; }, [&](SoftQp* qp) {
     // The CQ poll's own test (ProgressAssisted): a QP idle under its hint, with nothing arrived
     // since, has nothing to progress, and a kick for one stalled request must not cost a
     // server with 10,000 quiet connections a round of progress on each.
@@ -750,7 +750,7 @@ bool ProgressAssisted(Hca* hca) {
   bool did = false;
   swirl::ReaderMutexLock lock(&hca->mu);
   const std::vector<SoftQp*>& qps = hca->qp_list;
-  WalkPrefetched(qps.size(), [&](size_t k) { return qps[k]; }, [&](size_t, SoftQp* qp) {
+  WalkPrefetched(qps.size(), [&](size_t k) { return qps[k]; }, [&](SoftQp* qp) {
     // An idle QP with nothing arrived since (the CQ poll's own test) has nothing to progress:
     // without the test, a server holding thousands of quiet connections had its HCA thread
     // run every one of them through progress on every round while its worker slept.

@@ -680,7 +680,7 @@ inline bool IdleWithoutLock(const SoftQp* qp) {
          !qp->peer_gone.load(std::memory_order_relaxed);
 }
 
-// Calls fn(k, at(k)) for k in [0, count), loading ahead what each IdleWithoutLock reads: the QP's
+// Calls fn(at(k)) for k in [0, count), loading ahead what each IdleWithoutLock reads: the QP's
 // line kLineAhead QPs on, the words it watches in the peer's segment kWatchAhead on (that
 // needs the QP's line, prefetched earlier). With thousands of QPs each is a likely cache miss,
 // and taken one after another an idle walk over 1,024 QPs cost about 200 us.
@@ -692,7 +692,7 @@ inline void WalkPrefetched(size_t count, At at, Fn fn) {
   for (size_t k = 0; k < count; ++k) {
     if (k + kLineAhead < count) __builtin_prefetch(&at(k + kLineAhead)->lock);
     if (k + kWatchAhead < count) at(k + kWatchAhead)->lock.PrefetchWatched();
-    fn(k, at(k));
+    fn(at(k));
   }
 }
 
