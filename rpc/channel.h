@@ -139,7 +139,8 @@ class Channel : public CallTarget {
   // Connections made after the first one.
   uint64_t reconnects() const;
 
-  // The server's view, through the control plane.
+  // The server's view, through the control plane. A connection appears in it once the
+  // server's worker has activated it, which may be just after the client's Connect returned.
   absl::StatusOr<StatsReport> ServerStats();
   // This side's view of the connection (counters, bulk window accounting).
   ConnectionStats LocalStats() const;

@@ -82,7 +82,10 @@ void ExpectAliceFromTwoAddresses(int port) {
   options.auth_token = "alice-token";
   auto alice = Channel::Create(absl::StrCat("127.0.0.1:", port), options);
   ASSERT_TRUE(alice.ok()) << alice.status();
-  auto stats = (*alice)->ServerStats();
+  // The server lists a connection once its worker has activated it, which may be just after
+  // this channel's Connect returned: wait (bounded) for the third.
+  auto stats = testing::ServerStatsWhen(
+      **alice, [](const StatsReport& s) { return s.connections.size() >= 3; });
   ASSERT_TRUE(stats.ok()) << stats.status();
   std::set<std::string> addresses;
   for (const ConnectionStats& c : stats->connections) {
