@@ -54,7 +54,9 @@ def classify(file_name, obj):
 def run(binary, encoding, size, calls, side, work):
     out = os.path.join(work, "cg.%s.%s.%d" % (encoding, side, calls))
     toggles = ["--toggle-collect=*%s*" % fn for fn in SIDES[side]]
-    cmd = ["valgrind", "--tool=callgrind", "--collect-atstart=no",
+    # --fair-sched: valgrind runs one thread at a time, and without it the measuring thread's
+    # turns can starve the soft device's HCA threads for a minute while the QPs link.
+    cmd = ["valgrind", "--tool=callgrind", "--fair-sched=yes", "--collect-atstart=no",
            "--callgrind-out-file=" + out] + toggles + [
                binary, "--encoding", encoding, "--size", str(size), "--calls", str(calls)]
     p = subprocess.run(cmd, capture_output=True, text=True)
@@ -64,10 +66,11 @@ def run(binary, encoding, size, calls, side, work):
 
 
 def parse(path):
-    """Exclusive instructions per group, from callgrind's output file."""
+    """Exclusive instructions per group, and per (group, function), from callgrind's output."""
     names = {"fl": {}, "fn": {}, "ob": {}}
     totals = {g: 0 for g in GROUPS}
-    cur = {"fl": None, "ob": None}
+    by_function = {}
+    cur = {"fl": None, "ob": None, "fn": None}
     in_call = False
     with open(path) as f:
         for line in f:
@@ -81,6 +84,8 @@ def parse(path):
                     cur["fl"] = names["fl"].get(num)
                 elif kind == "ob":
                     cur["ob"] = names["ob"].get(num)
+                else:
+                    cur["fn"] = names["fn"].get(num)
                 continue
             if re.match(r"^c(fl|fi|fe|fn|ob)=", line):
                 # The callee's name table entries are defined here too.
@@ -97,8 +102,11 @@ def parse(path):
                 if in_call:
                     in_call = False
                     continue
-                totals[classify(cur["fl"], cur["ob"])] += int(m.group(1))
-    return totals
+                group = classify(cur["fl"], cur["ob"])
+                totals[group] += int(m.group(1))
+                key = (group, cur["fn"])
+                by_function[key] = by_function.get(key, 0) + int(m.group(1))
+    return totals, by_function
 
 
 def main():
@@ -107,6 +115,9 @@ def main():
     p.add_argument("--short", type=int, default=5000, help="calls in the short run")
     p.add_argument("--long", type=int, default=20000, help="calls in the long run")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--functions", type=int, default=0, metavar="N",
+                   help="also list each side's N costliest functions per call (exclusive, by "
+                        "group; code inlined into a function counts in the file it came from)")
     p.add_argument("--bin", default=BIN,
                    help="the rpc_path_bench binary (a copy of an older build, to compare)")
     args = p.parse_args()
@@ -114,14 +125,17 @@ def main():
         sys.exit("%s is missing: bazel build -c opt //bench:rpc_path_bench" % args.bin)
     work = tempfile.mkdtemp(prefix="rpc_cost-")
     report = {}
+    functions = {}
     for encoding in ("raw", "proto"):
         for side in SIDES:
-            short = run(args.bin, encoding, args.size, args.short, side, work)
-            long_ = run(args.bin, encoding, args.size, args.long, side, work)
+            short, short_fns = run(args.bin, encoding, args.size, args.short, side, work)
+            long_, long_fns = run(args.bin, encoding, args.size, args.long, side, work)
             n = args.long - args.short
             per = {g: (long_[g] - short[g]) / n for g in GROUPS}
             per["total"] = sum(per[g] for g in GROUPS)
             report["%s/%s" % (encoding, side)] = per
+            fns = {k: (v - short_fns.get(k, 0)) / n for k, v in long_fns.items()}
+            functions["%s/%s" % (encoding, side)] = sorted(fns.items(), key=lambda kv: -kv[1])
     if args.json:
         print(json.dumps(report))
         return
@@ -130,6 +144,10 @@ def main():
     for key, per in report.items():
         print("| %s | %s | %.0f |" % (key, " | ".join("%.0f" % per[g] for g in GROUPS),
                                       per["total"]))
+    for key, fns in functions.items() if args.functions else ():
+        print("\n%s, costliest functions per call:" % key)
+        for (group, fn), cost in fns[:args.functions]:
+            print("  %7.1f  %-8s %s" % (cost, group, fn))
 
 
 if __name__ == "__main__":

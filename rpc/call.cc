@@ -25,11 +25,15 @@ ClientCall::~ClientCall() {
 
 void ClientCall::Complete(absl::Status status) {
   status_ = std::move(status);
-  if (!callback_) {  // a blocking call or one that is polled: the waiter takes it from here
-    state_.store(kDone, std::memory_order_release);
-    NotifierWord::Notify(completion_);  // the owner may reuse or free this call from here on
-    return;
-  }
+  if (callback_) return CompleteWithCallback();
+  // A blocking call or one that is polled: the waiter takes it from here.
+  state_.store(kDone, std::memory_order_release);
+  NotifierWord::Notify(completion_);  // the owner may reuse or free this call from here on
+}
+
+// Out of line: the callback, moved to the stack, is held in a char buffer, for which
+// -fstack-protector would guard every completion (base/copy.h says why that matters).
+void ClientCall::CompleteWithCallback() {
   auto callback = std::move(callback_);
   callback_ = nullptr;
   state_.store(kDone, std::memory_order_release);

@@ -123,6 +123,7 @@ class ClientCall {
 
   // Called by the worker exactly once per round.
   void Complete(absl::Status status);
+  [[gnu::noinline]] void CompleteWithCallback();  // Complete's path for a call with a callback
 
   uint32_t method_id_ = 0;
   const google::protobuf::MessageLite* request_ = nullptr;

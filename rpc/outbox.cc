@@ -45,8 +45,8 @@ uint64_t Outbox::QueueRaw(Connection* c, const ibv_send_wr& wr, const ibv_sge* s
   return Commit(c, -1, op);
 }
 
-void Outbox::Emit(Connection* c, char* data, uint32_t length, int32_t buffer,
-                  uint32_t invalidate_rkey, unsigned int flags) {
+void Outbox::EmitSlow(Connection* c, char* data, uint32_t length, int32_t buffer,
+                      uint32_t invalidate_rkey, unsigned int flags) {
   if (c->closing()) {
     // Failed already (possibly by a step of the operation that is emitting this): nothing will
     // send or give back what is parked from now on.
@@ -108,24 +108,8 @@ bool Outbox::Unpark(Connection* c) {
   return c->credits().parked() == 0;
 }
 
-void Outbox::Flush(Connection* c) {
-  const int err = c->sends().Flush([c](ibv_send_wr* first) {
-    ibv_send_wr* bad = nullptr;
-    return ibv_post_send(c->qp().get(), first, &bad);
-  });
-  if (err != 0) fail_(c, verbs::VerbsError("ibv_post_send", err));
-}
-
-void Outbox::FlushAll() {
-  // Popped one at a time: a failed post fails its connection, whose calls' callbacks may queue
-  // (and even flush) more.
-  while (!doorbells_.empty()) {
-    Connection* c = doorbells_.back();
-    doorbells_.pop_back();
-    c->in_doorbell_list = false;
-    Flush(c);
-  }
-  arena_used_ = 0;
+void Outbox::PostFailed(Connection* c, int err) {
+  fail_(c, verbs::VerbsError("ibv_post_send", err));
 }
 
 void Outbox::DropUnsent(Connection* c) {

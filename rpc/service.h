@@ -86,17 +86,41 @@ class ServerContext {
 };
 
 // Where a handler writes its response bytes: straight into the message that will be sent.
+// Reserve and Commit are inline while the bytes fit the space at hand (every small response);
+// the writer's ReserveSlow and CommitSlow take the rest.
 class ResponseWriter {
  public:
   virtual ~ResponseWriter() = default;
   // Contiguous space for `size` bytes, or nullptr if the response would exceed the largest
   // response the connection can carry: the negotiated maximum bulk size when the connection has
   // bulk transfers (a response above the eager threshold leaves through a window), else the
-  // negotiated maximum message size. Call Commit afterwards with the bytes actually written.
-  virtual char* Reserve(size_t size) = 0;
-  virtual void Commit(size_t size) = 0;
+  // negotiated maximum message size. Call Commit afterwards with the bytes actually written,
+  // at most `size`.
+  char* Reserve(size_t size) {
+    if (size < room_) [[likely]] return cursor_;
+    return ReserveSlow(size);
+  }
+  void Commit(size_t size) {
+    if (size < room_) [[likely]] {
+      cursor_ += size;
+      room_ -= size;
+      return;
+    }
+    CommitSlow(size);
+  }
   // Convenience: Reserve + copy + Commit. False if too large.
   bool Append(absl::string_view bytes);
+
+ protected:
+  // The space at hand: the next byte goes to cursor_, and room_ is one more than the bytes that
+  // fit there (0 while there is none, so that even Reserve(0) takes ReserveSlow then).
+  char* cursor_ = nullptr;
+  size_t room_ = 0;
+
+ private:
+  virtual char* ReserveSlow(size_t size) = 0;
+  // A Commit of `size` >= room_: of more than the last Reserve gave, or with nothing reserved.
+  virtual void CommitSlow(size_t size) = 0;
 };
 
 class Service {

@@ -7,8 +7,10 @@
 #ifndef SWIRL_RPC_WIRE_H_
 #define SWIRL_RPC_WIRE_H_
 
+#include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string_view>
 
 #include "absl/status/status.h"
@@ -83,21 +85,44 @@ static_assert(kMaxStatusCode == 16);
 
 // Checks a received header against the number of bytes that arrived and the connection's
 // limits. OkStatus or an InvalidArgument/DataLoss status saying what was wrong.
+// A header's first four bytes (version, type, flags) read as one word: the message path tells a
+// plain message (this version, no flags) of each type with one compare.
+struct HeaderLead {
+  uint8_t version;
+  uint8_t type;
+  uint16_t flags;
+};
+constexpr uint32_t PlainLead(MessageType type) {
+  return std::bit_cast<uint32_t>(HeaderLead{kProtocolVersion, type, 0});
+}
+inline constexpr uint32_t kPlainRequest = PlainLead(kRequest);
+inline constexpr uint32_t kPlainResponse = PlainLead(kResponse);
+inline constexpr uint32_t kPlainOneWay = PlainLead(kOneWay);
+inline constexpr uint32_t kPlainCredit = PlainLead(kCredit);
+inline uint32_t LeadOf(const MessageHeader& h) {
+  static_assert(offsetof(MessageHeader, flags) == 2 && sizeof(HeaderLead) == 4);
+  uint32_t lead;
+  std::memcpy(&lead, &h, sizeof(lead));
+  return lead;
+}
+
 absl::Status ValidateHeaderSlow(const MessageHeader& header, size_t received_bytes,
                                 const Limits& limits);
 inline absl::Status ValidateHeader(const MessageHeader& h, size_t received_bytes,
                                    const Limits& limits) {
-  // The common case in a few compares: a plain request, one-way, response or credit message
-  // with no bulk flags. Anything else, valid or not, takes the full check.
-  const bool is_call = h.type == kRequest || h.type == kOneWay;
-  if (received_bytes >= sizeof(MessageHeader) && h.version == kProtocolVersion &&
-      (is_call || h.type == kResponse || h.type == kCredit) && h.flags == 0 && h.aux == 0 &&
-      h.payload_len == received_bytes - sizeof(MessageHeader) &&
-      h.payload_len <= limits.max_payload && h.credits <= limits.max_credits &&
-      is_call == (h.method_id != 0) &&
-      (h.type == kResponse ? h.status <= kMaxStatusCode : h.status == 0) &&
-      (h.type != kCredit || h.payload_len == 0)) {
-    return absl::OkStatus();
+  // The common case in a few compares: a plain request, one-way, response or credit message.
+  // Anything else, valid or not, takes the full check. (A message shorter than the header
+  // fails the payload_len compare: received_bytes - 32 wraps beyond any uint32_t.)
+  if (h.aux == 0 && h.payload_len == received_bytes - sizeof(MessageHeader) &&
+      h.payload_len <= limits.max_payload && h.credits <= limits.max_credits) {
+    const uint32_t lead = LeadOf(h);
+    if (lead == kPlainResponse) {
+      if (h.method_id == 0 && h.status <= kMaxStatusCode) return absl::OkStatus();
+    } else if (lead == kPlainRequest || lead == kPlainOneWay) {
+      if (h.method_id != 0 && h.status == 0) return absl::OkStatus();
+    } else if (lead == kPlainCredit) {
+      if (h.method_id == 0 && h.status == 0 && h.payload_len == 0) return absl::OkStatus();
+    }
   }
   return ValidateHeaderSlow(h, received_bytes, limits);
 }

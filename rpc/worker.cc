@@ -373,13 +373,7 @@ void Worker::SleepUntilWork() {
   bool did = DrainSubmissions();
   ibv_wc wc[kPollBatch];
   const int n = cq_->Poll(kPollBatch, wc);
-  if (n < 0) {
-    SWIRL_LOG(ERROR, "%s: completion queue failed (overflow?); failing every connection",
-              options_.name);
-    std::vector<Connection*> all;
-    for (auto& [id, c] : by_id_) all.push_back(c.get());
-    for (Connection* c : all) FailConnection(c, absl::InternalError("completion queue failed"));
-  }
+  if (n < 0) CompletionQueueFailed();
   for (int i = 0; i < n; ++i) {
     if (wc[i].wr_id & kRecvTag) {
       HandleRecv(wc[i]);
@@ -405,6 +399,14 @@ void Worker::SleepUntilWork() {
   // keepalives) leaves with one doorbell per connection.
   if (!outbox_.idle()) outbox_.FlushAll();
   return did;
+}
+
+void Worker::CompletionQueueFailed() {
+  SWIRL_LOG(ERROR, "%s: completion queue failed (overflow?); failing every connection",
+            options_.name);
+  std::vector<Connection*> all;
+  for (auto& [id, c] : by_id_) all.push_back(c.get());
+  for (Connection* c : all) FailConnection(c, absl::InternalError("completion queue failed"));
 }
 
 bool Worker::DrainSubmissionsSlow() {

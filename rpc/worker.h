@@ -268,6 +268,9 @@ class Worker {
   void Submit(WorkItem item);
   void Loop();
   bool RunOnce();
+  // RunOnce's poll failed (an overflowed CQ): every connection fails. Out of line and cold, so
+  // that its logging's buffers keep -fstack-protector off the loop (base/copy.h).
+  [[gnu::cold, gnu::noinline]] void CompletionQueueFailed();
   void SleepUntilWork();
   // Takes what other threads submitted. Inline: nearly always there is nothing, and the loop
   // and every caller-driven call look (the slow half has a WorkItem's frame to set up).
@@ -357,25 +360,33 @@ class Worker {
   bool TrySendCall(Connection* c, CallState& s);
   // Why `s` cannot be sent as it is (then it completes with that), or OK.
   absl::Status CheckCall(Connection* c, const CallState& s, bool message_in_bulk) const;
+  // StartCall's hand-off to the loop thread. Out of line: a WorkItem holds a function in a char
+  // buffer, for which -fstack-protector would guard every StartCall (base/copy.h).
+  [[gnu::noinline]] void SubmitStartCall(uint64_t connection_id, ClientCall* call);
   // Serializes a large request once, straight into registered memory; a retry reuses it.
   absl::Status SerializeIntoBulk(CallState& s, size_t size);
   bool SendEagerCall(Connection* c, CallState& s, size_t size);
   void PumpBacklog(Connection* c);
   void CompleteCall(Connection* c, const rpc_wire::MessageHeader& h, const char* payload);
-  // Fills the call's response from `message` (protobuf or bytes).
-  static absl::Status ParseResponse(const ClientCall* call, absl::string_view message) {
+  // Fills the call's response from `message` (protobuf or bytes). Inline, the common case of a
+  // steady stream of echoes: a reused string of the same length is overwritten in place.
+  [[gnu::always_inline]] static absl::Status ParseResponse(const ClientCall* call,
+                                                           absl::string_view message) {
+    std::string* out = call->response_bytes_;
+    if (call->response_ == nullptr && out != nullptr && out->size() == message.size()) {
+      CopyBytes(out->data(), message.data(), message.size());
+      return absl::OkStatus();
+    }
+    return ParseResponseSlow(call, message);
+  }
+  [[gnu::noinline]] static absl::Status ParseResponseSlow(const ClientCall* call,
+                                                          absl::string_view message) {
     if (call->response_ != nullptr) {
       if (!call->response_->ParseFromArray(message.data(), static_cast<int>(message.size()))) {
         return absl::DataLossError("response does not parse");
       }
     } else if (std::string* out = call->response_bytes_; out != nullptr) {
-      // A reused string of the same length (a steady stream of echoes) is overwritten in
-      // place: assign() goes through its general replace path.
-      if (out->size() == message.size()) {
-        CopyBytes(out->data(), message.data(), message.size());
-      } else {
-        out->assign(message.data(), message.size());
-      }
+      out->assign(message.data(), message.size());
     }
     return absl::OkStatus();
   }

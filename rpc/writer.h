@@ -26,23 +26,12 @@ class MessageWriter final : public ResponseWriter {
       : outbox_(outbox), bulk_pool_(bulk), c_(c) {}
   ~MessageWriter() override { Abandon(); }
 
-  // The common case first: the bytes fit the space taken already, below the eager threshold
-  // and the message size limit (fast_end_ folds the three together, one past the largest
-  // length they allow; 0 while there is no space, so that even Reserve(0) takes some then).
-  char* Reserve(size_t size) override {
-    if (length_ + size < fast_end_) [[likely]] return data_ + kHeader + length_;
-    return ReserveSlow(size);
-  }
   // Takes an inline slot (or a send buffer) ahead of the handler, so that its first Reserve is
-  // the fast one. Whatever a handler then writes, the slot goes with the response or back.
+  // the inline one. Whatever a handler then writes, the slot goes with the response or back.
   void Prepare() {
     if (data_ != nullptr || in_bulk_) return;
     data_ = outbox_->Alloc(std::max<uint32_t>(outbox_->max_inline(), kHeader), &buffer_);
-    if (data_ != nullptr) SetFastEnd();
-  }
-  void Commit(size_t size) override {
-    length_ += static_cast<uint32_t>(size);
-    if (in_bulk_) bulk_.resize(length_);
+    if (data_ != nullptr) Place(data_ + kHeader, 0);
   }
 
   // Releases the space without sending (one-way methods, failures).
@@ -52,35 +41,35 @@ class MessageWriter final : public ResponseWriter {
     data_ = nullptr;
     bulk_.Release();
     in_bulk_ = false;
-    length_ = 0;
-    fast_end_ = 0;
+    Clear();
   }
   // A response above the eager threshold was written into registered memory instead.
   bool in_bulk() const { return in_bulk_; }
   BulkBuffer TakeBulk() {
+    bulk_.resize(length());
     in_bulk_ = false;
-    length_ = 0;
-    fast_end_ = 0;
+    Clear();
     return std::move(bulk_);
   }
-  // Hands the message over to the send path.
+  // Hands the message over to the send path (read data(), buffer() and length() first).
   void Release() {
     data_ = nullptr;
     buffer_ = -1;
-    fast_end_ = 0;
+    Clear();
   }
   char* data() const { return data_; }
   int32_t buffer() const { return buffer_; }
-  uint32_t length() const { return length_; }
+  uint32_t length() const { return static_cast<uint32_t>(cursor_ - begin_); }
 
  private:
-  char* ReserveSlow(size_t size) {
-    if (in_bulk_ || (length_ + size > c_->negotiated().eager_threshold() &&
+  char* ReserveSlow(size_t size) override {
+    const uint32_t length = this->length();
+    if (in_bulk_ || (length + size > c_->negotiated().eager_threshold() &&
                      bulk_pool_ != nullptr && c_->negotiated().max_bulk_size() > 0)) {
       return ReserveBulk(size);
     }
-    if (length_ + size > c_->max_payload()) return nullptr;
-    const uint32_t needed = static_cast<uint32_t>(kHeader + length_ + size);
+    if (length + size > c_->max_payload()) return nullptr;
+    const uint32_t needed = static_cast<uint32_t>(kHeader + length + size);
     BufferPool& pool = outbox_->pool();
     if (data_ == nullptr) {
       data_ = outbox_->Alloc(needed, &buffer_);
@@ -90,42 +79,63 @@ class MessageWriter final : public ResponseWriter {
       // Outgrew the inline slot: move to a send buffer.
       uint32_t index = pool.Take();
       char* bigger = pool.at(index);
-      std::memcpy(bigger, data_, kHeader + length_);
+      std::memcpy(bigger, data_, kHeader + length);
       data_ = bigger;
       buffer_ = static_cast<int32_t>(index);
-      if (needed > capacity()) return nullptr;
     }
-    SetFastEnd();
-    return data_ + kHeader + length_;
+    Place(data_ + kHeader, length);
+    if (needed > capacity()) return nullptr;
+    return cursor_;
+  }
+  void CommitSlow(size_t size) override {
+    // More than the last Reserve gave (a handler's bug; the bytes beyond were never ours to
+    // send), or nothing reserved: what fits is taken, and no more.
+    if (room_ > 0) {
+      cursor_ += std::min(size, room_ - 1);
+      room_ -= std::min(size, room_ - 1);
+    }
   }
   uint32_t capacity() const {
     return buffer_ < 0 ? outbox_->max_inline() : outbox_->pool().size();
   }
-  // The largest length_ that the current space takes with no check but this one: within the
-  // space, within the message size limit, and at the eager threshold when bulk is possible.
-  void SetFastEnd() {
-    size_t end = std::min<size_t>(capacity() - kHeader, c_->max_payload());
-    if (bulk_pool_ != nullptr && c_->negotiated().max_bulk_size() > 0) {
-      end = std::min<size_t>(end, c_->negotiated().eager_threshold());
+  // The payload is at `begin`, `length` bytes of it written; the inline Reserve then takes
+  // whatever stays within the space, within the message size limit, and (eagerly) at the eager
+  // threshold when bulk is possible: one compare for the three.
+  void Place(char* begin, uint32_t length) {
+    size_t end;
+    if (in_bulk_) {
+      end = std::min<size_t>(bulk_.capacity(), c_->negotiated().max_bulk_size());
+    } else {
+      end = std::min<size_t>(capacity() - kHeader, c_->max_payload());
+      if (bulk_pool_ != nullptr && c_->negotiated().max_bulk_size() > 0) {
+        end = std::min<size_t>(end, c_->negotiated().eager_threshold());
+      }
     }
-    fast_end_ = end + 1;
+    begin_ = begin;
+    cursor_ = begin + length;
+    room_ = end >= length ? end - length + 1 : 0;
+  }
+  void Clear() {
+    begin_ = cursor_ = nullptr;
+    room_ = 0;
   }
   char* ReserveBulk(size_t size) {
-    const size_t needed = length_ + size;
+    const uint32_t length = this->length();
+    const size_t needed = length + size;
     if (needed > c_->negotiated().max_bulk_size()) return nullptr;
     if (!in_bulk_ || needed > bulk_.capacity()) {
-      auto bigger = bulk_pool_->Allocate(std::max<size_t>(needed, 2 * length_));
+      auto bigger = bulk_pool_->Allocate(std::max<size_t>(needed, 2 * size_t{length}));
       if (!bigger.ok()) return nullptr;
       // Whatever was written so far (eagerly or in a smaller bulk buffer) moves along.
-      if (length_ > 0) std::memcpy(bigger->data(), in_bulk_ ? bulk_.data() : data_ + kHeader, length_);
+      if (length > 0) std::memcpy(bigger->data(), begin_, length);
       if (!in_bulk_) outbox_->Give(buffer_);
       buffer_ = -1;
       data_ = nullptr;
-      fast_end_ = 0;
       bulk_ = std::move(*bigger);
       in_bulk_ = true;
+      Place(bulk_.data(), length);
     }
-    return bulk_.data() + length_;
+    return cursor_;
   }
 
   Outbox* outbox_;
@@ -133,10 +143,9 @@ class MessageWriter final : public ResponseWriter {
   Connection* c_;
   BulkBuffer bulk_;
   bool in_bulk_ = false;
-  char* data_ = nullptr;
+  char* data_ = nullptr;  // the message (header first), when eager
   int32_t buffer_ = -1;
-  size_t fast_end_ = 0;
-  uint32_t length_ = 0;
+  char* begin_ = nullptr;  // the payload: data_ + kHeader, or bulk_.data()
 };
 
 }  // namespace swirl::internal

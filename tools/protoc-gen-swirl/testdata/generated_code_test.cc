@@ -41,23 +41,25 @@ using ::testing::HasSubstr;
 
 // ---- Helpers ------------------------------------------------------------------------------------
 
-// Collects a handler's response bytes.
+// Collects a handler's response bytes. It never offers inline space (room_ stays 0), so that
+// every Reserve and Commit reaches it.
 class StringWriter : public swirl::ResponseWriter {
  public:
-  char* Reserve(size_t size) override {
-    reserved_ = true;
-    buffer_.resize(size);
-    return buffer_.data();
-  }
-  void Commit(size_t size) override {
-    committed_ = true;
-    buffer_.resize(size);
-  }
   const std::string& bytes() const { return buffer_; }
   bool committed() const { return committed_; }
   bool reserved() const { return reserved_; }
 
  private:
+  char* ReserveSlow(size_t size) override {
+    reserved_ = true;
+    buffer_.resize(size);
+    return buffer_.data();
+  }
+  void CommitSlow(size_t size) override {
+    committed_ = true;
+    buffer_.resize(size);
+  }
+
   std::string buffer_;
   bool reserved_ = false;
   bool committed_ = false;
