@@ -83,6 +83,17 @@ class CallTable {
     s.next = free_state_;
     free_state_ = s.index;
   }
+  // Retire for a state that the message path used alone: no window, RDMA operation or
+  // abandoned status was ever set on it (they are as Retire leaves them).
+  void RetirePlain(CallState& s) {
+    SWIRL_DCHECK(s.call != nullptr && s.request_id == 0 && s.next == CallState::kNone);
+    SWIRL_DCHECK((s.request_window & s.reply_window & s.read_op & s.write_op) == -1 &&
+                 s.abandoned.ok());
+    s.call = nullptr;
+    s.scratch.Release();
+    s.next = free_state_;
+    free_state_ = s.index;
+  }
   // Admitted calls (for tests: it walks the free list).
   size_t admitted() const;
 

@@ -1,4 +1,5 @@
-// The worker: construction, the control path, the loop, submissions, observation.
+// The worker: construction, the control path, submissions, observation (the loop itself is in
+// worker_receive.cc, with the receive path it inlines).
 
 #include "rpc/worker.h"
 
@@ -19,13 +20,6 @@
 #include "transport/verbs/status.h"
 
 namespace swirl::internal {
-namespace {
-
-constexpr int kPollBatch = 16;
-constexpr uint64_t kRecvTag = uint64_t{1} << 63;  // wr_id of receives; sends use plain seqs
-
-}  // namespace
-
 // ---- Construction ------------------------------------------------------------------------------
 
 Worker::Worker(std::shared_ptr<verbs::Context> context, std::shared_ptr<verbs::ProtectionDomain> pd,
@@ -180,7 +174,7 @@ void Worker::Stop() {
   for (Connection* c : all) FailConnection(c, absl::UnavailableError("worker stopped"));
   absl::Time deadline = absl::Now() + absl::Seconds(2);
   while (!closing_.empty() && absl::Now() < deadline) {
-    RunOnce();
+    RunOnceCold();
     Timers(absl::Now());
   }
   for (Connection* c : std::vector<Connection*>(closing_)) FinishClose(c);
@@ -300,115 +294,6 @@ void Worker::Submit(WorkItem item) {
   }
 }
 
-// ---- The loop ----------------------------------------------------------------------------------
-
-bool Worker::OnLoopThread() const { return t_driving == this; }
-
-bool Worker::TryDrive() {
-  if (!driver_.try_lock()) return false;
-  bool did;
-  {
-    DrivingScope driving(this);
-    did = RunOnce();
-  }
-  driver_.unlock();
-  return did;
-}
-
-void Worker::Loop() {
-  if (options_.core >= 0) {
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    CPU_SET(options_.core, &set);
-    if (sched_setaffinity(0, sizeof(set), &set) != 0) {
-      SWIRL_LOG(WARNING, "%s: cannot pin to core %d", options_.name, options_.core);
-    }
-  }
-  std::lock_guard<SpinLock> guard(driver_);
-  DrivingScope driving(this);
-  absl::Time idle_since = absl::InfiniteFuture();
-  uint64_t idle_spins = 0;
-  while (running_.load(std::memory_order_relaxed)) {
-    if (RunOnce()) {
-      idle_since = absl::InfiniteFuture();
-      continue;
-    }
-    if (!options_.adaptive_idle || (++idle_spins & 63) != 0) continue;
-    absl::Time now = absl::Now();
-    if (idle_since == absl::InfiniteFuture()) {
-      idle_since = now;
-    } else if (now - idle_since >= options_.idle_spin) {
-      SleepUntilWork();
-      idle_since = absl::InfiniteFuture();
-    }
-  }
-}
-
-void Worker::SleepUntilWork() {
-  if (!cq_->RequestNotify(false).ok()) return;
-  sleeping_.store(true, std::memory_order_seq_cst);
-  // Anything that raced with arming is handled now instead of slept through.
-  if (!submissions_.MaybeEmpty() || RunOnce()) {
-    sleeping_.store(false, std::memory_order_relaxed);
-    return;
-  }
-  pollfd fds[2] = {{channel_->fd(), POLLIN, 0}, {wake_fd_, POLLIN, 0}};
-  int timeout_ms = 100;
-  if (next_timer_ != absl::InfinitePast()) {
-    timeout_ms = static_cast<int>(
-        std::clamp<int64_t>(absl::ToInt64Milliseconds(next_timer_ - absl::Now()) + 1, 0, 100));
-  }
-  ::poll(fds, 2, timeout_ms);
-  sleeping_.store(false, std::memory_order_relaxed);
-  if (fds[0].revents & POLLIN) (void)channel_->WaitEvent(absl::ZeroDuration());
-  uint64_t count;
-  while (read(wake_fd_, &count, sizeof(count)) > 0) {
-  }
-}
-
-// The hot loop.
-// Inlined into each of its callers here (the loop, TryDrive): a turn is the loop's whole body.
-[[gnu::always_inline]] inline bool Worker::RunOnce() {
-  SWIRL_DCHECK(OnLoopThread());
-  bool did = DrainSubmissions();
-  ibv_wc wc[kPollBatch];
-  const int n = cq_->Poll(kPollBatch, wc);
-  if (n < 0) CompletionQueueFailed();
-  for (int i = 0; i < n; ++i) {
-    if (wc[i].wr_id & kRecvTag) {
-      HandleRecv(wc[i]);
-    } else {
-      HandleSendCompletion(wc[i]);
-    }
-  }
-  did |= n > 0;
-  // Receive buffers go back to the SRQ when the loop comes up empty or a batch has gathered:
-  // off the critical path of a request/response exchange, one doorbell per batch under load.
-  // The SRQ holds two connections' worth of credits beyond what is granted, more than the
-  // batch held back, so a peer within its credits still never meets an empty queue.
-  if (!repost_.empty() && (!did || repost_.size() >= options_.credits)) RepostRecvs();
-  // Timers need the clock, which costs more than an idle iteration: look every 64th.
-  if ((++iterations_ & 63) == 0) {
-    absl::Time now = absl::Now();
-    if (now >= next_timer_) {
-      Timers(now);
-      next_timer_ = now + absl::Milliseconds(1);
-    }
-  }
-  // Last, so that whatever the steps above queued (responses, calls restarted by callbacks,
-  // keepalives) leaves with one doorbell per connection.
-  if (!outbox_.idle()) outbox_.FlushAll();
-  return did;
-}
-
-void Worker::CompletionQueueFailed() {
-  SWIRL_LOG(ERROR, "%s: completion queue failed (overflow?); failing every connection",
-            options_.name);
-  std::vector<Connection*> all;
-  for (auto& [id, c] : by_id_) all.push_back(c.get());
-  for (Connection* c : all) FailConnection(c, absl::InternalError("completion queue failed"));
-}
-
 bool Worker::DrainSubmissionsSlow() {
   bool did = false;
   WorkItem item;
@@ -466,42 +351,6 @@ void Worker::CancelOnLoop(Connection* c, ClientCall* call) {
     FinishCall(c, *s, absl::CancelledError("cancelled by the caller"));
   }
   // Otherwise it gave its slot up already and only waits for its buffers: it completes then.
-}
-
-void Worker::RepostRecvs() {
-  SWIRL_DCHECK(OnLoopThread());
-  constexpr int kChain = 64;
-  ibv_recv_wr wrs[kChain];
-  ibv_sge sges[kChain];
-  size_t done = 0;
-  while (done < repost_.size()) {
-    const int n = static_cast<int>(std::min<size_t>(kChain, repost_.size() - done));
-    for (int i = 0; i < n; ++i) {
-      const uint32_t index = repost_[done + i];
-      sges[i].addr = reinterpret_cast<uint64_t>(recv_pool_->at(index));
-      sges[i].length = recv_pool_->size();
-      sges[i].lkey = recv_pool_->lkey();
-      wrs[i].wr_id = kRecvTag | index;
-      wrs[i].sg_list = &sges[i];
-      wrs[i].num_sge = 1;
-      wrs[i].next = i + 1 < n ? &wrs[i + 1] : nullptr;
-    }
-    ibv_recv_wr* bad = nullptr;
-    if (int err = ibv_post_srq_recv(srq_->get(), wrs, &bad); err != 0) {
-      SWIRL_LOG(ERROR, "%s: %s", options_.name,
-                verbs::VerbsError("ibv_post_srq_recv", err).ToString());
-      // Keep the ones that did not make it for the next attempt.
-      const size_t posted = static_cast<size_t>(bad - wrs);
-      repost_.erase(repost_.begin(), repost_.begin() + static_cast<long>(done + posted));
-      recv_posted_ += static_cast<uint32_t>(done + posted);
-      recv_posted_snapshot_.store(recv_posted_, std::memory_order_relaxed);
-      return;
-    }
-    done += n;
-  }
-  recv_posted_ += static_cast<uint32_t>(done);
-  recv_posted_snapshot_.store(recv_posted_, std::memory_order_relaxed);
-  repost_.clear();
 }
 
 // ---- Observation -------------------------------------------------------------------------------

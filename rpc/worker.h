@@ -18,8 +18,9 @@
 //
 // The code, by concern (each file's functions run on the loop thread only, and the entry points
 // check it with SWIRL_DCHECK(OnLoopThread())):
-//   worker.cc            construction, the control path, the loop, submissions, observation
-//   worker_receive.cc    receive completions: validation, credits, routing, send completions
+//   worker.cc            construction, the control path, submissions, observation
+//   worker_receive.cc    the loop (a turn inlines the receive path into one function), receive
+//                        completions: validation, credits, routing; send completions
 //   worker_serve.cc      the server role: dispatch, handlers inline and on the pool, responses
 //   worker_calls.cc      the client role: sending calls, completing them, giving up
 //   worker_teardown.cc   protocol errors, failing and closing connections, timers
@@ -73,6 +74,10 @@ namespace swirl::internal {
 
 // Every message starts with its header (rpc/wire.h).
 inline constexpr uint32_t kHeader = sizeof(rpc_wire::MessageHeader);
+// Completions one poll of the CQ takes at most.
+inline constexpr int kPollBatch = 16;
+// The wr_id bit of receives; sends use plain sequence numbers.
+inline constexpr uint64_t kRecvTag = uint64_t{1} << 63;
 // A registered buffer's address as the wire and the verbs carry it.
 inline uint64_t Addr(const void* p) { return reinterpret_cast<uint64_t>(p); }
 
@@ -268,6 +273,8 @@ class Worker {
   void Submit(WorkItem item);
   void Loop();
   bool RunOnce();
+  // RunOnce out of line, for the cold callers outside worker_receive.cc (Stop).
+  bool RunOnceCold();
   // RunOnce's poll failed (an overflowed CQ): every connection fails. Out of line and cold, so
   // that its logging's buffers keep -fstack-protector off the loop (base/copy.h).
   [[gnu::cold, gnu::noinline]] void CompletionQueueFailed();
@@ -309,6 +316,7 @@ class Worker {
   // that data writes into the call's buffer (CallState::read_op): it would complete the call,
   // handing the buffer back under the device, or post another READ into it. A violation.
   void SecondResponse(Connection* c, uint64_t request_id);
+  [[gnu::cold, gnu::noinline]] bool ResponseForNoCall(Connection* c, uint64_t request_id);
   // After a message: credits back if half are owed, and what waited for credits.
   void AfterReceive(Connection* c);
   void HandleSendCompletion(const ibv_wc& wc);

@@ -1,6 +1,11 @@
-// The worker's receive side: receive completions are validated (header, credits), routed to the
-// message path, the bulk layer or the client role, and followed by credit returns; send
-// completions retire the send queue.
+// The worker's loop and its receive side: a turn of the loop polls the CQ; receive completions
+// are validated (header, credits), routed to the message path, the bulk layer or the client
+// role, and followed by credit returns; send completions retire the send queue. One file so
+// that a turn (TryDrive, Loop) is one function, the receive path inlined into it.
+
+#include <poll.h>
+#include <sched.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
@@ -8,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/check.h"
+#include "base/log.h"
 #include "rpc/worker.h"
 #include "transport/verbs/status.h"
 
@@ -15,8 +21,6 @@ namespace swirl::internal {
 namespace {
 
 using rpc_wire::MessageHeader;
-
-constexpr uint64_t kRecvTag = uint64_t{1} << 63;
 
 // The error statuses of the message path are built out of line: formatting holds char buffers,
 // for which -fstack-protector would guard the message path itself (base/copy.h says why that
@@ -31,6 +35,156 @@ constexpr uint64_t kRecvTag = uint64_t{1} << 63;
       absl::StrFormat("a response for request %u, which was never sent", request_id));
 }
 }  // namespace
+
+// ---- The loop ----------------------------------------------------------------------------------
+
+bool Worker::OnLoopThread() const { return t_driving == this; }
+
+bool Worker::TryDrive() {
+  if (!driver_.try_lock()) return false;
+  bool did;
+  {
+    DrivingScope driving(this);
+    did = RunOnce();
+  }
+  driver_.unlock();
+  return did;
+}
+
+void Worker::Loop() {
+  if (options_.core >= 0) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(options_.core, &set);
+    if (sched_setaffinity(0, sizeof(set), &set) != 0) {
+      SWIRL_LOG(WARNING, "%s: cannot pin to core %d", options_.name, options_.core);
+    }
+  }
+  std::lock_guard<SpinLock> guard(driver_);
+  DrivingScope driving(this);
+  absl::Time idle_since = absl::InfiniteFuture();
+  uint64_t idle_spins = 0;
+  while (running_.load(std::memory_order_relaxed)) {
+    if (RunOnce()) {
+      idle_since = absl::InfiniteFuture();
+      continue;
+    }
+    if (!options_.adaptive_idle || (++idle_spins & 63) != 0) continue;
+    absl::Time now = absl::Now();
+    if (idle_since == absl::InfiniteFuture()) {
+      idle_since = now;
+    } else if (now - idle_since >= options_.idle_spin) {
+      SleepUntilWork();
+      idle_since = absl::InfiniteFuture();
+    }
+  }
+}
+
+void Worker::SleepUntilWork() {
+  if (!cq_->RequestNotify(false).ok()) return;
+  sleeping_.store(true, std::memory_order_seq_cst);
+  // Anything that raced with arming is handled now instead of slept through.
+  if (!submissions_.MaybeEmpty() || RunOnce()) {
+    sleeping_.store(false, std::memory_order_relaxed);
+    return;
+  }
+  pollfd fds[2] = {{channel_->fd(), POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+  int timeout_ms = 100;
+  if (next_timer_ != absl::InfinitePast()) {
+    timeout_ms = static_cast<int>(
+        std::clamp<int64_t>(absl::ToInt64Milliseconds(next_timer_ - absl::Now()) + 1, 0, 100));
+  }
+  ::poll(fds, 2, timeout_ms);
+  sleeping_.store(false, std::memory_order_relaxed);
+  if (fds[0].revents & POLLIN) (void)channel_->WaitEvent(absl::ZeroDuration());
+  uint64_t count;
+  while (read(wake_fd_, &count, sizeof(count)) > 0) {
+  }
+}
+
+// The hot loop.
+// Inlined into each of its callers here (the loop, TryDrive), and HandleRecv into it: a turn is
+// the loop's whole body, one function.
+[[gnu::always_inline]] inline bool Worker::RunOnce() {
+  SWIRL_DCHECK(OnLoopThread());
+  bool did = DrainSubmissions();
+  ibv_wc wc[kPollBatch];
+  const int n = cq_->Poll(kPollBatch, wc);
+  if (n < 0) CompletionQueueFailed();
+  for (int i = 0; i < n; ++i) {
+    if (wc[i].wr_id & kRecvTag) {
+      HandleRecv(wc[i]);
+    } else {
+      HandleSendCompletion(wc[i]);
+    }
+  }
+  did |= n > 0;
+  // Receive buffers go back to the SRQ when the loop comes up empty or a batch has gathered:
+  // off the critical path of a request/response exchange, one doorbell per batch under load.
+  // The SRQ holds two connections' worth of credits beyond what is granted, more than the
+  // batch held back, so a peer within its credits still never meets an empty queue.
+  if (!repost_.empty() && (!did || repost_.size() >= options_.credits)) RepostRecvs();
+  // Timers need the clock, which costs more than an idle iteration: look every 64th.
+  if ((++iterations_ & 63) == 0) {
+    absl::Time now = absl::Now();
+    if (now >= next_timer_) {
+      Timers(now);
+      next_timer_ = now + absl::Milliseconds(1);
+    }
+  }
+  // Last, so that whatever the steps above queued (responses, calls restarted by callbacks,
+  // keepalives) leaves with one doorbell per connection.
+  if (!outbox_.idle()) outbox_.FlushAll();
+  return did;
+}
+
+bool Worker::RunOnceCold() { return RunOnce(); }
+
+void Worker::CompletionQueueFailed() {
+  SWIRL_LOG(ERROR, "%s: completion queue failed (overflow?); failing every connection",
+            options_.name);
+  std::vector<Connection*> all;
+  for (auto& [id, c] : by_id_) all.push_back(c.get());
+  for (Connection* c : all) FailConnection(c, absl::InternalError("completion queue failed"));
+}
+
+void Worker::RepostRecvs() {
+  SWIRL_DCHECK(OnLoopThread());
+  constexpr int kChain = 64;
+  ibv_recv_wr wrs[kChain];
+  ibv_sge sges[kChain];
+  size_t done = 0;
+  while (done < repost_.size()) {
+    const int n = static_cast<int>(std::min<size_t>(kChain, repost_.size() - done));
+    for (int i = 0; i < n; ++i) {
+      const uint32_t index = repost_[done + i];
+      sges[i].addr = reinterpret_cast<uint64_t>(recv_pool_->at(index));
+      sges[i].length = recv_pool_->size();
+      sges[i].lkey = recv_pool_->lkey();
+      wrs[i].wr_id = kRecvTag | index;
+      wrs[i].sg_list = &sges[i];
+      wrs[i].num_sge = 1;
+      wrs[i].next = i + 1 < n ? &wrs[i + 1] : nullptr;
+    }
+    ibv_recv_wr* bad = nullptr;
+    if (int err = ibv_post_srq_recv(srq_->get(), wrs, &bad); err != 0) {
+      SWIRL_LOG(ERROR, "%s: %s", options_.name,
+                verbs::VerbsError("ibv_post_srq_recv", err).ToString());
+      // Keep the ones that did not make it for the next attempt.
+      const size_t posted = static_cast<size_t>(bad - wrs);
+      repost_.erase(repost_.begin(), repost_.begin() + static_cast<long>(done + posted));
+      recv_posted_ += static_cast<uint32_t>(done + posted);
+      recv_posted_snapshot_.store(recv_posted_, std::memory_order_relaxed);
+      return;
+    }
+    done += n;
+  }
+  recv_posted_ += static_cast<uint32_t>(done);
+  recv_posted_snapshot_.store(recv_posted_, std::memory_order_relaxed);
+  repost_.clear();
+}
+
+// ---- Receive completions ---------------------------------------------------------------------
 
 // The steps of HandleRecv, inlined into it: this is the per-message path.
 [[gnu::always_inline]] inline Connection* Worker::ReceivingConnection(const ibv_wc& wc) {
@@ -66,15 +220,16 @@ constexpr uint64_t kRecvTag = uint64_t{1} << 63;
   }
   c->liveness.OnReceive();
   Bump(c->counters().bytes_received, wc.byte_len);
-  if (h.type != rpc_wire::kResponse) return true;
-  // A late answer (the call was cancelled or timed out) names its slot's current generation or
-  // an older one, and is dropped later. A request id the table never made names a call we
-  // never made: no correct peer sends that, and dropping it would hide a peer that makes
-  // answers up.
-  if (c->calls().NeverMade(h.request_id)) {
-    ProtocolError(c, NeverSent(h.request_id));
-    return false;
-  }
+  return true;
+}
+
+// A response whose request id names no call in flight. A late answer (the call was cancelled
+// or timed out) names its slot's current generation or an older one, and is dropped. A request
+// id the table never made names a call we never made: no correct peer sends that, and dropping
+// it would hide a peer that makes answers up. True if the connection failed.
+bool Worker::ResponseForNoCall(Connection* c, uint64_t request_id) {
+  if (!c->calls().NeverMade(request_id)) return false;
+  ProtocolError(c, NeverSent(request_id));
   return true;
 }
 
@@ -87,15 +242,34 @@ void Worker::SecondResponse(Connection* c, uint64_t request_id) {
 [[gnu::always_inline]] inline void Worker::CompleteCall(Connection* c, const MessageHeader& h,
                                                         const char* payload) {
   SWIRL_DCHECK(OnLoopThread());
-  CallState* s = c->calls().Find(h.request_id);
-  if (s == nullptr) return;  // cancelled or timed out already; the late response is dropped
+  CallTable& calls = c->calls();
+  CallState* s = calls.Find(h.request_id);
+  if (s == nullptr) [[unlikely]] {
+    ResponseForNoCall(c, h.request_id);  // dropped, or the connection fails
+    return;
+  }
   if (s->read_op >= 0) return SecondResponse(c, h.request_id);
-  c->calls().Release(*s);
+  calls.Release(*s);
   Bump(c->counters().responses_received);
+  ClientCall* call = s->call;
   const absl::string_view body(payload, h.payload_len);
-  absl::Status status =
-      h.status == 0 ? ParseResponse(s->call, body)
-                    : absl::Status(static_cast<absl::StatusCode>(h.status), body);
+  // The common case in one pass: OK, no window of the call's to revoke (mirror mode), not
+  // given up on; its state goes straight back to the table and the call completes OK (its
+  // status is OK since StartCall: nothing to move).
+  if (h.status == 0 && (s->request_window & s->reply_window & s->write_op) < 0 &&
+      s->abandoned.ok()) [[likely]] {
+    absl::Status parsed = ParseResponse(call, body);
+    if (parsed.ok()) [[likely]] {
+      calls.RetirePlain(*s);  // before the callback, which may start the call again
+      call->CompleteOk();
+      return;
+    }
+    CompleteLocally(c, *s, std::move(parsed));
+    return;
+  }
+  absl::Status status = h.status == 0
+                            ? ParseResponse(call, body)
+                            : absl::Status(static_cast<absl::StatusCode>(h.status), body);
   if ((s->request_window & s->reply_window & s->write_op) < 0) {  // no bulk: nothing to revoke
     CompleteLocally(c, *s, std::move(status));
   } else {
@@ -169,7 +343,8 @@ void Worker::Dispatch(Connection* c, const MessageHeader& h, const char* payload
   }
 }
 
-void Worker::HandleRecv(const ibv_wc& wc) {
+// Inlined into the loop's turn (RunOnce): every message comes through here.
+[[gnu::always_inline]] inline void Worker::HandleRecv(const ibv_wc& wc) {
   SWIRL_DCHECK(OnLoopThread());
   Connection* c = ReceivingConnection(wc);
   if (c == nullptr || c->closing()) return;
@@ -193,6 +368,9 @@ void Worker::HandleRecv(const ibv_wc& wc) {
     CompleteCall(c, h, buffer + kHeader);
   } else if (lead == rpc_wire::kPlainRequest && !invalidated) {
     ServeEager(c, h, buffer + kHeader);
+  } else if (h.type == rpc_wire::kResponse && c->calls().Find(h.request_id) == nullptr &&
+             ResponseForNoCall(c, h.request_id)) {
+    return;
   } else if (h.flags == 0 && h.type != rpc_wire::kBulkAck && h.type != rpc_wire::kWindowGrant &&
              !invalidated) {
     Dispatch(c, h, buffer + kHeader);
