@@ -1,6 +1,7 @@
 #include "rpc/send_queue.h"
 
 #include <bit>
+#include <utility>
 
 #include "base/check.h"
 
@@ -9,17 +10,15 @@ namespace swirl::internal {
 void SendQueue::Init(uint32_t depth) {
   SWIRL_CHECK(depth > kSignalInterval);
   depth_ = depth;
-  held_buffer_.assign(std::bit_ceil(depth), kNothing);
-  held_op_.assign(held_buffer_.size(), kNothing);
+  held_.assign(std::bit_ceil(depth), Held{});
+  slot_mask_ = held_.size() - 1;
 }
 
 void SendQueue::DropUnposted(absl::FunctionRef<void(int32_t)> release) {
   if (batch_size_ == 0) return;
   for (int i = 0; i < batch_size_; ++i) {
-    int32_t& buffer = held_buffer_[Slot(batch_wr_[i].wr_id)];
-    if (buffer != kNothing) release(buffer);
-    buffer = kNothing;
-    held_op_[Slot(batch_wr_[i].wr_id)] = kNothing;
+    const Held held = std::exchange(held_[Slot(batch_wr_[i].wr_id)], Held{});
+    if (held.buffer != kNothing) release(held.buffer);
   }
   next_ = batch_wr_[0].wr_id;
   batch_size_ = 0;
@@ -27,10 +26,8 @@ void SendQueue::DropUnposted(absl::FunctionRef<void(int32_t)> release) {
 
 void SendQueue::ForgetOutstanding(absl::FunctionRef<void(int32_t)> release) {
   for (uint64_t s = completed_ + 1; s < next_; ++s) {
-    int32_t& buffer = held_buffer_[Slot(s)];
-    if (buffer != kNothing) release(buffer);
-    buffer = kNothing;
-    held_op_[Slot(s)] = kNothing;
+    const Held held = std::exchange(held_[Slot(s)], Held{});
+    if (held.buffer != kNothing) release(held.buffer);
   }
   completed_ = next_ - 1;
 }

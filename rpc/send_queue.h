@@ -15,6 +15,7 @@
 #include <infiniband/verbs.h>
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "absl/functional/function_ref.h"
@@ -52,8 +53,7 @@ class SendQueue {
       unsignaled_ = 0;
       wr.send_flags |= IBV_SEND_SIGNALED;
     }
-    held_buffer_[Slot(seq)] = buffer;
-    held_op_[Slot(seq)] = op;
+    held_[Slot(seq)] = Held{buffer, op};
     wr.wr_id = seq;
     wr.next = nullptr;
     ++batch_size_;
@@ -80,11 +80,8 @@ class SendQueue {
     const uint64_t first = completed_ + 1;
     if (seq > completed_) completed_ = seq;
     for (uint64_t s = first; s <= seq; ++s) {
-      const size_t slot = Slot(s);
-      const int32_t buffer = held_buffer_[slot];
-      const int32_t op = held_op_[slot];
-      held_buffer_[slot] = held_op_[slot] = kNothing;
-      retired(s, buffer, op);
+      const Held held = std::exchange(held_[Slot(s)], Held{});
+      retired(s, held.buffer, held.op);
     }
     return true;
   }
@@ -104,15 +101,19 @@ class SendQueue {
   void ForgetOutstanding(absl::FunctionRef<void(int32_t)> release);
 
  private:
-  size_t Slot(uint64_t seq) const { return seq & (held_buffer_.size() - 1); }
+  size_t Slot(uint64_t seq) const { return seq & slot_mask_; }
 
   uint32_t depth_ = 0;
   uint64_t next_ = 1;       // sequence of the next WR
   uint64_t completed_ = 0;  // every WR up to this one is complete
   uint32_t unsignaled_ = 0;
-  // By sequence, modulo a power of two >= depth: what the WR holds.
-  std::vector<int32_t> held_buffer_;
-  std::vector<int32_t> held_op_;
+  // By sequence, modulo a power of two >= depth (slot_mask_ + 1): what the WR holds.
+  struct Held {
+    int32_t buffer = kNothing;
+    int32_t op = kNothing;
+  };
+  std::vector<Held> held_;
+  uint64_t slot_mask_ = 0;
   ibv_send_wr batch_wr_[kBatch];
   ibv_sge batch_sge_[kBatch];
   int batch_size_ = 0;
