@@ -88,10 +88,12 @@ class BulkBuffer {
   void Forget() {
     data_ = nullptr;
     size_ = capacity_ = 0;
-    size_class_ = -1;
+    size_class_ = 0;
   }
   std::shared_ptr<internal::BulkPool> pool_;
-  int size_class_ = -1;
+  // Meaningful only while data_ is set. 0 otherwise, so that an empty buffer is all zeros: the
+  // message path makes several per call, each then a few vector stores.
+  int size_class_ = 0;
   char* data_ = nullptr;
   size_t size_ = 0;
   size_t capacity_ = 0;

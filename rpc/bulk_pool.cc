@@ -22,7 +22,7 @@ void BulkBuffer::ReleaseSlow() {
   pool_.reset();
   data_ = nullptr;
   size_ = capacity_ = 0;
-  size_class_ = -1;
+  size_class_ = 0;
 }
 
 namespace internal {

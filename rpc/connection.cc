@@ -96,6 +96,9 @@ void Connection::Configure(const control::Negotiated& negotiated, bool is_server
   client_name_ = std::move(client_name);
   remote_invalidation_ = negotiated.invalidation() == control::INVALIDATION_REMOTE;
   max_payload_ = negotiated.max_message_size();
+  eager_limit_ = worker_->bulk_pool() != nullptr && negotiated.max_bulk_size() > 0
+                     ? std::min(max_payload_, negotiated.eager_threshold())
+                     : max_payload_;
   // The peer may grant us more receive buffers than our send queue was sized for (it was
   // created before the peer's offer was known): we use no more than the queue holds (the
   // ledger's send_cap). Using fewer credits than granted is always safe.

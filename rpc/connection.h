@@ -192,6 +192,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // internal::LimitKey(principal(), peer()): what per-client limits count by.
   const std::string& client_key() const { return client_key_; }
   uint32_t max_payload() const { return max_payload_; }
+  // The largest message that travels eagerly: the eager threshold where this side can move
+  // bulk data (a bulk pool here, a bulk size negotiated), else max_payload().
+  uint32_t eager_limit() const { return eager_limit_; }
   // The peer revokes our windows with SEND_WITH_INV (else: our own LOCAL_INV).
   bool remote_invalidation() const { return remote_invalidation_; }
 
@@ -236,6 +239,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool is_server_ = false;
   bool remote_invalidation_ = false;
   uint32_t max_payload_ = 0;
+  uint32_t eager_limit_ = 0;
   ConnectionCounters counters_;
   absl::Status close_reason_;
   std::function<void(const absl::Status&)> on_lost_;

@@ -374,6 +374,8 @@ class Worker {
   // Serializes a large request once, straight into registered memory; a retry reuses it.
   absl::Status SerializeIntoBulk(CallState& s, size_t size);
   bool SendEagerCall(Connection* c, CallState& s, size_t size);
+  // SendEagerCall for a message known to fit (Connection::eager_limit()).
+  bool QueueEagerCall(Connection* c, CallState& s, size_t size);
   void PumpBacklog(Connection* c);
   void CompleteCall(Connection* c, const rpc_wire::MessageHeader& h, const char* payload);
   // Fills the call's response from `message` (protobuf or bytes). Inline, the common case of a

@@ -84,11 +84,16 @@ absl::Status Worker::SerializeIntoBulk(CallState& s, size_t size) {
 
 [[gnu::always_inline]] inline bool Worker::SendEagerCall(Connection* c, CallState& s,
                                                         size_t size) {
-  ClientCall* call = s.call;
   if (size > c->max_payload()) {
     FinishCall(c, s, RequestTooLarge(size, c->max_payload()));
     return true;
   }
+  return QueueEagerCall(c, s, size);
+}
+
+[[gnu::always_inline]] inline bool Worker::QueueEagerCall(Connection* c, CallState& s,
+                                                         size_t size) {
+  ClientCall* call = s.call;
   int32_t buffer;
   char* data = outbox_.Alloc(static_cast<uint32_t>(kHeader + size), &buffer);
   if (data == nullptr) return false;
@@ -125,6 +130,12 @@ absl::Status Worker::SerializeIntoBulk(CallState& s, size_t size) {
   if (!call->one_way_ && c->calls().full()) return false;
   const size_t size =
       call->request_ != nullptr ? call->request_->ByteSizeLong() : call->request_bytes_.size();
+  // The common case in one test: no bulk buffer of the caller's, and a message that travels
+  // eagerly (within the eager threshold where bulk is possible, else the message size limit).
+  if (call->request_bulk_ == nullptr && call->response_bulk_ == nullptr &&
+      size <= c->eager_limit()) [[likely]] {
+    return QueueEagerCall(c, s, size);
+  }
   const bool message_in_bulk = size > c->negotiated().eager_threshold() &&
                                bulk_pool_ != nullptr && c->negotiated().max_bulk_size() > 0;
   if (absl::Status refused = CheckCall(c, s, message_in_bulk); !refused.ok()) {

@@ -338,7 +338,7 @@ void Worker::Dispatch(Connection* c, const MessageHeader& h, const char* payload
   // carries all that are owed when it is queued, so queued WRs, which may be only binds,
   // invalidations or RDMA operations, say nothing about the credits owed since).
   if (c->credits().ShouldReturn()) outbox_.SendControl(c, rpc_wire::kCredit, 0);
-  if (c->credits().CanSend() && (!c->calls().backlog_empty() || c->credits().has_parked())) {
+  if ((!c->calls().backlog_empty() || c->credits().has_parked()) && c->credits().CanSend()) {
     PumpBacklog(c);
   }
 }

@@ -24,7 +24,8 @@ class MessageWriter final : public ResponseWriter {
   // `bulk`: the worker's bulk pool, or null.
   MessageWriter(Outbox* outbox, BulkPool* bulk, Connection* c)
       : outbox_(outbox), bulk_pool_(bulk), c_(c) {}
-  ~MessageWriter() override { Abandon(); }
+  // Abandon() without its stores into a writer that is going away (bulk_ releases itself).
+  ~MessageWriter() override { outbox_->Give(buffer_); }
 
   // Takes an inline slot (or a send buffer) ahead of the handler, so that its first Reserve is
   // the inline one. Whatever a handler then writes, the slot goes with the response or back.
@@ -106,10 +107,9 @@ class MessageWriter final : public ResponseWriter {
     if (in_bulk_) {
       end = std::min<size_t>(bulk_.capacity(), c_->negotiated().max_bulk_size());
     } else {
-      end = std::min<size_t>(capacity() - kHeader, c_->max_payload());
-      if (bulk_pool_ != nullptr && c_->negotiated().max_bulk_size() > 0) {
-        end = std::min<size_t>(end, c_->negotiated().eager_threshold());
-      }
+      // eager_limit(): the eager threshold when bulk is possible (the writer's bulk pool is its
+      // worker's), else the message size limit.
+      end = std::min<size_t>(capacity() - kHeader, c_->eager_limit());
     }
     begin_ = begin;
     cursor_ = begin + length;
