@@ -1,5 +1,6 @@
 #include "rpc/send_queue.h"
 
+#include <algorithm>
 #include <bit>
 #include <utility>
 
@@ -10,6 +11,7 @@ namespace swirl::internal {
 void SendQueue::Init(uint32_t depth) {
   SWIRL_CHECK(depth > kSignalInterval);
   depth_ = depth;
+  signal_at_ = SignalAt();
   held_.assign(std::bit_ceil(depth), Held{});
   slot_mask_ = held_.size() - 1;
 }
@@ -21,6 +23,8 @@ void SendQueue::DropUnposted(absl::FunctionRef<void(int32_t)> release) {
     if (held.buffer != kNothing) release(held.buffer);
   }
   next_ = batch_wr_[0].wr_id;
+  last_signaled_ = std::min(last_signaled_, next_ - 1);
+  signal_at_ = SignalAt();
   batch_size_ = 0;
 }
 
@@ -30,6 +34,7 @@ void SendQueue::ForgetOutstanding(absl::FunctionRef<void(int32_t)> release) {
     if (held.buffer != kNothing) release(held.buffer);
   }
   completed_ = next_ - 1;
+  signal_at_ = SignalAt();
 }
 
 }  // namespace swirl::internal

@@ -14,6 +14,7 @@
 
 #include <infiniband/verbs.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <utility>
 #include <vector>
@@ -44,13 +45,12 @@ class SendQueue {
     SWIRL_DCHECK(batch_size_ < kBatch);
     ibv_send_wr& wr = batch_wr_[batch_size_];
     const uint64_t seq = next_++;
-    // Signaled when something waits for it, and often enough that unsignaled WRs never fill
-    // the send queue.
-    const bool signal = buffer != kNothing || op != kNothing ||
-                        ++unsignaled_ >= kSignalInterval ||
-                        seq - completed_ + kSignalInterval >= depth_;
-    if (signal) {
-      unsignaled_ = 0;
+    // Signaled when something waits for it (a buffer or an operation: either is not kNothing,
+    // and then neither is their AND), and at signal_at_: often enough that unsignaled WRs
+    // never fill the send queue.
+    if ((buffer & op) != kNothing || seq >= signal_at_) {
+      last_signaled_ = seq;
+      signal_at_ = SignalAt();
       wr.send_flags |= IBV_SEND_SIGNALED;
     }
     held_[Slot(seq)] = Held{buffer, op};
@@ -78,7 +78,10 @@ class SendQueue {
   bool Retire(uint64_t seq, Retired&& retired) {
     if (seq >= next_) return false;
     const uint64_t first = completed_ + 1;
-    if (seq > completed_) completed_ = seq;
+    if (seq > completed_) {
+      completed_ = seq;
+      signal_at_ = SignalAt();
+    }
     for (uint64_t s = first; s <= seq; ++s) {
       const Held held = std::exchange(held_[Slot(s)], Held{});
       retired(s, held.buffer, held.op);
@@ -102,11 +105,18 @@ class SendQueue {
 
  private:
   size_t Slot(uint64_t seq) const { return seq & slot_mask_; }
+  // The first sequence that is signaled even if nothing waits for it: kSignalInterval after
+  // the last signaled one, or earlier if the unsignaled ones since the last completion would
+  // otherwise come within kSignalInterval of filling the queue.
+  uint64_t SignalAt() const {
+    return std::min(last_signaled_ + kSignalInterval, completed_ + depth_ - kSignalInterval);
+  }
 
   uint32_t depth_ = 0;
   uint64_t next_ = 1;       // sequence of the next WR
   uint64_t completed_ = 0;  // every WR up to this one is complete
-  uint32_t unsignaled_ = 0;
+  uint64_t last_signaled_ = 0;
+  uint64_t signal_at_ = kSignalInterval;  // SignalAt(), kept up to date
   // By sequence, modulo a power of two >= depth (slot_mask_ + 1): what the WR holds.
   struct Held {
     int32_t buffer = kNothing;

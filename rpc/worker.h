@@ -66,6 +66,7 @@
 #include "rpc/outbox.h"
 #include "rpc/thread_pool.h"
 #include "rpc/wire.h"
+#include "rpc/writer.h"
 #include "swirl/call.h"
 #include "transport/verbs/capabilities.h"
 #include "transport/verbs/verbs.h"
@@ -81,7 +82,6 @@ inline constexpr uint64_t kRecvTag = uint64_t{1} << 63;
 // A registered buffer's address as the wire and the verbs carry it.
 inline uint64_t Addr(const void* p) { return reinterpret_cast<uint64_t>(p); }
 
-class MessageWriter;
 
 struct WorkerOptions {
   std::string name = "worker";
@@ -324,8 +324,15 @@ class Worker {
   // ---- Serving (worker_serve.cc) ----
   void DispatchCall(Connection* c, Incoming& in);
   // An eager request or one-way call straight from its receive buffer: DispatchCall in one
-  // pass for the common case (the connection's last method again, inline).
+  // pass for the common case (the connection's last method again, inline). Inlined into the
+  // loop's turn (worker_receive.cc); the rest goes to ServeEagerSlow (DispatchCall) and, for a
+  // handler's outcome other than a small OK response, FinishServed (SendHandlerResult).
   void ServeEager(Connection* c, const rpc_wire::MessageHeader& h, const char* payload);
+  [[gnu::noinline]] void ServeEagerSlow(Connection* c, const rpc_wire::MessageHeader& h,
+                                        const char* payload);
+  [[gnu::noinline]] void FinishServed(Connection* c, const rpc_wire::MessageHeader& h,
+                                      const char* payload, absl::Status status,
+                                      MessageWriter* writer, BulkBuffer& attachment);
   // The method a request names (the last one's, most often), or nullptr after answering why.
   const Service::Method* ResolveMethod(Connection* c, const rpc_wire::MessageHeader& h);
   Service::Invoker* InvokerFor(Connection* c, const Service::Method* method);
@@ -358,6 +365,8 @@ class Worker {
                     MessageWriter* writer);
   void SendResponseBytes(Connection* c, uint64_t request_id, const absl::Status& status,
                          absl::string_view payload);
+  // The response in `writer` (eager, status `code`) queued: the last step of every served call.
+  // Inline (below).
   void EmitResponse(Connection* c, MessageWriter* writer, uint64_t request_id, uint32_t code);
 
   // ---- Calling (worker_calls.cc) ----
@@ -602,6 +611,23 @@ class Worker {
   std::atomic<uint64_t> stray_{0};  // completions naming no connection we know
   std::atomic<uint32_t> recv_posted_snapshot_{0};
 };
+
+[[gnu::always_inline]] inline void Worker::EmitResponse(Connection* c, MessageWriter* writer,
+                                                        uint64_t request_id, uint32_t code) {
+  *reinterpret_cast<rpc_wire::MessageHeader*>(writer->data()) = rpc_wire::MessageHeader{
+      .version = rpc_wire::kProtocolVersion,
+      .type = rpc_wire::kResponse,
+      .request_id = request_id,
+      .status = code,
+      .payload_len = writer->length(),
+  };
+  char* data = writer->data();
+  const int32_t buffer = writer->buffer();
+  const uint32_t length = kHeader + writer->length();
+  writer->Release();
+  Bump(c->counters().responses_sent);
+  outbox_.Emit(c, data, length, buffer, 0);
+}
 
 }  // namespace swirl::internal
 

@@ -14,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "base/check.h"
 #include "base/log.h"
+#include "rpc/server_context_access.h"
 #include "rpc/worker.h"
 #include "transport/verbs/status.h"
 
@@ -236,6 +237,35 @@ bool Worker::ResponseForNoCall(Connection* c, uint64_t request_id) {
 void Worker::SecondResponse(Connection* c, uint64_t request_id) {
   ProtocolError(c, absl::InvalidArgumentError(
                        absl::StrFormat("a second response for request %u", request_id)));
+}
+
+// A request on the message path: inlined into HandleRecv (it is the server's half of every
+// call).
+[[gnu::always_inline]] inline void Worker::ServeEager(Connection* c, const MessageHeader& h,
+                                                      const char* payload) {
+  SWIRL_DCHECK(OnLoopThread());
+  const ServeState& serving = c->serving;
+  // The common case in one pass: a request (not one-way) for the method this connection called
+  // last, when that runs inline (inline_invoker). Anything else (a first call, another method,
+  // one-way, a blocking method, a drain) takes DispatchCall's full path.
+  Service::Invoker* invoker = serving.inline_invoker;
+  if (h.type != rpc_wire::kRequest || h.method_id != serving.last_method_id ||
+      invoker == nullptr || draining_ || !c->active()) [[unlikely]] {
+    ServeEagerSlow(c, h, payload);
+    return;
+  }
+  Bump(c->counters().requests_received);
+  Bump(requests_);
+  ServerContext ctx = ServerContextAccess::Make(c, nullptr);
+  MessageWriter writer(&outbox_, bulk_pool_.get(), c);
+  writer.Prepare();
+  absl::Status status = invoker->Invoke(ctx, absl::string_view(payload, h.payload_len), writer);
+  BulkBuffer& attachment = ServerContextAccess::response_bulk(ctx);
+  if (status.ok() && !writer.in_bulk() && !attachment && writer.data() != nullptr) [[likely]] {
+    EmitResponse(c, &writer, h.request_id, 0);
+    return;
+  }
+  FinishServed(c, h, payload, std::move(status), &writer, attachment);
 }
 
 // A response on the message path: inlined into HandleRecv (it is half of every call).

@@ -125,36 +125,19 @@ void Worker::DispatchCall(Connection* c, Incoming& in) {
   SendHandlerResult(c, in, std::move(status), &writer, ServerContextAccess::response_bulk(ctx));
 }
 
-void Worker::ServeEager(Connection* c, const MessageHeader& h, const char* payload) {
-  SWIRL_DCHECK(OnLoopThread());
-  const ServeState& serving = c->serving;
-  // The common case in one pass: a request (not one-way) for the method this connection called
-  // last, when that runs inline (inline_invoker). Anything else (a first call, another method,
-  // one-way, a blocking method, a drain) takes DispatchCall's full path.
-  Service::Invoker* invoker = serving.inline_invoker;
-  if (h.type != rpc_wire::kRequest || h.method_id != serving.last_method_id ||
-      invoker == nullptr || draining_ || !c->active()) [[unlikely]] {
-    Incoming in;
-    in.header = h;
-    in.eager = absl::string_view(payload, h.payload_len);
-    DispatchCall(c, in);
-    return;
-  }
-  Bump(c->counters().requests_received);
-  Bump(requests_);
-  ServerContext ctx = ServerContextAccess::Make(c, nullptr);
-  MessageWriter writer(&outbox_, bulk_pool_.get(), c);
-  writer.Prepare();
-  absl::Status status = invoker->Invoke(ctx, absl::string_view(payload, h.payload_len), writer);
-  BulkBuffer& attachment = ServerContextAccess::response_bulk(ctx);
-  if (status.ok() && !writer.in_bulk() && !attachment && writer.data() != nullptr) [[likely]] {
-    EmitResponse(c, &writer, h.request_id, 0);
-    return;
-  }
+void Worker::ServeEagerSlow(Connection* c, const MessageHeader& h, const char* payload) {
   Incoming in;
   in.header = h;
   in.eager = absl::string_view(payload, h.payload_len);
-  SendHandlerResult(c, in, std::move(status), &writer, attachment);
+  DispatchCall(c, in);
+}
+
+void Worker::FinishServed(Connection* c, const MessageHeader& h, const char* payload,
+                          absl::Status status, MessageWriter* writer, BulkBuffer& attachment) {
+  Incoming in;
+  in.header = h;
+  in.eager = absl::string_view(payload, h.payload_len);
+  SendHandlerResult(c, in, std::move(status), writer, attachment);
 }
 
 void Worker::SendHandlerResult(Connection* c, Incoming& in, absl::Status status,
@@ -314,24 +297,6 @@ void Worker::SendResponseBytes(Connection* c, uint64_t request_id, const absl::S
     return;
   }
   EmitResponse(c, &writer, request_id, static_cast<uint32_t>(status.code()));
-}
-
-// Inlined into its callers: the last step of every served call.
-[[gnu::always_inline]] inline void Worker::EmitResponse(Connection* c, MessageWriter* writer,
-                                                        uint64_t request_id, uint32_t code) {
-  *reinterpret_cast<MessageHeader*>(writer->data()) = MessageHeader{
-      .version = rpc_wire::kProtocolVersion,
-      .type = rpc_wire::kResponse,
-      .request_id = request_id,
-      .status = code,
-      .payload_len = writer->length(),
-  };
-  char* data = writer->data();
-  const int32_t buffer = writer->buffer();
-  const uint32_t length = kHeader + writer->length();
-  writer->Release();
-  Bump(c->counters().responses_sent);
-  outbox_.Emit(c, data, length, buffer, 0);
 }
 
 }  // namespace swirl::internal
