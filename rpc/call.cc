@@ -31,13 +31,6 @@ void ClientCall::Complete(absl::Status status) {
   NotifierWord::Notify(completion_);  // the owner may reuse or free this call from here on
 }
 
-void ClientCall::CompleteOk() {
-  if (!status_.ok()) [[unlikely]] status_ = absl::OkStatus();
-  if (callback_) return CompleteWithCallback();
-  state_.store(kDone, std::memory_order_release);
-  NotifierWord::Notify(completion_);  // the owner may reuse or free this call from here on
-}
-
 // Out of line: the callback, moved to the stack, is held in a char buffer, for which
 // -fstack-protector would guard every completion (base/copy.h says why that matters).
 void ClientCall::CompleteWithCallback() {

@@ -123,8 +123,6 @@ class ClientCall {
 
   // Called by the worker exactly once per round.
   void Complete(absl::Status status);
-  // Complete(OkStatus()) without a status to move: status_ is OK from the round's start.
-  void CompleteOk();
   [[gnu::noinline]] void CompleteWithCallback();  // Complete's path for a call with a callback
 
   uint32_t method_id_ = 0;

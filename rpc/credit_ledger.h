@@ -127,7 +127,7 @@ class CreditLedger {
     }
     ++owed_;
     ++received_;
-    if (peer_holds_ < grow_below_ || allotted_ > target_) [[unlikely]] Adjust();
+    if (peer_holds_ < adjust_below_) [[unlikely]] Adjust();
     return absl::OkStatus();
   }
   // Enough is owed back that a credit message should go now: half the peer's allotment (with
@@ -214,7 +214,11 @@ class CreditLedger {
     Retune();
   }
   void Retune() {
-    grow_below_ = pool_ != nullptr && allotted_ < local_grant_ ? allotted_ / 2 : 0;
+    // Above target, every message adjusts (gives one back); else one that leaves the peer
+    // holding fewer than half of what it is allotted grows it, while the pool may.
+    adjust_below_ = allotted_ > target_ ? ~uint32_t{0}
+                    : pool_ != nullptr && allotted_ < local_grant_ ? allotted_ / 2
+                                                                    : 0;
     return_at_ = std::max<uint32_t>(1, allotted_ / 2);
   }
 
@@ -226,7 +230,9 @@ class CreditLedger {
   uint32_t allotted_ = 0;     // what we grant the peer now: peer_holds_ + owed_
   uint32_t floor_ = 0;        // never less (reserved for us at admission)
   uint32_t target_ = 0;       // what allotted_ shrinks toward (withholding returns)
-  uint32_t grow_below_ = 0;   // the peer holding fewer than this grows allotted_ (0: never)
+  // The peer holding fewer than this, a message adjusts allotted_ (Adjust): all of them while
+  // allotted_ is above target_, else below half of it while the pool may grow it (0: never).
+  uint32_t adjust_below_ = 0;
   uint32_t return_at_ = 1;    // owed this many, a credit message is due
   uint32_t peer_holds_ = 0;   // credits the peer holds: it may send this many more
   uint32_t owed_ = 0;         // received (or newly granted) since our last return

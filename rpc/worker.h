@@ -387,6 +387,8 @@ class Worker {
   bool QueueEagerCall(Connection* c, CallState& s, size_t size);
   void PumpBacklog(Connection* c);
   void CompleteCall(Connection* c, const rpc_wire::MessageHeader& h, const char* payload);
+  // `call` completes OK (its status is OK since StartCall): ClientCall::Complete, inline.
+  static void CompleteOk(ClientCall* call);
   // Fills the call's response from `message` (protobuf or bytes). Inline, the common case of a
   // steady stream of echoes: a reused string of the same length is overwritten in place.
   [[gnu::always_inline]] static absl::Status ParseResponse(const ClientCall* call,

@@ -14,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "base/check.h"
 #include "base/log.h"
+#include "base/notifier.h"
 #include "rpc/server_context_access.h"
 #include "rpc/worker.h"
 #include "transport/verbs/status.h"
@@ -239,6 +240,15 @@ void Worker::SecondResponse(Connection* c, uint64_t request_id) {
                        absl::StrFormat("a second response for request %u", request_id)));
 }
 
+// ClientCall::Complete(OkStatus()) without a status to move, inline: the last step of every
+// call on the message path.
+[[gnu::always_inline]] inline void Worker::CompleteOk(ClientCall* call) {
+  if (!call->status_.ok()) [[unlikely]] call->status_ = absl::OkStatus();
+  if (call->callback_) return call->CompleteWithCallback();
+  call->state_.store(ClientCall::kDone, std::memory_order_release);
+  NotifierWord::Notify(call->completion_);  // the owner may reuse or free the call from here on
+}
+
 // A request on the message path: inlined into HandleRecv (it is the server's half of every
 // call).
 [[gnu::always_inline]] inline void Worker::ServeEager(Connection* c, const MessageHeader& h,
@@ -291,7 +301,7 @@ void Worker::SecondResponse(Connection* c, uint64_t request_id) {
     absl::Status parsed = ParseResponse(call, body);
     if (parsed.ok()) [[likely]] {
       calls.RetirePlain(*s);  // before the callback, which may start the call again
-      call->CompleteOk();
+      CompleteOk(call);
       return;
     }
     CompleteLocally(c, *s, std::move(parsed));
