@@ -5,11 +5,8 @@
 namespace swirl::internal {
 
 void CallTable::Init(uint32_t slots) {
-  SWIRL_CHECK(slots > 0 && (slots & (slots - 1)) == 0);
-  slots_.assign(slots, Slot());
+  SWIRL_CHECK(slots > 0);
   slot_count_ = slots;
-  for (uint32_t i = 0; i + 1 < slots; ++i) slots_[i].next_free = i + 1;
-  free_slot_ = 0;
   in_flight_ = 0;
 }
 
@@ -31,8 +28,9 @@ uint32_t CallTable::Grow() {
 
 void CallTable::ForEachInFlight(absl::FunctionRef<void(CallState&)> fn) {
   if (in_flight_ == 0) return;
-  for (Slot& entry : slots_) {
-    if (entry.state != nullptr) fn(*entry.state);
+  for (uint32_t i = 0; i < states_; ++i) {
+    CallState& s = state(i);
+    if (s.request_id != 0) fn(s);
   }
 }
 

@@ -3,12 +3,13 @@
 //
 // A call admitted to a connection gets a CallState, kept until it completes: what the worker
 // needs of it (its request serialized into registered memory, the windows and RDMA operations
-// using its buffers, how it gave up) lives here, not in the caller's ClientCall. A call in
-// flight also holds a slot; its request id is (generation << 32) | slot, and the slot's
-// generation moves on each time it is taken, so a late answer for an earlier use of the slot
-// (a call that gave up) names a generation the slot has left behind and is dropped, and an id
-// whose generation is ahead of its slot's names a call never made (a peer that invents
-// answers). Admitted calls without a slot or credits wait in the backlog, in order.
+// using its buffers, how it gave up) lives here, not in the caller's ClientCall. One table:
+// a state is also the call's slot once it is sent. Its request id is (generation << 32) |
+// index, and the state's generation moves on each time it is sent, so a late answer for an
+// earlier use of the state (a call that gave up) names a generation the state has left behind
+// and is dropped, and an id whose generation is ahead of its state's, or whose index is beyond
+// the table, names a call never made (a peer that invents answers). At most `slots` calls are
+// in flight; admitted calls beyond that, or without credits, wait in the backlog, in order.
 
 #ifndef SWIRL_RPC_CALL_TABLE_H_
 #define SWIRL_RPC_CALL_TABLE_H_
@@ -41,12 +42,13 @@ struct CallState {
   absl::Time deadline = absl::InfiniteFuture();  // the call's, until it abandons (then none)
   uint32_t next = kNone;  // backlog link
   uint32_t index = 0;     // its place in the table, for the life of the table
+  uint32_t generation = 0;  // of its last request id (never 0 once sent: ids are never 0)
   static constexpr uint32_t kNone = ~uint32_t{0};
 };
 
 class CallTable {
  public:
-  // Room for `slots` calls in flight (a power of two: request ids index by their low bits).
+  // Room for `slots` calls in flight.
   void Init(uint32_t slots);
 
   // ---- Admission: every call this connection is making has a state ----
@@ -98,49 +100,40 @@ class CallTable {
   size_t admitted() const;
 
   // ---- Slots: calls in flight ----
-  bool full() const { return free_slot_ == CallState::kNone; }
+  bool full() const { return in_flight_ >= slot_count_; }
   uint32_t slots() const { return slot_count_; }
   uint32_t in_flight() const { return in_flight_; }
-  // Takes a slot for `state` and returns its request id. !full().
+  // Gives `state` a request id (it is in flight from now on). !full().
   uint64_t Allocate(CallState& s) {
     SWIRL_DCHECK(!full() && s.request_id == 0);
-    const uint32_t slot = free_slot_;
-    Slot& entry = slots_[slot];
-    free_slot_ = entry.next_free;
-    ++entry.generation;
-    entry.state = &s;
+    if (++s.generation == 0) [[unlikely]] s.generation = 1;  // an id is never 0
     ++in_flight_;
-    s.request_id = (uint64_t{entry.generation} << 32) | slot;
+    s.request_id = (uint64_t{s.generation} << 32) | s.index;
     return s.request_id;
   }
   // The state in flight under `request_id`, or nullptr (a late answer to a call given up, or a
-  // request id of an earlier generation of its slot). The slot stays taken.
-  CallState* Find(uint64_t request_id) const {
-    const uint32_t slot = static_cast<uint32_t>(request_id);
-    if (slot >= slot_count_) return nullptr;
-    const Slot& entry = slots_[slot];
-    return entry.generation == (request_id >> 32) ? entry.state : nullptr;
+  // request id of an earlier generation of its state).
+  CallState* Find(uint64_t request_id) {
+    const uint32_t index = static_cast<uint32_t>(request_id);
+    if (index >= states_) return nullptr;
+    CallState& s = state(index);
+    return s.request_id == request_id && request_id != 0 ? &s : nullptr;
   }
-  // Frees `state`'s slot, if it holds one.
+  // Takes `state` out of flight, if it is in flight.
   void Release(CallState& s) {
     if (s.request_id == 0) return;
-    const uint32_t slot = static_cast<uint32_t>(s.request_id);
-    Slot& entry = slots_[slot];
-    entry.state = nullptr;
-    entry.next_free = free_slot_;
-    free_slot_ = slot;
     --in_flight_;
     s.request_id = 0;
   }
-  // Whether `request_id` names a call this table never made: a slot beyond it, or a generation
-  // its slot has not reached yet (compared modulo 2^32: generations wrap).
-  bool NeverMade(uint64_t request_id) const {
-    const uint32_t slot = static_cast<uint32_t>(request_id);
-    return slot >= slot_count_ ||
+  // Whether `request_id` names a call this table never made: an index beyond it, or a
+  // generation its state has not reached yet (compared modulo 2^32: generations wrap).
+  bool NeverMade(uint64_t request_id) {
+    const uint32_t index = static_cast<uint32_t>(request_id);
+    return index >= states_ ||
            static_cast<int32_t>(static_cast<uint32_t>(request_id >> 32) -
-                                slots_[slot].generation) > 0;
+                                state(index).generation) > 0;
   }
-  // Calls `fn` for each state holding a slot; `fn` may release it.
+  // Calls `fn` for each state in flight, in index order; `fn` may release it.
   void ForEachInFlight(absl::FunctionRef<void(CallState&)> fn);
 
   // ---- Backlog: admitted calls waiting to be sent ----
@@ -170,17 +163,10 @@ class CallTable {
   CallState& state(uint32_t index) {
     return blocks_[index >> kBlockBits][index & (kBlock - 1)];
   }
-  struct Slot {
-    uint32_t generation = 0;
-    CallState* state = nullptr;  // the call in flight in it, or null
-    uint32_t next_free = CallState::kNone;
-  };
   std::vector<std::unique_ptr<CallState[]>> blocks_;
   uint32_t states_ = 0;  // made so far (all blocks but the last are full)
   uint32_t free_state_ = CallState::kNone;  // free states, linked through CallState::next
-  std::vector<Slot> slots_;
-  uint32_t slot_count_ = 0;
-  uint32_t free_slot_ = CallState::kNone;  // free slots, linked through Slot::next_free
+  uint32_t slot_count_ = 0;  // calls in flight at most
   uint32_t in_flight_ = 0;
   uint32_t backlog_head_ = CallState::kNone;
   uint32_t backlog_tail_ = CallState::kNone;
