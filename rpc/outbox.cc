@@ -21,6 +21,7 @@ absl::Status Outbox::Init(const std::shared_ptr<verbs::ProtectionDomain>& pd, co
   auto pool = BufferPool::Create(pd, config.send_buffers, config.buffer_size, 0);
   if (!pool.ok()) return pool.status();
   pool_ = std::move(*pool);
+  pool_lkey_ = pool_->lkey();
   max_inline_ = config.max_inline;
   slot_size_ = std::max<uint32_t>(max_inline_, 64);
   park_share_ = config.park_share;

@@ -70,7 +70,7 @@ class Outbox {
     ibv_sge& sge = sends.next_sge();
     sge.addr = reinterpret_cast<uint64_t>(data);
     sge.length = length;
-    sge.lkey = buffer >= 0 ? pool_->lkey() : 0;
+    sge.lkey = pool_lkey_;  // an inline send's lkey is not looked at
     ibv_send_wr& wr = sends.next_wr();
     wr.sg_list = &sge;
     wr.num_sge = 1;
@@ -150,6 +150,7 @@ class Outbox {
   static constexpr uint32_t kArenaSlots = 64;
 
   std::unique_ptr<BufferPool> pool_;
+  uint32_t pool_lkey_ = 0;  // pool_->lkey(), once
   uint32_t max_inline_ = 0;
   uint32_t slot_size_ = 64;  // of an inline slot: max(max_inline_, 64)
   uint32_t park_share_ = 0;
