@@ -6,6 +6,7 @@
 #define SWIRL_RPC_SERVER_CONTEXT_ACCESS_H_
 
 #include <atomic>
+#include <optional>
 
 #include "swirl/bulk.h"
 #include "swirl/service.h"
@@ -18,8 +19,19 @@ struct ServerContextAccess {
   static ServerContext Make(Connection* connection, const std::atomic<bool>* cancelled) {
     return ServerContext(connection, cancelled);
   }
-  static BulkBuffer& request_bulk(ServerContext& ctx) { return ctx.request_bulk_; }
-  static BulkBuffer& response_bulk(ServerContext& ctx) { return ctx.response_bulk_; }
+  // The context's bulk buffers (made empty on first use: ServerContext keeps none until then).
+  static BulkBuffer& request_bulk(ServerContext& ctx) { return Made(ctx.request_bulk_); }
+  static BulkBuffer& response_bulk(ServerContext& ctx) { return Made(ctx.response_bulk_); }
+  // Whether the handler left a response bulk buffer (a non-empty one) in `ctx`.
+  static bool has_response_bulk(const ServerContext& ctx) {
+    return ctx.response_bulk_.has_value() && *ctx.response_bulk_;
+  }
+
+ private:
+  static BulkBuffer& Made(std::optional<BulkBuffer>& buffer) {
+    if (!buffer.has_value()) buffer.emplace();
+    return *buffer;
+  }
 };
 
 }  // namespace swirl::internal

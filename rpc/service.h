@@ -16,6 +16,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -68,7 +69,9 @@ class ServerContext {
 
   // Bulk data that came with the request (already in registered memory, its window already
   // revoked), or nullptr. Valid during the handler; a handler may move it out.
-  BulkBuffer* request_bulk() { return request_bulk_.data() ? &request_bulk_ : nullptr; }
+  BulkBuffer* request_bulk() {
+    return request_bulk_.has_value() && request_bulk_->data() ? &*request_bulk_ : nullptr;
+  }
   // Registered memory for bulk data to send with the response (zero copy: fill it directly).
   // It goes out if the handler returns OK. At most one per call.
   absl::StatusOr<BulkBuffer*> AllocateResponseBulk(size_t size);
@@ -81,8 +84,10 @@ class ServerContext {
 
   internal::Connection* connection_;
   const std::atomic<bool>* cancelled_;
-  BulkBuffer request_bulk_;
-  BulkBuffer response_bulk_;
+  // Made only when there is one: most calls carry no bulk data, and an empty BulkBuffer made
+  // and destroyed for each of them costs more than a flag.
+  std::optional<BulkBuffer> request_bulk_;
+  std::optional<BulkBuffer> response_bulk_;
 };
 
 // Where a handler writes its response bytes: straight into the message that will be sent.

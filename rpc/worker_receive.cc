@@ -270,12 +270,13 @@ void Worker::SecondResponse(Connection* c, uint64_t request_id) {
   MessageWriter writer(&outbox_, bulk_pool_.get(), c);
   writer.Prepare();
   absl::Status status = invoker->Invoke(ctx, absl::string_view(payload, h.payload_len), writer);
-  BulkBuffer& attachment = ServerContextAccess::response_bulk(ctx);
-  if (status.ok() && !writer.in_bulk() && !attachment && writer.data() != nullptr) [[likely]] {
+  if (status.ok() && !writer.in_bulk() && !ServerContextAccess::has_response_bulk(ctx) &&
+      writer.data() != nullptr) [[likely]] {
     EmitResponse(c, &writer, h.request_id, 0);
     return;
   }
-  FinishServed(c, h, payload, std::move(status), &writer, attachment);
+  FinishServed(c, h, payload, std::move(status), &writer,
+               ServerContextAccess::response_bulk(ctx));
 }
 
 // A response on the message path: inlined into HandleRecv (it is half of every call).

@@ -325,7 +325,7 @@ absl::StatusOr<BulkBuffer*> ServerContext::AllocateResponseBulk(size_t size) {
   auto buffer = pool->Allocate(size);
   if (!buffer.ok()) return buffer.status();
   response_bulk_ = std::move(*buffer);
-  return &response_bulk_;
+  return &*response_bulk_;
 }
 
 }  // namespace swirl

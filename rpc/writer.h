@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 
 #include "rpc/bulk_pool.h"
 #include "rpc/connection.h"
@@ -40,17 +41,19 @@ class MessageWriter final : public ResponseWriter {
     outbox_->Give(buffer_);
     buffer_ = -1;
     data_ = nullptr;
-    bulk_.Release();
+    bulk_.reset();
     in_bulk_ = false;
     Clear();
   }
   // A response above the eager threshold was written into registered memory instead.
   bool in_bulk() const { return in_bulk_; }
   BulkBuffer TakeBulk() {
-    bulk_.resize(length());
+    bulk_->resize(length());
     in_bulk_ = false;
     Clear();
-    return std::move(bulk_);
+    BulkBuffer taken = std::move(*bulk_);
+    bulk_.reset();
+    return taken;
   }
   // Hands the message over to the send path (read data(), buffer() and length() first).
   void Release() {
@@ -105,7 +108,7 @@ class MessageWriter final : public ResponseWriter {
   void Place(char* begin, uint32_t length) {
     size_t end;
     if (in_bulk_) {
-      end = std::min<size_t>(bulk_.capacity(), c_->negotiated().max_bulk_size());
+      end = std::min<size_t>(bulk_->capacity(), c_->negotiated().max_bulk_size());
     } else {
       // eager_limit(): the eager threshold when bulk is possible (the writer's bulk pool is its
       // worker's), else the message size limit.
@@ -123,7 +126,7 @@ class MessageWriter final : public ResponseWriter {
     const uint32_t length = this->length();
     const size_t needed = length + size;
     if (needed > c_->negotiated().max_bulk_size()) return nullptr;
-    if (!in_bulk_ || needed > bulk_.capacity()) {
+    if (!in_bulk_ || needed > bulk_->capacity()) {
       auto bigger = bulk_pool_->Allocate(std::max<size_t>(needed, 2 * size_t{length}));
       if (!bigger.ok()) return nullptr;
       // Whatever was written so far (eagerly or in a smaller bulk buffer) moves along.
@@ -133,7 +136,7 @@ class MessageWriter final : public ResponseWriter {
       data_ = nullptr;
       bulk_ = std::move(*bigger);
       in_bulk_ = true;
-      Place(bulk_.data(), length);
+      Place(bulk_->data(), length);
     }
     return cursor_;
   }
@@ -141,7 +144,9 @@ class MessageWriter final : public ResponseWriter {
   Outbox* outbox_;
   BulkPool* bulk_pool_;
   Connection* c_;
-  BulkBuffer bulk_;
+  // Made only for a response that outgrows the eager threshold (in_bulk_): most writers need
+  // none, and an empty BulkBuffer made and destroyed for each costs more than a flag.
+  std::optional<BulkBuffer> bulk_;
   bool in_bulk_ = false;
   char* data_ = nullptr;  // the message (header first), when eager
   int32_t buffer_ = -1;
