@@ -60,21 +60,9 @@ void Service::SetExecution(const std::string& method_name, Execution execution) 
   }
 }
 
-// Out of line: formatting holds char buffers, for which -fstack-protector would guard every
-// SerializeResponse (base/copy.h says why that matters).
-[[gnu::cold, gnu::noinline]] static absl::Status ResponseTooLarge(size_t size) {
+absl::Status Service::ResponseTooLarge(size_t size) {
   return absl::ResourceExhaustedError(
       absl::StrCat("response of ", size, " bytes exceeds the maximum message size"));
-}
-
-absl::Status Service::SerializeResponse(const google::protobuf::MessageLite& response,
-                                        ResponseWriter& writer) {
-  const size_t size = response.ByteSizeLong();
-  char* p = writer.Reserve(size);
-  if (p == nullptr) return ResponseTooLarge(size);
-  response.SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(p));
-  writer.Commit(size);
-  return absl::OkStatus();
 }
 
 }  // namespace swirl

@@ -393,23 +393,27 @@ class Worker {
   // steady stream of echoes: a reused string of the same length is overwritten in place.
   [[gnu::always_inline]] static absl::Status ParseResponse(const ClientCall* call,
                                                            absl::string_view message) {
+    if (google::protobuf::MessageLite* response = call->response_; response != nullptr) {
+      if (response->ParseFromArray(message.data(), static_cast<int>(message.size())))
+          [[likely]] {
+        return absl::OkStatus();
+      }
+      return ResponseDoesNotParse();
+    }
     std::string* out = call->response_bytes_;
-    if (call->response_ == nullptr && out != nullptr && out->size() == message.size()) {
+    if (out != nullptr && out->size() == message.size()) {
       CopyBytes(out->data(), message.data(), message.size());
       return absl::OkStatus();
     }
-    return ParseResponseSlow(call, message);
-  }
-  [[gnu::noinline]] static absl::Status ParseResponseSlow(const ClientCall* call,
-                                                          absl::string_view message) {
-    if (call->response_ != nullptr) {
-      if (!call->response_->ParseFromArray(message.data(), static_cast<int>(message.size()))) {
-        return absl::DataLossError("response does not parse");
-      }
-    } else if (std::string* out = call->response_bytes_; out != nullptr) {
-      out->assign(message.data(), message.size());
-    }
+    if (out != nullptr) AssignResponse(out, message);
     return absl::OkStatus();
+  }
+  [[gnu::cold, gnu::noinline]] static absl::Status ResponseDoesNotParse() {
+    return absl::DataLossError("response does not parse");
+  }
+  // Raw bytes of another length than the string holds (out of line: it may allocate).
+  [[gnu::noinline]] static void AssignResponse(std::string* out, absl::string_view message) {
+    out->assign(message.data(), message.size());
   }
   // Completes `s`, first revoking any window still exposing its buffers (mirror mode).
   void FinishCall(Connection* c, CallState& s, absl::Status status);
