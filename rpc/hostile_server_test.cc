@@ -93,13 +93,19 @@ class HostileServerTest : public ::testing::Test {
     victim_ = *channel;
   }
 
-  // Starts a call of `request` on the victim; returns it once the rogue has its request.
-  std::unique_ptr<Pending> Start(const std::string& request, CallOptions options = {}) {
+  // Starts a call of `request` on the victim; returns it once the rogue has its request. The
+  // response goes into `message` if given, else into Pending::response as raw bytes.
+  std::unique_ptr<Pending> Start(const std::string& request, CallOptions options = {},
+                                 google::protobuf::MessageLite* message = nullptr) {
     auto p = std::make_unique<Pending>();
     if (options.timeout == absl::InfiniteDuration()) options.timeout = kCallTimeout;
     p->call.SetMethod(rpc_wire::MethodId("/test.Hostile/Echo"));
     p->call.SetRequestBytes(request);
-    p->call.SetResponseBytes(&p->response);
+    if (message != nullptr) {
+      p->call.SetResponse(message);
+    } else {
+      p->call.SetResponseBytes(&p->response);
+    }
     p->call.SetOptions(options);
     victim_->Start(&p->call);
     auto received = peer_->Receive(rpc_wire::kRequest);
@@ -368,6 +374,25 @@ TEST_F(HostileServerTest, AnAnswerForAStaleGenerationOfItsSlotIsDroppedNotTaken)
   ASSERT_TRUE(second->call.Wait().ok()) << second->call.status();
   EXPECT_EQ(second->response, "fresh");
   EXPECT_EQ(first->response, "");
+  EXPECT_TRUE(victim_->connected());
+}
+
+// A response whose payload does not parse as the call's message fails that call with DATA_LOSS,
+// and only it: the message was within the protocol (what its bytes mean is the application's),
+// so the connection goes on.
+TEST_F(HostileServerTest, AResponseThatDoesNotParseFailsOnlyItsCall) {
+  ASSERT_NO_FATAL_FAILURE(ConnectVictim());
+  control::Negotiated message;
+  auto garbled = Start("garbled", {}, &message);
+  // Field 1, length-delimited, 127 bytes long, and 3 of them: a truncated message.
+  const std::string truncated = "\x0a\x7f" "abc";
+  ASSERT_TRUE(peer_->Send(ResponseTo(*garbled, truncated.size()), truncated).ok());
+  const absl::Status status = garbled->call.Wait();
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
+  auto next = Start("next");
+  ASSERT_TRUE(peer_->Send(ResponseTo(*next, 4), "txen").ok());
+  ASSERT_TRUE(next->call.Wait().ok()) << next->call.status();
+  EXPECT_EQ(next->response, "txen");
   EXPECT_TRUE(victim_->connected());
 }
 
