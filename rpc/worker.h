@@ -273,7 +273,7 @@ class Worker {
   void Submit(WorkItem item);
   void Loop();
   bool RunOnce();
-  // RunOnce out of line, for the cold callers outside worker_receive.cc (Stop).
+  // RunOnce out of line, for its cold callers (Stop, SleepUntilWork's last look).
   bool RunOnceCold();
   // RunOnce's poll failed (an overflowed CQ): every connection fails. Out of line and cold, so
   // that its logging's buffers keep -fstack-protector off the loop (base/copy.h).

@@ -85,8 +85,9 @@ void Worker::Loop() {
 void Worker::SleepUntilWork() {
   if (!cq_->RequestNotify(false).ok()) return;
   sleeping_.store(true, std::memory_order_seq_cst);
-  // Anything that raced with arming is handled now instead of slept through.
-  if (!submissions_.MaybeEmpty() || RunOnce()) {
+  // Anything that raced with arming is handled now instead of slept through (out of line:
+  // the turn is inlined where it is hot, the loop and TryDrive).
+  if (!submissions_.MaybeEmpty() || RunOnceCold()) {
     sleeping_.store(false, std::memory_order_relaxed);
     return;
   }
@@ -105,8 +106,8 @@ void Worker::SleepUntilWork() {
 }
 
 // The hot loop.
-// Inlined into each of its callers here (the loop, TryDrive), and HandleRecv into it: a turn is
-// the loop's whole body, one function.
+// Inlined into its hot callers here (the loop, TryDrive), and HandleRecv into it: a turn is the
+// loop's whole body, one function. The cold ones call RunOnceCold.
 [[gnu::always_inline]] inline bool Worker::RunOnce() {
   SWIRL_DCHECK(OnLoopThread());
   bool did = DrainSubmissions();
