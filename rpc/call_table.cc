@@ -27,10 +27,16 @@ uint32_t CallTable::Grow() {
 }
 
 void CallTable::ForEachInFlight(absl::FunctionRef<void(CallState&)> fn) {
-  if (in_flight_ == 0) return;
-  for (uint32_t i = 0; i < states_; ++i) {
+  // The timers walk this every pass: stop after the last call in flight, not at the end of a
+  // table that a burst of backlogged calls once grew (the free list hands back the states
+  // freed last, so under steady load the same few are in flight). Calls that `fn` starts are
+  // not counted: whether the walk reaches them does not matter to the timers.
+  uint32_t left = in_flight_;
+  for (uint32_t i = 0; i < states_ && left > 0; ++i) {
     CallState& s = state(i);
-    if (s.request_id != 0) fn(s);
+    if (s.request_id == 0) continue;
+    --left;
+    fn(s);
   }
 }
 
