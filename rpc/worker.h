@@ -89,6 +89,15 @@ struct WorkerOptions {
   bool own_thread = true;      // false: caller-driven (no thread)
   bool adaptive_idle = true;   // sleep on the completion channel after idle_spin of nothing
   absl::Duration idle_spin = absl::Microseconds(200);
+  // After this long without work the loop gives its core away between polls (sched_yield),
+  // adaptive_idle or not. A spinning worker otherwise holds its core until the scheduler
+  // preempts it, and where threads outnumber cores (two cores: each side's worker, device
+  // thread, gRPC and application threads) every thread it woke, or that sets up a connection,
+  // waits behind it: one-at-a-time connection setup ran at half the rate (docs/RELIABILITY.md
+  // "Scale"). Short enough to matter there, long enough that a request/response exchange (a
+  // microsecond or two between messages) never pays a system call while it waits.
+  // InfiniteDuration: never.
+  absl::Duration idle_yield_after = absl::Microseconds(20);
   uint32_t max_connections = 64;
   uint32_t credits = 32;             // receive buffers one connection may be granted at most
   // Receive buffers shared by the connections beyond each one's floor (kCreditFloor), granted

@@ -861,7 +861,10 @@ void HcaLoop(Hca* hca) {
     if (assist && !waited_for) {
       // A passive target with traffic flowing (RDMA WRITEs into memory nobody polls, a server
       // asleep in ibv_get_cq_event) is served as a NIC would serve it, without a sleep and a
-      // wakeup (~10 us here) between frames: only a quiet spell ends the spin.
+      // wakeup (~10 us here) between frames: only a quiet spell ends the spin. A round that
+      // found nothing gives the core away until the next (sched_yield): with more busy threads
+      // than cores, the spin otherwise holds the core that the threads it serves (the sleeping
+      // owner once woken, a connection being set up) wait for.
       const int64_t start = NowNs();
       int64_t quiet_since = start;
       for (int64_t now2 = start; now2 - quiet_since < kAssistQuietNs &&
@@ -870,7 +873,7 @@ void HcaLoop(Hca* hca) {
         if (ProgressAssisted(hca)) {
           quiet_since = now2;
         } else {
-          CpuRelax();
+          sched_yield();
         }
       }
     }
