@@ -64,41 +64,43 @@ void Worker::Loop() {
   }
   std::lock_guard<SpinLock> guard(driver_);
   DrivingScope driving(this);
-  // Idleness is timed by the clock, read every 64th empty poll, every 8th with 16 connections
-  // or more, every one with 256 or more: the clock costs more than a quiet poll of a few
-  // connections (reading it at every empty poll made a request/response round trip 5% longer),
-  // and less than one of many on the soft device, whose quiet poll walks up to 1,024 of the
-  // CQ's QPs (tens of microseconds with a thousand). Once yielding, at every poll: the yield
-  // costs far more. Sleeping (idle_spin) is decided at every 64th empty poll: a sleeping worker
-  // costs the soft device's thread passes over every QP, and sleeping sooner with thousands of
-  // QPs cost more than the spin (docs/RELIABILITY.md "Scale").
-  absl::Time idle_since = absl::InfiniteFuture();
+  // Two clocks. Yielding (idle_yield_after) is timed from the first empty poll, by the clock
+  // read every 64th empty poll, every 8th with 16 connections or more, every one with 256 or
+  // more: the clock costs more than a quiet poll of a few connections (reading it at every
+  // empty poll made a request/response round trip 5% longer), and less than one of many on the
+  // soft device, whose quiet poll walks up to 1,024 of the CQ's QPs (tens of microseconds with
+  // a thousand). Once yielding, at every poll: the yield costs far more. Sleeping (idle_spin)
+  // is timed from the first 64th empty poll and decided at every 64th, as it was before the
+  // yield: a sleeping worker costs the soft device's thread passes over every QP, and sleeping
+  // sooner with thousands of QPs cost more than the spin (docs/RELIABILITY.md "Scale").
+  absl::Time yield_since = absl::InfiniteFuture();
+  absl::Time sleep_since = absl::InfiniteFuture();
   uint64_t idle_spins = 0;
   bool yielding = false;
   while (running_.load(std::memory_order_relaxed)) {
     if (RunOnce()) {
-      idle_since = absl::InfiniteFuture();
+      yield_since = sleep_since = absl::InfiniteFuture();
       yielding = false;
       continue;
     }
     ++idle_spins;
+    const bool sleep_look = options_.adaptive_idle && (idle_spins & 63) == 0;
     if (yielding) {
       sched_yield();
-    } else {
+    } else if (!sleep_look) {
       const size_t connections = by_id_.size();
       const uint64_t clock_mask = connections >= 256 ? 0 : connections >= 16 ? 7 : 63;
       if ((idle_spins & clock_mask) != 0) continue;
     }
     const absl::Time now = absl::Now();
-    if (idle_since == absl::InfiniteFuture()) {
-      idle_since = now;
-      continue;
-    }
-    yielding = now - idle_since >= options_.idle_yield_after;
-    if (options_.adaptive_idle && (idle_spins & 63) == 0 &&
-        now - idle_since >= options_.idle_spin) {
+    if (yield_since == absl::InfiniteFuture()) yield_since = now;
+    yielding = now - yield_since >= options_.idle_yield_after;
+    if (!sleep_look) continue;
+    if (sleep_since == absl::InfiniteFuture()) {
+      sleep_since = now;
+    } else if (now - sleep_since >= options_.idle_spin) {
       SleepUntilWork();
-      idle_since = absl::InfiniteFuture();
+      yield_since = sleep_since = absl::InfiniteFuture();
       yielding = false;
     }
   }
