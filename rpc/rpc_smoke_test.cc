@@ -85,6 +85,40 @@ TEST(RpcSmoke, RawEchoBothDrivers) {
   }
 }
 
+// One ClientCall, reused: each round reports its own outcome. A failed round's status does not
+// outlive the round that follows it (StartCall leaves status_ alone; the completion sets it),
+// and a failure after a success is reported as such.
+TEST(RpcSmoke, AReusedCallReportsEachRoundsOwnStatus) {
+  Fixture f;
+  for (auto driver : {ChannelOptions::Driver::kCaller, ChannelOptions::Driver::kBackgroundThread}) {
+    ChannelOptions options;
+    options.auth_token = "t0ken";
+    options.driver = driver;
+    auto channel = Channel::Create(f.server->address(), options);
+    ASSERT_TRUE(channel.ok()) << channel.status();
+    ClientCall call;
+    std::string response;
+    call.SetResponseBytes(&response);
+    for (int round = 0; round < 6; ++round) {
+      const bool fail = round % 2 == 0;
+      const std::string request = "round " + std::to_string(round);
+      call.SetMethod(Id(fail ? "/test.Raw/Fail" : "/test.Raw/Echo"));
+      call.SetRequestBytes(request);
+      (**channel).Start(&call);
+      const absl::Status waited = call.Wait();
+      ASSERT_TRUE(call.done());
+      EXPECT_EQ(waited, call.status()) << "round " << round;
+      if (fail) {
+        EXPECT_EQ(call.status().code(), absl::StatusCode::kNotFound) << "round " << round;
+        EXPECT_EQ(call.status().message(), "nothing here");
+      } else {
+        EXPECT_TRUE(call.status().ok()) << "round " << round << ": " << call.status();
+        EXPECT_EQ(response, request);
+      }
+    }
+  }
+}
+
 TEST(RpcSmoke, WrongTokenIsRefusedBeforeAnyQueuePair) {
   Fixture f;
   ChannelOptions options;

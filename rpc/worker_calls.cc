@@ -160,7 +160,8 @@ void Worker::StartCallOnLoop(Connection* c, ClientCall* call) { AdmitAndSend(c, 
 void Worker::StartCall(uint64_t connection_id, ClientCall* call) {
   call->worker_ = this;
   call->connection_id_ = connection_id;
-  call->status_ = absl::OkStatus();
+  // status_ is left as it is: valid only once done() (call.h), and every completion sets it
+  // (Complete assigns it, CompleteOk clears a previous round's error).
   call->cancel_requested_.store(false, std::memory_order_relaxed);
   NotifierWord::Reset(call->completion_);
   // Release: a Cancel() that sees this round's state also sees its cleared cancel request.

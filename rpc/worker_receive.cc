@@ -321,7 +321,7 @@ void Worker::SecondResponse(Connection* c, uint64_t request_id) {
   const absl::string_view body(payload, h.payload_len);
   // The common case in one pass: OK, no window of the call's to revoke (mirror mode), not
   // given up on; its state goes straight back to the table and the call completes OK (its
-  // status is OK since StartCall: nothing to move).
+  // status is OK unless a previous round of the call failed: nothing to move).
   if (h.status == 0 && (s->request_window & s->reply_window & s->write_op) < 0 &&
       s->abandoned.ok()) [[likely]] {
     absl::Status parsed = ParseResponse(call, body);
