@@ -27,6 +27,7 @@ absl::StatusOr<std::shared_ptr<ClientRuntime>> ClientRuntime::Make(
   wo.core = options.worker_core;
   wo.own_thread = own_thread;
   wo.max_connections = options.max_channels;
+  wo.idle_yield_after = options.idle_yield_after;
   auto worker = internal::Worker::Create(state->device.context, state->device.pd,
                                          state->device.caps, wo, nullptr);
   if (!worker.ok()) return worker.status();

@@ -35,8 +35,10 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "swirl/stats.h"
 #include "swirl/transport_options.h"
 
@@ -53,6 +55,9 @@ struct ClientRuntimeOptions {
   TransportOptions transport;
   int worker_core = -1;        // pin the worker thread to this CPU (-1: not pinned)
   uint32_t max_channels = 64;  // connections its worker serves at once
+  // While spinning, the worker gives its core to other threads between polls after this much
+  // idleness (as ServerOptions::idle_yield_after). Unset: 20 us if not pinned, never if pinned.
+  std::optional<absl::Duration> idle_yield_after;
 
   // Every field: runtimes are shared (Shared) only between equal options.
   bool operator==(const ClientRuntimeOptions&) const = default;

@@ -121,6 +121,7 @@ class Server::Impl final : public control::Control::Service {
       wo.own_thread = true;
       wo.adaptive_idle = options_.idle_spin > absl::ZeroDuration();
       wo.idle_spin = options_.idle_spin;
+      wo.idle_yield_after = options_.idle_yield_after;
       wo.max_connections = per_worker;
       wo.setup_timeout = options_.setup_timeout;
       wo.grant_bytes_per_connection = options_.grant_bytes_per_connection;

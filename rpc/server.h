@@ -22,6 +22,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -96,6 +97,12 @@ struct ServerOptions {
   std::vector<int> worker_cores = {-1};
   // Busy-poll, then sleep on the completion channel after this much idleness (0: never sleep).
   absl::Duration idle_spin = absl::Microseconds(200);
+  // While spinning, give the core to other threads between polls (sched_yield) after this much
+  // idleness, so that a worker sharing its core does not delay the threads it serves (gRPC's,
+  // the handlers', connection setup: docs/RELIABILITY.md "Scale"); each yield delays a message
+  // arriving meanwhile by up to a system call. Unset: 20 us for a worker not pinned to a core,
+  // never for a pinned one. InfiniteDuration: never.
+  std::optional<absl::Duration> idle_yield_after;
   int handler_threads = 4;  // pool for Execution::kThreadPool methods
 
   uint32_t max_connections = 256;             // in total

@@ -75,6 +75,10 @@ namespace swirl::internal {
 
 // Every message starts with its header (rpc/wire.h).
 inline constexpr uint32_t kHeader = sizeof(rpc_wire::MessageHeader);
+// WorkerOptions::idle_yield_after for a worker not pinned to a core: long enough that a
+// request/response exchange (a microsecond or two between messages) never pays a system call
+// while it waits.
+inline constexpr absl::Duration kIdleYieldAfter = absl::Microseconds(20);
 // Completions one poll of the CQ takes at most.
 inline constexpr int kPollBatch = 16;
 // The wr_id bit of receives; sends use plain sequence numbers.
@@ -94,10 +98,10 @@ struct WorkerOptions {
   // preempts it, and where threads outnumber cores (two cores: each side's worker, device
   // thread, gRPC and application threads) every thread it woke, or that sets up a connection,
   // waits behind it: one-at-a-time connection setup ran at half the rate (docs/RELIABILITY.md
-  // "Scale"). Short enough to matter there, long enough that a request/response exchange (a
-  // microsecond or two between messages) never pays a system call while it waits.
-  // InfiniteDuration: never.
-  absl::Duration idle_yield_after = absl::Microseconds(20);
+  // "Scale"). A yield costs a system call (1.4 us on the 2-core VM), which a message arriving
+  // meanwhile waits out. Unset: kIdleYieldAfter for a worker not pinned to a core, never for a
+  // pinned one (its core is taken to be its own). InfiniteDuration: never.
+  std::optional<absl::Duration> idle_yield_after;
   uint32_t max_connections = 64;
   uint32_t credits = 32;             // receive buffers one connection may be granted at most
   // Receive buffers shared by the connections beyond each one's floor (kCreditFloor), granted

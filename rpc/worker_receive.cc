@@ -73,6 +73,8 @@ void Worker::Loop() {
   // is timed from the first 64th empty poll and decided at every 64th, as it was before the
   // yield: a sleeping worker costs the soft device's thread passes over every QP, and sleeping
   // sooner with thousands of QPs cost more than the spin (docs/RELIABILITY.md "Scale").
+  const absl::Duration yield_after = options_.idle_yield_after.value_or(
+      options_.core >= 0 ? absl::InfiniteDuration() : kIdleYieldAfter);
   absl::Time yield_since = absl::InfiniteFuture();
   absl::Time sleep_since = absl::InfiniteFuture();
   uint64_t idle_spins = 0;
@@ -94,7 +96,7 @@ void Worker::Loop() {
     }
     const absl::Time now = absl::Now();
     if (yield_since == absl::InfiniteFuture()) yield_since = now;
-    yielding = now - yield_since >= options_.idle_yield_after;
+    yielding = now - yield_since >= yield_after;
     if (!sleep_look) continue;
     if (sleep_since == absl::InfiniteFuture()) {
       sleep_since = now;
