@@ -99,9 +99,10 @@ struct ServerOptions {
   absl::Duration idle_spin = absl::Microseconds(200);
   // While spinning, give the core to other threads between polls (sched_yield) after this much
   // idleness, so that a worker sharing its core does not delay the threads it serves (gRPC's,
-  // the handlers', connection setup: docs/RELIABILITY.md "Scale"); each yield delays a message
-  // arriving meanwhile by up to a system call. Unset: 20 us for a worker not pinned to a core,
-  // never for a pinned one. InfiniteDuration: never.
+  // the handlers', connection setup: docs/RELIABILITY.md "Scale"). A message arriving during a
+  // yield waits it out: a system call where nothing else wants the core, up to a scheduler time
+  // slice where something does. Unset: 20 us for a worker not pinned to a core, never for a
+  // pinned one. InfiniteDuration: never.
   std::optional<absl::Duration> idle_yield_after;
   int handler_threads = 4;  // pool for Execution::kThreadPool methods
 

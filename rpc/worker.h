@@ -98,9 +98,10 @@ struct WorkerOptions {
   // preempts it, and where threads outnumber cores (two cores: each side's worker, device
   // thread, gRPC and application threads) every thread it woke, or that sets up a connection,
   // waits behind it: one-at-a-time connection setup ran at half the rate (docs/RELIABILITY.md
-  // "Scale"). A yield costs a system call (1.4 us on the 2-core VM), which a message arriving
-  // meanwhile waits out. Unset: kIdleYieldAfter for a worker not pinned to a core, never for a
-  // pinned one (its core is taken to be its own). InfiniteDuration: never.
+  // "Scale"). A message arriving during a yield waits it out: a system call (1.4 us on the
+  // 2-core VM) where nothing else wants the core, up to a scheduler time slice where something
+  // does. Unset: kIdleYieldAfter for a worker not pinned to a core, never for a pinned one (its
+  // core is taken to be its own). InfiniteDuration: never.
   std::optional<absl::Duration> idle_yield_after;
   uint32_t max_connections = 64;
   uint32_t credits = 32;             // receive buffers one connection may be granted at most
@@ -400,7 +401,8 @@ class Worker {
   bool QueueEagerCall(Connection* c, CallState& s, size_t size);
   void PumpBacklog(Connection* c);
   void CompleteCall(Connection* c, const rpc_wire::MessageHeader& h, const char* payload);
-  // `call` completes OK (its status is OK since StartCall): ClientCall::Complete, inline.
+  // `call` completes OK (clearing a previous round's error, which StartCall leaves):
+  // ClientCall::Complete, inline.
   static void CompleteOk(ClientCall* call);
   // Fills the call's response from `message` (protobuf or bytes). Inline, the common case of a
   // steady stream of echoes: a reused string of the same length is overwritten in place.

@@ -73,8 +73,10 @@ void Worker::Loop() {
   // is timed from the first 64th empty poll and decided at every 64th, as it was before the
   // yield: a sleeping worker costs the soft device's thread passes over every QP, and sleeping
   // sooner with thousands of QPs cost more than the spin (docs/RELIABILITY.md "Scale").
+  // A worker that never yields reads the clock every 64th empty poll only, as before.
   const absl::Duration yield_after = options_.idle_yield_after.value_or(
       options_.core >= 0 ? absl::InfiniteDuration() : kIdleYieldAfter);
+  const bool may_yield = yield_after != absl::InfiniteDuration();
   absl::Time yield_since = absl::InfiniteFuture();
   absl::Time sleep_since = absl::InfiniteFuture();
   uint64_t idle_spins = 0;
@@ -90,11 +92,20 @@ void Worker::Loop() {
     if (yielding) {
       sched_yield();
     } else if (!sleep_look) {
+      if (!may_yield) continue;
       const size_t connections = by_id_.size();
       const uint64_t clock_mask = connections >= 256 ? 0 : connections >= 16 ? 7 : 63;
       if ((idle_spins & clock_mask) != 0) continue;
     }
     const absl::Time now = absl::Now();
+    if (yielding && now >= next_timer_) {
+      // Where another thread wants the core, a yield may not return for a time slice, and 64
+      // turns (RunOnce's look at the timers) would take tens of milliseconds: deadlines and
+      // keepalives are looked at here, on the clock already read.
+      Timers(now);
+      next_timer_ = now + absl::Milliseconds(1);
+      if (!outbox_.idle()) outbox_.FlushAll();
+    }
     if (yield_since == absl::InfiniteFuture()) yield_since = now;
     yielding = now - yield_since >= yield_after;
     if (!sleep_look) continue;

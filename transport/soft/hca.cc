@@ -73,6 +73,7 @@ constexpr int64_t kStaleNs = 10 * 1000 * 1000;            // a CQ unpolled for 1
 // goes back to its loop at least this often to see to everything else.
 constexpr int64_t kAssistQuietNs = 100 * 1000;
 constexpr int64_t kAssistSpinMaxNs = 2 * 1000 * 1000;
+constexpr int64_t kAssistYieldAfterNs = 20 * 1000;
 
 // What a QP sends when it reaches RTR: without a link key, with SCM_RIGHTS [segment memfd,
 // HCA wake eventfd]; with one (kHelloKeyed), nothing attached: the accepter answers with a
@@ -861,10 +862,13 @@ void HcaLoop(Hca* hca) {
     if (assist && !waited_for) {
       // A passive target with traffic flowing (RDMA WRITEs into memory nobody polls, a server
       // asleep in ibv_get_cq_event) is served as a NIC would serve it, without a sleep and a
-      // wakeup (~10 us here) between frames: only a quiet spell ends the spin. A round that
-      // found nothing gives the core away until the next (sched_yield): with more busy threads
-      // than cores, the spin otherwise holds the core that the threads it serves (the sleeping
-      // owner once woken, a connection being set up) wait for.
+      // wakeup (~10 us here) between frames: only a quiet spell ends the spin. Once quiet for
+      // kAssistYieldAfterNs, a round that found nothing gives the core away until the next
+      // (sched_yield): with more busy threads than cores, the spin otherwise holds the core
+      // that the threads it serves (the sleeping owner once woken, a connection being set up)
+      // wait for. Not sooner: a yield costs a system call (1.4 us here) that a frame arriving
+      // meanwhile waits out, and a passive target's ping-pong (ib_write_lat) has quiet rounds
+      // between every two frames.
       const int64_t start = NowNs();
       int64_t quiet_since = start;
       for (int64_t now2 = start; now2 - quiet_since < kAssistQuietNs &&
@@ -872,8 +876,10 @@ void HcaLoop(Hca* hca) {
            now2 = NowNs()) {
         if (ProgressAssisted(hca)) {
           quiet_since = now2;
-        } else {
+        } else if (now2 - quiet_since >= kAssistYieldAfterNs) {
           sched_yield();
+        } else {
+          CpuRelax();
         }
       }
     }
