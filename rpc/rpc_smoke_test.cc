@@ -40,6 +40,9 @@ class EchoRaw : public Service {
 
 uint32_t Id(const char* name) { return rpc_wire::MethodId(name); }
 
+constexpr ChannelOptions::Driver kDrivers[] = {ChannelOptions::Driver::kCaller,
+                                               ChannelOptions::Driver::kBackgroundThread};
+
 struct Fixture {
   EchoRaw service;
   std::unique_ptr<Server> server;
@@ -52,15 +55,19 @@ struct Fixture {
     absl::Status s = server->Start();
     EXPECT_TRUE(s.ok()) << s;
   }
+  // A channel to the server with the right token, driven by `driver`.
+  absl::StatusOr<std::shared_ptr<Channel>> Connect(ChannelOptions::Driver driver) const {
+    ChannelOptions options;
+    options.auth_token = "t0ken";
+    options.driver = driver;
+    return Channel::Create(server->address(), options);
+  }
 };
 
 TEST(RpcSmoke, RawEchoBothDrivers) {
   Fixture f;
-  for (auto driver : {ChannelOptions::Driver::kCaller, ChannelOptions::Driver::kBackgroundThread}) {
-    ChannelOptions options;
-    options.auth_token = "t0ken";
-    options.driver = driver;
-    auto channel = Channel::Create(f.server->address(), options);
+  for (auto driver : kDrivers) {
+    auto channel = f.Connect(driver);
     ASSERT_TRUE(channel.ok()) << channel.status();
     for (int i = 0; i < 1000; ++i) {
       std::string request = "hello " + std::to_string(i);
@@ -90,11 +97,8 @@ TEST(RpcSmoke, RawEchoBothDrivers) {
 // and a failure after a success is reported as such.
 TEST(RpcSmoke, AReusedCallReportsEachRoundsOwnStatus) {
   Fixture f;
-  for (auto driver : {ChannelOptions::Driver::kCaller, ChannelOptions::Driver::kBackgroundThread}) {
-    ChannelOptions options;
-    options.auth_token = "t0ken";
-    options.driver = driver;
-    auto channel = Channel::Create(f.server->address(), options);
+  for (auto driver : kDrivers) {
+    auto channel = f.Connect(driver);
     ASSERT_TRUE(channel.ok()) << channel.status();
     ClientCall call;
     std::string response;

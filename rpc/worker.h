@@ -292,6 +292,12 @@ class Worker {
   // RunOnce's poll failed (an overflowed CQ): every connection fails. Out of line and cold, so
   // that its logging's buffers keep -fstack-protector off the loop (base/copy.h).
   [[gnu::cold, gnu::noinline]] void CompletionQueueFailed();
+  // Timers(now) if a millisecond has passed since they last ran.
+  void TimersIfDue(absl::Time now) {
+    if (now < next_timer_) return;
+    Timers(now);
+    next_timer_ = now + absl::Milliseconds(1);
+  }
   void SleepUntilWork();
   // Takes what other threads submitted. Inline: nearly always there is nothing, and the loop
   // and every caller-driven call look (the slow half has a WorkItem's frame to set up).

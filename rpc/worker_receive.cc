@@ -98,12 +98,11 @@ void Worker::Loop() {
       if ((idle_spins & clock_mask) != 0) continue;
     }
     const absl::Time now = absl::Now();
-    if (yielding && now >= next_timer_) {
+    if (yielding) {
       // Where another thread wants the core, a yield may not return for a time slice, and 64
       // turns (RunOnce's look at the timers) would take tens of milliseconds: deadlines and
       // keepalives are looked at here, on the clock already read.
-      Timers(now);
-      next_timer_ = now + absl::Milliseconds(1);
+      TimersIfDue(now);
       if (!outbox_.idle()) outbox_.FlushAll();
     }
     if (yield_since == absl::InfiniteFuture()) yield_since = now;
@@ -165,13 +164,7 @@ void Worker::SleepUntilWork() {
   // batch held back, so a peer within its credits still never meets an empty queue.
   if (!repost_.empty() && (!did || repost_.size() >= options_.credits)) RepostRecvs();
   // Timers need the clock, which costs more than an idle iteration: look every 64th.
-  if ((++iterations_ & 63) == 0) {
-    absl::Time now = absl::Now();
-    if (now >= next_timer_) {
-      Timers(now);
-      next_timer_ = now + absl::Milliseconds(1);
-    }
-  }
+  if ((++iterations_ & 63) == 0) TimersIfDue(absl::Now());
   // Last, so that whatever the steps above queued (responses, calls restarted by callbacks,
   // keepalives) leaves with one doorbell per connection.
   if (!outbox_.idle()) outbox_.FlushAll();
