@@ -112,6 +112,8 @@ struct ServeState {
   // last_invoker when a request for last_method may run inline on the worker (the method is
   // not one-way and runs on the worker): ServeEager's one test for its fast path.
   Service::Invoker* inline_invoker = nullptr;
+  // inline_invoker->raw_handler(): a raw method's handler, called directly (ServeEager).
+  Service::RawHandler* inline_raw = nullptr;
   // Invokers are the connection's: its method table outlives it, which a worker shared by
   // channels that come and go could not say of a cache of its own.
   absl::flat_hash_map<const Service::Method*, std::unique_ptr<Service::Invoker>> invokers;

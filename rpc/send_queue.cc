@@ -20,6 +20,7 @@ void SendQueue::DropUnposted(absl::FunctionRef<void(int32_t)> release) {
   if (batch_size_ == 0) return;
   for (int i = 0; i < batch_size_; ++i) {
     const Held held = std::exchange(held_[Slot(batch_wr_[i].wr_id)], Held{});
+    if ((held.buffer & held.op) != kNothing) --holding_;
     if (held.buffer != kNothing) release(held.buffer);
   }
   next_ = batch_wr_[0].wr_id;
@@ -35,6 +36,7 @@ void SendQueue::ForgetOutstanding(absl::FunctionRef<void(int32_t)> release) {
   }
   completed_ = next_ - 1;
   signal_at_ = SignalAt();
+  holding_ = 0;
 }
 
 }  // namespace swirl::internal

@@ -48,12 +48,18 @@ class SendQueue {
     // Signaled when something waits for it (a buffer or an operation: either is not kNothing,
     // and then neither is their AND), and at signal_at_: often enough that unsignaled WRs
     // never fill the send queue.
-    if ((buffer & op) != kNothing || seq >= signal_at_) {
+    const bool holds = (buffer & op) != kNothing;
+    if (holds || seq >= signal_at_) {
       last_signaled_ = seq;
       signal_at_ = SignalAt();
       wr.send_flags |= IBV_SEND_SIGNALED;
     }
-    held_[Slot(seq)] = Held{buffer, op};
+    // A slot holds nothing unless written here: Init, Retire, DropUnposted and
+    // ForgetOutstanding leave every slot they are done with at Held{}.
+    if (holds) {
+      held_[Slot(seq)] = Held{buffer, op};
+      ++holding_;
+    }
     wr.wr_id = seq;
     wr.next = nullptr;
     ++batch_size_;
@@ -72,8 +78,10 @@ class SendQueue {
   }
 
   // ---- Completions ----
-  // A completion for `seq` retires every WR up to it: `retired(s, buffer, op)` for each, in
-  // order. False, retiring nothing, if `seq` names no WR posted (a stray completion).
+  // A completion for `seq` retires every WR up to it: `retired(s, buffer, op)`, in order, for
+  // each that holds something (a buffer or an operation); most hold nothing, and a completion
+  // that retires only those does not look at their slots. False, retiring nothing, if `seq`
+  // names no WR posted (a stray completion).
   template <typename Retired>
   bool Retire(uint64_t seq, Retired&& retired) {
     if (seq >= next_) return false;
@@ -82,8 +90,10 @@ class SendQueue {
       completed_ = seq;
       signal_at_ = SignalAt();
     }
-    for (uint64_t s = first; s <= seq; ++s) {
+    for (uint64_t s = first; s <= seq && holding_ > 0; ++s) {
       const Held held = std::exchange(held_[Slot(s)], Held{});
+      if ((held.buffer & held.op) == kNothing) continue;
+      --holding_;
       retired(s, held.buffer, held.op);
     }
     return true;
@@ -123,6 +133,7 @@ class SendQueue {
     int32_t op = kNothing;
   };
   std::vector<Held> held_;
+  uint64_t holding_ = 0;  // WRs posted or queued whose slot holds something
   uint64_t slot_mask_ = 0;
   ibv_send_wr batch_wr_[kBatch];
   ibv_sge batch_sge_[kBatch];

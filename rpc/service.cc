@@ -3,7 +3,6 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "base/copy.h"
 #include "google/protobuf/message_lite.h"
 #include "rpc/wire.h"
 
@@ -17,20 +16,13 @@ class RawInvoker final : public Service::Invoker {
                       ResponseWriter& response) override {
     return (*handler_)(ctx, request, response);
   }
+  Service::RawHandler* raw_handler() override { return handler_.get(); }
 
  private:
   std::shared_ptr<Service::RawHandler> handler_;
 };
 
 }  // namespace
-
-bool ResponseWriter::Append(absl::string_view bytes) {
-  char* p = Reserve(bytes.size());
-  if (p == nullptr) return false;
-  CopyBytes(p, bytes.data(), bytes.size());
-  Commit(bytes.size());
-  return true;
-}
 
 Service::Service(std::string full_name) : full_name_(std::move(full_name)) {}
 Service::~Service() = default;

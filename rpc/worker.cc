@@ -141,6 +141,16 @@ absl::Status Worker::Init() {
     if (!bulk.ok()) return bulk.status();
     bulk_pool_ = std::move(*bulk);
   }
+  recv_wrs_.resize(recv_total);
+  recv_sges_.resize(recv_total);
+  for (uint32_t i = 0; i < recv_total; ++i) {
+    recv_sges_[i] = {reinterpret_cast<uint64_t>(recv_pool_->at(i)), recv_pool_->size(),
+                     recv_pool_->lkey()};
+    recv_wrs_[i] = {};
+    recv_wrs_[i].wr_id = kRecvTag | i;
+    recv_wrs_[i].sg_list = &recv_sges_[i];
+    recv_wrs_[i].num_sge = 1;
+  }
   for (uint32_t i = 0; i < recv_total; ++i) repost_.push_back(recv_pool_->Take());
   std::lock_guard<SpinLock> guard(driver_);
   DrivingScope driving(this);

@@ -615,6 +615,10 @@ class Worker {
   absl::flat_hash_map<uint64_t, std::shared_ptr<Connection>> by_id_;
   Connection* last_connection_ = nullptr;  // FindByQpn, FindById
   std::vector<uint32_t> repost_;
+  // One receive WR and its scatter entry per receive buffer, filled in once (Init): a repost
+  // only links the ones going back, instead of writing every field of each.
+  std::vector<ibv_recv_wr> recv_wrs_;
+  std::vector<ibv_sge> recv_sges_;
   uint32_t recv_posted_ = 0;
   uint64_t iterations_ = 0;
   absl::Time next_timer_ = absl::InfinitePast();

@@ -183,28 +183,21 @@ void Worker::CompletionQueueFailed() {
 
 void Worker::RepostRecvs() {
   SWIRL_DCHECK(OnLoopThread());
-  constexpr int kChain = 64;
-  ibv_recv_wr wrs[kChain];
-  ibv_sge sges[kChain];
+  constexpr size_t kChain = 64;
   size_t done = 0;
   while (done < repost_.size()) {
-    const int n = static_cast<int>(std::min<size_t>(kChain, repost_.size() - done));
-    for (int i = 0; i < n; ++i) {
-      const uint32_t index = repost_[done + i];
-      sges[i].addr = reinterpret_cast<uint64_t>(recv_pool_->at(index));
-      sges[i].length = recv_pool_->size();
-      sges[i].lkey = recv_pool_->lkey();
-      wrs[i].wr_id = kRecvTag | index;
-      wrs[i].sg_list = &sges[i];
-      wrs[i].num_sge = 1;
-      wrs[i].next = i + 1 < n ? &wrs[i + 1] : nullptr;
-    }
+    const size_t n = std::min(kChain, repost_.size() - done);
+    const uint32_t* index = &repost_[done];
+    for (size_t i = 0; i + 1 < n; ++i) recv_wrs_[index[i]].next = &recv_wrs_[index[i + 1]];
+    ibv_recv_wr* const first = &recv_wrs_[index[0]];
+    recv_wrs_[index[n - 1]].next = nullptr;
     ibv_recv_wr* bad = nullptr;
-    if (int err = ibv_post_srq_recv(srq_->get(), wrs, &bad); err != 0) {
+    if (int err = ibv_post_srq_recv(srq_->get(), first, &bad); err != 0) {
       SWIRL_LOG(ERROR, "%s: %s", options_.name,
                 verbs::VerbsError("ibv_post_srq_recv", err).ToString());
-      // Keep the ones that did not make it for the next attempt.
-      const size_t posted = static_cast<size_t>(bad - wrs);
+      // Keep the ones that did not make it (from `bad` on) for the next attempt.
+      size_t posted = 0;
+      for (const ibv_recv_wr* w = first; w != nullptr && w != bad; w = w->next) ++posted;
       repost_.erase(repost_.begin(), repost_.begin() + static_cast<long>(done + posted));
       recv_posted_ += static_cast<uint32_t>(done + posted);
       recv_posted_snapshot_.store(recv_posted_, std::memory_order_relaxed);
@@ -300,7 +293,10 @@ void Worker::SecondResponse(Connection* c, uint64_t request_id) {
   ServerContext ctx = ServerContextAccess::Make(c, nullptr);
   MessageWriter writer(&outbox_, bulk_pool_.get(), c);
   writer.Prepare();
-  absl::Status status = invoker->Invoke(ctx, absl::string_view(payload, h.payload_len), writer);
+  const absl::string_view request(payload, h.payload_len);
+  Service::RawHandler* const raw = serving.inline_raw;
+  absl::Status status =
+      raw != nullptr ? (*raw)(ctx, request, writer) : invoker->Invoke(ctx, request, writer);
   if (status.ok() && !writer.in_bulk() && !ServerContextAccess::has_response_bulk(ctx) &&
       writer.data() != nullptr) [[likely]] {
     EmitResponse(c, &writer, h.request_id, 0);

@@ -53,6 +53,7 @@ const Service::Method* Worker::ResolveMethod(Connection* c, const MessageHeader&
     serving.last_method = method;
     serving.last_invoker = nullptr;
     serving.inline_invoker = nullptr;
+    serving.inline_raw = nullptr;
   }
   const bool one_way = h.type == rpc_wire::kOneWay;
   if (method == nullptr) {
@@ -83,6 +84,8 @@ Service::Invoker* Worker::InvokerFor(Connection* c, const Service::Method* metho
     serving.last_invoker = slot.get();
     // InvokerFor runs for methods on the worker only (pool methods have their threads' own).
     serving.inline_invoker = method->options.one_way ? nullptr : serving.last_invoker;
+    serving.inline_raw =
+        serving.inline_invoker != nullptr ? serving.inline_invoker->raw_handler() : nullptr;
   }
   return serving.last_invoker;
 }

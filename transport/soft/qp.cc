@@ -4,6 +4,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <bit>
 #include <cerrno>
 #include <cstdlib>
@@ -1140,8 +1141,9 @@ int PostSrqRecv(ibv_srq* ibsrq, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) {
   std::lock_guard<SpinLock> lock(srq->lock);
   RecvQueue& rq = srq->rq;
   for (; wr != nullptr; wr = wr->next) {
-    if (wr->num_sge < 0 || static_cast<uint32_t>(wr->num_sge) > rq.max_sge ||
-        (wr->num_sge > 0 && wr->sg_list == nullptr)) {
+    const int num_sge = wr->num_sge;
+    if (num_sge < 0 || static_cast<uint32_t>(num_sge) > rq.max_sge ||
+        (num_sge > 0 && wr->sg_list == nullptr)) {
       *bad_wr = wr;
       return EINVAL;
     }
@@ -1151,8 +1153,13 @@ int PostSrqRecv(ibv_srq* ibsrq, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) {
     }
     const uint32_t slot = rq.tail & rq.mask;
     rq.wr_id[slot] = wr->wr_id;
-    rq.num_sge[slot] = static_cast<uint32_t>(wr->num_sge);
-    for (int i = 0; i < wr->num_sge; ++i) rq.sge[slot * rq.max_sge + i] = wr->sg_list[i];
+    rq.num_sge[slot] = static_cast<uint32_t>(num_sge);
+    ibv_sge* const sge = &rq.sge[static_cast<size_t>(slot) * rq.max_sge];
+    if (num_sge == 1) [[likely]] {  // a receive pool's buffer: one entry, copied as one
+      *sge = wr->sg_list[0];
+    } else {
+      std::copy(wr->sg_list, wr->sg_list + num_sge, sge);
+    }
     ++rq.tail;
   }
   return 0;
