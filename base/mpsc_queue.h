@@ -64,9 +64,12 @@ class MpscQueue {
     return true;
   }
 
-  bool MaybeEmpty() const {
-    return cells_[head_ & mask_].sequence.load(std::memory_order_acquire) != head_ + 1;
-  }
+  // True if nothing was pushed that was not popped: producers' claims are compared with the
+  // consumer's position, two loads (the head cell's sequence costs an index computation too,
+  // and a worker asks this every loop turn and every caller-driven call). A claim whose value
+  // is still being written reads as not empty; TryPop then finds nothing yet.
+  // Single consumer only.
+  bool MaybeEmpty() const { return tail_.load(std::memory_order_acquire) == head_; }
 
  private:
   struct Cell {

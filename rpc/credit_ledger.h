@@ -112,11 +112,14 @@ class CreditLedger {
   // peer honouring its credits could not have sent it: it had none left, or it returns credits
   // we never spent.
   absl::Status OnReceive(uint32_t returned) {
-    if (peer_holds_ == 0) {
-      return absl::ResourceExhaustedError("peer sent beyond the credits it was given");
-    }
-    if (send_ + unusable_ + returned > peer_grant_) {
-      return absl::InvalidArgumentError("peer returned credits it never received");
+    if (TakeMessage(returned)) return absl::OkStatus();
+    return Refusal(returned);
+  }
+  // OnReceive as a bool, for the receive path: true if the message was accounted; false,
+  // changing nothing, if Refusal(returned) says why not.
+  bool TakeMessage(uint32_t returned) {
+    if (peer_holds_ == 0 || send_ + unusable_ + returned > peer_grant_) [[unlikely]] {
+      return false;
     }
     --peer_holds_;
     send_ += returned;
@@ -128,6 +131,16 @@ class CreditLedger {
     ++owed_;
     ++received_;
     if (peer_holds_ < adjust_below_) [[unlikely]] Adjust();
+    return true;
+  }
+  // Why TakeMessage(returned) refuses the message (OK if it would not).
+  absl::Status Refusal(uint32_t returned) const {
+    if (peer_holds_ == 0) {
+      return absl::ResourceExhaustedError("peer sent beyond the credits it was given");
+    }
+    if (send_ + unusable_ + returned > peer_grant_) {
+      return absl::InvalidArgumentError("peer returned credits it never received");
+    }
     return absl::OkStatus();
   }
   // Enough is owed back that a credit message should go now: half the peer's allotment (with

@@ -108,22 +108,26 @@ inline uint32_t LeadOf(const MessageHeader& h) {
 
 absl::Status ValidateHeaderSlow(const MessageHeader& header, size_t received_bytes,
                                 const Limits& limits);
+
+// The common case in a few compares: a well-formed plain request, one-way, response or credit
+// message. False for anything else, valid or not (ValidateHeaderSlow decides those). A bool,
+// not a Status: the receive path asks it of every message. (A message shorter than the header
+// fails the payload_len compare: received_bytes - 32 wraps beyond any uint32_t.)
+inline bool IsPlainHeader(const MessageHeader& h, size_t received_bytes, const Limits& limits) {
+  if (h.aux != 0 || h.payload_len != received_bytes - sizeof(MessageHeader) ||
+      h.payload_len > limits.max_payload || h.credits > limits.max_credits) {
+    return false;
+  }
+  const uint32_t lead = LeadOf(h);
+  if (lead == kPlainResponse) return h.method_id == 0 && h.status <= kMaxStatusCode;
+  if (lead == kPlainRequest || lead == kPlainOneWay) return h.method_id != 0 && h.status == 0;
+  if (lead == kPlainCredit) return h.method_id == 0 && h.status == 0 && h.payload_len == 0;
+  return false;
+}
+
 inline absl::Status ValidateHeader(const MessageHeader& h, size_t received_bytes,
                                    const Limits& limits) {
-  // The common case in a few compares: a plain request, one-way, response or credit message.
-  // Anything else, valid or not, takes the full check. (A message shorter than the header
-  // fails the payload_len compare: received_bytes - 32 wraps beyond any uint32_t.)
-  if (h.aux == 0 && h.payload_len == received_bytes - sizeof(MessageHeader) &&
-      h.payload_len <= limits.max_payload && h.credits <= limits.max_credits) {
-    const uint32_t lead = LeadOf(h);
-    if (lead == kPlainResponse) {
-      if (h.method_id == 0 && h.status <= kMaxStatusCode) return absl::OkStatus();
-    } else if (lead == kPlainRequest || lead == kPlainOneWay) {
-      if (h.method_id != 0 && h.status == 0) return absl::OkStatus();
-    } else if (lead == kPlainCredit) {
-      if (h.method_id == 0 && h.status == 0 && h.payload_len == 0) return absl::OkStatus();
-    }
-  }
+  if (IsPlainHeader(h, received_bytes, limits)) return absl::OkStatus();
   return ValidateHeaderSlow(h, received_bytes, limits);
 }
 

@@ -98,13 +98,16 @@ absl::Status Worker::SerializeIntoBulk(CallState& s, size_t size) {
   char* data = outbox_.Alloc(static_cast<uint32_t>(kHeader + size), &buffer);
   if (data == nullptr) return false;
   const bool one_way = call->one_way_;
-  *reinterpret_cast<MessageHeader*>(data) = MessageHeader{
-      .version = rpc_wire::kProtocolVersion,
-      .type = static_cast<uint8_t>(one_way ? rpc_wire::kOneWay : rpc_wire::kRequest),
-      .method_id = call->method_id_,
-      .request_id = one_way ? 0 : c->calls().Allocate(s),
-      .payload_len = static_cast<uint32_t>(size),
-  };
+  // Field by field, every field once (credits: Queue), instead of zeroing the header first.
+  auto* header = reinterpret_cast<MessageHeader*>(data);
+  header->version = rpc_wire::kProtocolVersion;
+  header->type = static_cast<uint8_t>(one_way ? rpc_wire::kOneWay : rpc_wire::kRequest);
+  header->flags = 0;
+  header->method_id = call->method_id_;
+  header->request_id = one_way ? 0 : c->calls().Allocate(s);
+  header->status = 0;
+  header->payload_len = static_cast<uint32_t>(size);
+  header->aux = 0;
   if (call->request_ != nullptr) {
     call->request_->SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(data + kHeader));
   } else {

@@ -234,14 +234,16 @@ void Worker::RepostRecvs() {
 
 [[gnu::always_inline]] inline bool Worker::AcceptMessage(Connection* c, const ibv_wc& wc,
                                                          const MessageHeader& h) {
-  if (absl::Status valid = rpc_wire::ValidateHeader(
-          h, wc.byte_len, {c->max_payload(), c->credits().peer_grant()});
-      !valid.ok()) {
-    ProtocolError(c, valid);
-    return false;
+  // Bools on the common path: an absl::Status made and checked per message costs more.
+  const rpc_wire::Limits limits{c->max_payload(), c->credits().peer_grant()};
+  if (!rpc_wire::IsPlainHeader(h, wc.byte_len, limits)) [[unlikely]] {
+    if (absl::Status valid = rpc_wire::ValidateHeaderSlow(h, wc.byte_len, limits); !valid.ok()) {
+      ProtocolError(c, valid);
+      return false;
+    }
   }
-  if (absl::Status honest = c->credits().OnReceive(h.credits); !honest.ok()) {
-    ProtocolError(c, honest);
+  if (!c->credits().TakeMessage(h.credits)) [[unlikely]] {
+    ProtocolError(c, c->credits().Refusal(h.credits));
     return false;
   }
   c->liveness.OnReceive();
@@ -316,16 +318,19 @@ void Worker::SecondResponse(Connection* c, uint64_t request_id) {
     ResponseForNoCall(c, h.request_id);  // dropped, or the connection fails
     return;
   }
-  if (s->read_op >= 0) return SecondResponse(c, h.request_id);
+  // The common case in one pass: OK, no RDMA operation or window of the call's (a download's
+  // READ, an upload's WRITE, mirror mode's windows to revoke), not given up on; its state goes
+  // straight back to the table and the call completes OK (its status is OK unless a previous
+  // round of the call failed: nothing to move).
+  const bool plain =
+      h.status == 0 && (s->read_op & s->request_window & s->reply_window & s->write_op) < 0 &&
+      s->abandoned.ok();
+  if (!plain && s->read_op >= 0) return SecondResponse(c, h.request_id);
   calls.Release(*s);
   Bump(c->counters().responses_received);
   ClientCall* call = s->call;
   const absl::string_view body(payload, h.payload_len);
-  // The common case in one pass: OK, no window of the call's to revoke (mirror mode), not
-  // given up on; its state goes straight back to the table and the call completes OK (its
-  // status is OK unless a previous round of the call failed: nothing to move).
-  if (h.status == 0 && (s->request_window & s->reply_window & s->write_op) < 0 &&
-      s->abandoned.ok()) [[likely]] {
+  if (plain) [[likely]] {
     absl::Status parsed = ParseResponse(call, body);
     if (parsed.ok()) [[likely]] {
       calls.RetirePlain(*s);  // before the callback, which may start the call again
