@@ -483,12 +483,12 @@ class Channel::Impl {
     worker->Close(c->id(), absl::UnavailableError("channel closed"));
     // Wait for the worker to finish with the connection (driving it ourselves if need be).
     const absl::Time deadline = absl::Now() + absl::Seconds(3);
+    if (!worker->caller_driven()) {
+      c->WaitClosed(deadline);
+      return;
+    }
     while (c->state() != internal::Connection::State::kClosed && absl::Now() < deadline) {
-      if (worker->caller_driven()) {
-        worker->TryDrive();
-      } else {
-        absl::SleepFor(absl::Microseconds(200));
-      }
+      worker->TryDrive();
     }
   }
 };

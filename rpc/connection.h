@@ -28,6 +28,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "base/mutex.h"
 #include "proto/control.pb.h"
 #include "rpc/bulk_ops.h"
 #include "rpc/call_table.h"
@@ -151,6 +152,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
   uint64_t id() const { return id_; }
   Worker* worker() const { return worker_; }
   State state() const { return state_.load(std::memory_order_acquire); }
+  // Waits until the worker is done with the connection (kClosed) or `deadline`; true if it is.
+  // For a channel closing its connection on a worker with a thread of its own.
+  bool WaitClosed(absl::Time deadline) const {
+    return closed_notice_.WaitForNotificationWithDeadline(deadline);
+  }
   const std::string& peer() const { return peer_; }
   // Server side: the principal the client authenticated as at Connect ("" if none).
   const std::string& principal() const { return principal_; }
@@ -183,7 +189,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
   uint32_t qp_num() const { return qp_num_; }
   // Destroys the QP (teardown: it is in ERR and fully flushed).
   void DestroyQp() { qp_.reset(); }
-  void set_state(State state) { state_.store(state, std::memory_order_release); }
+  void set_state(State state) {
+    state_.store(state, std::memory_order_release);
+    if (state == State::kClosed) closed_notice_.Notify();
+  }
   // kClosing or kClosed: the QP is in ERR or gone; nothing is sent any more.
   bool closing() const { return state_.load(std::memory_order_relaxed) >= State::kClosing; }
   bool active() const { return state_.load(std::memory_order_relaxed) == State::kActive; }
@@ -230,6 +239,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   const uint32_t qp_num_;
   const MethodTable* const methods_;
   std::atomic<State> state_{State::kNew};
+  swirl::Notification closed_notice_;  // notified when state_ becomes kClosed
 
   // Set by Configure, before activation.
   std::string peer_;

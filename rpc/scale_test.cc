@@ -251,7 +251,11 @@ TEST(ScaleTest, OneWorkerHoldsThousandsOfConnectionsThatAllAnswer) {
   // reached (the client took 1.5 MiB per channel before) with room for the noise.
   EXPECT_LT(per_client, 80.0) << "KiB of client memory per connection";
 #endif
+  const absl::Time close_start = absl::Now();
+  const size_t closing = channels.size();
   channels.clear();
+  std::printf("closing %zu channels: %.3f ms each\n", closing,
+              absl::ToDoubleMilliseconds(absl::Now() - close_start) / closing);
 }
 
 }  // namespace
