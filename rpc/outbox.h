@@ -64,21 +64,20 @@ class Outbox {
   // in the credits its header returns. SEND_WITH_INV of `invalidate_rkey` if not 0.
   void Queue(Connection* c, char* data, uint32_t length, int32_t buffer,
              uint32_t invalidate_rkey = 0, unsigned int flags = 0) {
-    reinterpret_cast<rpc_wire::MessageHeader*>(data)->credits = c->credits().Spend();
-    // Built in place in the doorbell batch: the message path is the hot path.
-    SendQueue& sends = c->sends();
-    ibv_sge& sge = sends.next_sge();
-    sge.addr = reinterpret_cast<uint64_t>(data);
-    sge.length = length;
-    sge.lkey = pool_lkey_;  // an inline send's lkey is not looked at
-    ibv_send_wr& wr = sends.next_wr();
-    wr.sg_list = &sge;
-    wr.num_sge = 1;
-    wr.opcode = invalidate_rkey != 0 ? IBV_WR_SEND_WITH_INV : IBV_WR_SEND;
-    wr.invalidate_rkey = invalidate_rkey;
-    wr.send_flags = flags | (buffer < 0 ? IBV_SEND_INLINE : 0);
-    Bump(c->counters().bytes_sent, length);
+    Fill(c, data, length, buffer, invalidate_rkey, flags);
     Commit(c, buffer, -1);
+  }
+  // Queue for a message whose doorbell rings right after (a caller-driven call): posted at
+  // once when nothing of `c` waits for a doorbell (no order to keep, no doorbell list to keep),
+  // else queued behind what waits, to leave with FlushAll.
+  void QueueAndRing(Connection* c, char* data, uint32_t length, int32_t buffer) {
+    if (c->in_doorbell_list) {
+      Queue(c, data, length, buffer);
+      return;
+    }
+    Fill(c, data, length, buffer, 0, 0);
+    c->sends().Commit(buffer, -1);
+    Flush(c);
   }
   // Queues any other WR (a bind, a LOCAL_INV, an RDMA READ or WRITE) for bulk operation `op`
   // (or -1); `sge` may be null.
@@ -136,6 +135,25 @@ class Outbox {
     if (err != 0) [[unlikely]] PostFailed(c, err);
   }
   [[gnu::noinline, gnu::cold]] void PostFailed(Connection* c, int err);
+  // Writes the message's WR at the end of c's batch (not yet numbered: Commit), spending a
+  // credit and filling in the credits its header returns.
+  void Fill(Connection* c, char* data, uint32_t length, int32_t buffer, uint32_t invalidate_rkey,
+            unsigned int flags) {
+    reinterpret_cast<rpc_wire::MessageHeader*>(data)->credits = c->credits().Spend();
+    // Built in place in the doorbell batch: the message path is the hot path.
+    SendQueue& sends = c->sends();
+    ibv_sge& sge = sends.next_sge();
+    sge.addr = reinterpret_cast<uint64_t>(data);
+    sge.length = length;
+    sge.lkey = pool_lkey_;  // an inline send's lkey is not looked at
+    ibv_send_wr& wr = sends.next_wr();
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.opcode = invalidate_rkey != 0 ? IBV_WR_SEND_WITH_INV : IBV_WR_SEND;
+    wr.invalidate_rkey = invalidate_rkey;
+    wr.send_flags = flags | (buffer < 0 ? IBV_SEND_INLINE : 0);
+    Bump(c->counters().bytes_sent, length);
+  }
   // Numbers the WR just written at the end of c's batch, and rings the doorbell if it is full.
   uint64_t Commit(Connection* c, int32_t buffer, int32_t op) {
     const uint64_t seq = c->sends().Commit(buffer, op);

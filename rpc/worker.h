@@ -391,10 +391,13 @@ class Worker {
 
   // ---- Calling (worker_calls.cc) ----
   void StartCallOnLoop(Connection* c, ClientCall* call);
-  void AdmitAndSend(Connection* c, ClientCall* call);
+  // `ring_now`: a caller-driven StartCall, which rings the doorbell right after; a request
+  // that nothing of its connection waits ahead of is then posted at once (Outbox::QueueAndRing)
+  // instead of through the doorbell list. On the loop thread, calls join the turn's doorbell.
+  void AdmitAndSend(Connection* c, ClientCall* call, bool ring_now = false);
   // Sends `s` now if credits, a slot and buffers allow: false to leave it in the backlog. True
   // also when it completed instead (refused, or one-way).
-  bool TrySendCall(Connection* c, CallState& s);
+  bool TrySendCall(Connection* c, CallState& s, bool ring_now = false);
   // Why `s` cannot be sent as it is (then it completes with that), or OK.
   absl::Status CheckCall(Connection* c, const CallState& s, bool message_in_bulk) const;
   // StartCall's hand-off to the loop thread. Out of line: a WorkItem holds a function in a char
@@ -404,7 +407,7 @@ class Worker {
   absl::Status SerializeIntoBulk(CallState& s, size_t size);
   bool SendEagerCall(Connection* c, CallState& s, size_t size);
   // SendEagerCall for a message known to fit (Connection::eager_limit()).
-  bool QueueEagerCall(Connection* c, CallState& s, size_t size);
+  bool QueueEagerCall(Connection* c, CallState& s, size_t size, bool ring_now = false);
   void PumpBacklog(Connection* c);
   void CompleteCall(Connection* c, const rpc_wire::MessageHeader& h, const char* payload);
   // `call` completes OK (clearing a previous round's error, which StartCall leaves):

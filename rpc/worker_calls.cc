@@ -43,14 +43,15 @@ using rpc_wire::MessageHeader;
 }  // namespace
 
 // Inlined into StartCall: the caller's half of a call is one function.
-[[gnu::always_inline]] inline void Worker::AdmitAndSend(Connection* c, ClientCall* call) {
+[[gnu::always_inline]] inline void Worker::AdmitAndSend(Connection* c, ClientCall* call,
+                                                        bool ring_now) {
   SWIRL_DCHECK(OnLoopThread());
   if (c == nullptr || !c->active()) {
     call->Complete(ConnectionClosed(c));
     return;
   }
   CallState& s = c->calls().Admit(call);
-  if (c->calls().backlog_empty() && TrySendCall(c, s)) return;
+  if (c->calls().backlog_empty() && TrySendCall(c, s, ring_now)) return;
   c->calls().PushBack(s);
 }
 
@@ -92,7 +93,7 @@ absl::Status Worker::SerializeIntoBulk(CallState& s, size_t size) {
 }
 
 [[gnu::always_inline]] inline bool Worker::QueueEagerCall(Connection* c, CallState& s,
-                                                         size_t size) {
+                                                         size_t size, bool ring_now) {
   ClientCall* call = s.call;
   int32_t buffer;
   char* data = outbox_.Alloc(static_cast<uint32_t>(kHeader + size), &buffer);
@@ -116,7 +117,11 @@ absl::Status Worker::SerializeIntoBulk(CallState& s, size_t size) {
   // Pending before the doorbell: if queueing rings it and the post fails, the connection fails
   // and completes the call, which must not be marked pending after that.
   if (!one_way) call->state_.store(ClientCall::kPending, std::memory_order_relaxed);
-  outbox_.Queue(c, data, static_cast<uint32_t>(kHeader + size), buffer);
+  if (ring_now) {
+    outbox_.QueueAndRing(c, data, static_cast<uint32_t>(kHeader + size), buffer);
+  } else {
+    outbox_.Queue(c, data, static_cast<uint32_t>(kHeader + size), buffer);
+  }
   Bump(c->counters().requests_sent);
   if (one_way) {
     CompleteLocally(c, s, c->closing() ? absl::UnavailableError("connection lost")
@@ -127,7 +132,8 @@ absl::Status Worker::SerializeIntoBulk(CallState& s, size_t size) {
 
 // Inlined into its two callers (the caller's half of a call, and the backlog pump): the
 // call's own prologue and epilogue were a tenth of the client's RPC instructions.
-[[gnu::always_inline]] inline bool Worker::TrySendCall(Connection* c, CallState& s) {
+[[gnu::always_inline]] inline bool Worker::TrySendCall(Connection* c, CallState& s,
+                                                      bool ring_now) {
   if (!c->credits().CanSendCall()) return false;
   const ClientCall* call = s.call;
   if (!call->one_way_ && c->calls().full()) return false;
@@ -137,7 +143,7 @@ absl::Status Worker::SerializeIntoBulk(CallState& s, size_t size) {
   // eagerly (within the eager threshold where bulk is possible, else the message size limit).
   if (call->request_bulk_ == nullptr && call->response_bulk_ == nullptr &&
       size <= c->eager_limit()) [[likely]] {
-    return QueueEagerCall(c, s, size);
+    return QueueEagerCall(c, s, size, ring_now);
   }
   const bool message_in_bulk = size > c->negotiated().eager_threshold() &&
                                bulk_pool_ != nullptr && c->negotiated().max_bulk_size() > 0;
@@ -183,8 +189,8 @@ void Worker::StartCall(uint64_t connection_id, ClientCall* call) {
     {
       DrivingScope driving(this);
       DrainSubmissions();
-      AdmitAndSend(FindById(connection_id), call);
-      outbox_.FlushAll();
+      AdmitAndSend(FindById(connection_id), call, /*ring_now=*/true);
+      outbox_.FlushAll();  // whatever draining the submissions queued
     }
     driver_.unlock();
     return;
