@@ -12,16 +12,14 @@ void CallTable::Init(uint32_t slots) {
 
 size_t CallTable::admitted() const {
   size_t free = 0;
-  for (uint32_t i = free_state_; i != CallState::kNone;
-       i = blocks_[i >> kBlockBits][i & (kBlock - 1)].next) {
-    ++free;
-  }
+  for (uint32_t i = free_state_; i != CallState::kNone; i = state(i).next) ++free;
   return states_ - free;
 }
 
 uint32_t CallTable::Grow() {
   const uint32_t index = states_++;
   if ((index & (kBlock - 1)) == 0) blocks_.push_back(std::make_unique<CallState[]>(kBlock));
+  states_at_.push_back(&blocks_.back()[index & (kBlock - 1)]);
   state(index).index = index;
   return index;
 }

@@ -160,10 +160,12 @@ class CallTable {
   uint32_t Grow();  // a new state's index
   static constexpr uint32_t kBlockBits = 6;
   static constexpr uint32_t kBlock = 1u << kBlockBits;
-  CallState& state(uint32_t index) {
-    return blocks_[index >> kBlockBits][index & (kBlock - 1)];
-  }
+  // By index: one load through states_at_ (blocks_ alone took two loads and a multiply, on
+  // every admission and every response).
+  CallState& state(uint32_t index) { return *states_at_[index]; }
+  const CallState& state(uint32_t index) const { return *states_at_[index]; }
   std::vector<std::unique_ptr<CallState[]>> blocks_;
+  std::vector<CallState*> states_at_;  // &state(i) for every i < states_
   uint32_t states_ = 0;  // made so far (all blocks but the last are full)
   uint32_t free_state_ = CallState::kNone;  // free states, linked through CallState::next
   uint32_t slot_count_ = 0;  // calls in flight at most
