@@ -113,7 +113,7 @@ absl::Status ValidateHeaderSlow(const MessageHeader& header, size_t received_byt
 // message. False for anything else, valid or not (ValidateHeaderSlow decides those). A bool,
 // not a Status: the receive path asks it of every message. (A message shorter than the header
 // fails the payload_len compare: received_bytes - 32 wraps beyond any uint32_t.)
-inline bool IsPlainHeader(const MessageHeader& h, size_t received_bytes, const Limits& limits) {
+inline bool IsPlainHeader(const MessageHeader& h, size_t received_bytes, Limits limits) {
   if (h.aux != 0 || h.payload_len != received_bytes - sizeof(MessageHeader) ||
       h.payload_len > limits.max_payload || h.credits > limits.max_credits) {
     return false;

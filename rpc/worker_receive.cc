@@ -235,8 +235,9 @@ void Worker::RepostRecvs() {
 [[gnu::always_inline]] inline bool Worker::AcceptMessage(Connection* c, const ibv_wc& wc,
                                                          const MessageHeader& h) {
   // Bools on the common path: an absl::Status made and checked per message costs more.
-  const rpc_wire::Limits limits{c->max_payload(), c->credits().peer_grant()};
-  if (!rpc_wire::IsPlainHeader(h, wc.byte_len, limits)) [[unlikely]] {
+  if (!rpc_wire::IsPlainHeader(h, wc.byte_len, {c->max_payload(), c->credits().peer_grant()}))
+      [[unlikely]] {
+    const rpc_wire::Limits limits{c->max_payload(), c->credits().peer_grant()};
     if (absl::Status valid = rpc_wire::ValidateHeaderSlow(h, wc.byte_len, limits); !valid.ok()) {
       ProtocolError(c, valid);
       return false;
@@ -426,12 +427,10 @@ void Worker::Dispatch(Connection* c, const MessageHeader& h, const char* payload
     return;
   }
   const char* buffer = recv_pool_->at(static_cast<uint32_t>(wc.wr_id & ~kRecvTag));
-  MessageHeader h;
-  if (wc.byte_len >= kHeader) {
-    std::memcpy(&h, buffer, kHeader);
-  } else {
-    std::memset(&h, 0, sizeof(h));
-  }
+  // Read in place: the buffer is this worker's until it is posted again (after this turn).
+  // A message shorter than the header leaves older bytes behind it, which nothing reads:
+  // AcceptMessage refuses it on its length before any field counts.
+  const MessageHeader& h = *reinterpret_cast<const MessageHeader*>(buffer);
   if (!AcceptMessage(c, wc, h)) return;
   // The message path first: a plain response or request (no bulk flags), nothing invalidated;
   // then the other messages without bulk flags, not a bulk ack or grant.
