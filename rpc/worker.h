@@ -623,7 +623,10 @@ class Worker {
   std::vector<ibv_recv_wr> recv_wrs_;
   std::vector<ibv_sge> recv_sges_;
   uint32_t recv_posted_ = 0;
-  uint64_t iterations_ = 0;
+  // Turns left before RunOnce looks at the timers (every kTurnsPerTimerLook): a countdown,
+  // one decrement and a branch per turn.
+  static constexpr uint32_t kTurnsPerTimerLook = 64;
+  uint32_t turns_to_timer_look_ = kTurnsPerTimerLook;
   absl::Time next_timer_ = absl::InfinitePast();
   bool draining_ = false;
   std::vector<Connection*> closing_;

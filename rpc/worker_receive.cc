@@ -164,7 +164,10 @@ void Worker::SleepUntilWork() {
   // batch held back, so a peer within its credits still never meets an empty queue.
   if (!repost_.empty() && (!did || repost_.size() >= options_.credits)) RepostRecvs();
   // Timers need the clock, which costs more than an idle iteration: look every 64th.
-  if ((++iterations_ & 63) == 0) TimersIfDue(absl::Now());
+  if (--turns_to_timer_look_ == 0) [[unlikely]] {
+    turns_to_timer_look_ = kTurnsPerTimerLook;
+    TimersIfDue(absl::Now());
+  }
   // Last, so that whatever the steps above queued (responses, calls restarted by callbacks,
   // keepalives) leaves with one doorbell per connection.
   if (!outbox_.idle()) outbox_.FlushAll();
